@@ -1,1 +1,430 @@
-fn main() {}
+//! `titan`: the command line. Parsing arguments and printing only; the work happens in the library crates.
+
+mod npy;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions, StopReason};
+use titan_gguf::GgufFile;
+
+#[derive(Parser)]
+#[command(name = "titan", version, about = "Run mixture-of-experts language models from GGUF files")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it to stdout (speed on stderr).
+    Run(RunArgs),
+    /// Write the logits of every prompt position as a float32 .npy of shape [positions, vocab].
+    Logits(LogitsArgs),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(TokenizeArgs),
+    /// Describe a GGUF model: architecture, dimensions, experts, tensor types, dense vs expert bytes.
+    Inspect(InspectArgs),
+    /// Measure prompt and decode speed (as llama-bench does), peak memory and weight bytes per token.
+    Bench(BenchArgs),
+    /// Record a run's internals, per step and layer, into a trace file (safetensors).
+    Trace(TraceArgs),
+    /// Compare two traces: IDENTICAL (exit 0), or the first divergence (exit 1); unreadable input exits 2.
+    TraceDiff(TraceDiffArgs),
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// The GGUF model file.
+    #[arg(short = 'm', long = "model")]
+    model: PathBuf,
+    /// Worker threads (default: all cores).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt text.
+    #[arg(short = 'p', long)]
+    prompt: String,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+#[derive(Args, Clone)]
+struct SamplingArgs {
+    /// Number of tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    n_predict: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    temperature: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    top_k: usize,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Seed of the sampler's random generator.
+    #[arg(short = 's', long, default_value_t = 0)]
+    seed: u64,
+    /// KV cache size in tokens (default: the model's training context, at most 4096).
+    #[arg(short = 'c', long = "ctx-size")]
+    ctx_size: Option<usize>,
+}
+
+impl SamplingArgs {
+    fn options(&self, model: &Model) -> GenerateOptions {
+        GenerateOptions {
+            max_tokens: self.n_predict,
+            n_ctx: self.ctx_size.unwrap_or(model.config.n_ctx_train.min(4096)),
+            sampler: SamplerOptions {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repeat_penalty: self.repeat_penalty,
+                seed: self.seed,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+#[derive(Args)]
+struct PromptArgs {
+    /// Text to tokenize (BOS added as the model's vocabulary asks).
+    #[arg(short = 'p', long, conflicts_with = "tokens", required_unless_present = "tokens")]
+    prompt: Option<String>,
+    /// Comma-separated token ids, used as given.
+    #[arg(long, value_delimiter = ',')]
+    tokens: Option<Vec<u32>>,
+}
+
+impl PromptArgs {
+    fn tokens(&self, model: &Model) -> Result<Vec<u32>> {
+        let tokens = match (&self.prompt, &self.tokens) {
+            (Some(p), _) => model.tokenizer.encode(p, true, true),
+            (_, Some(t)) => t.clone(),
+            (None, None) => unreachable!("clap requires one"),
+        };
+        if tokens.is_empty() {
+            bail!("the prompt has no tokens");
+        }
+        Ok(tokens)
+    }
+}
+
+#[derive(Args)]
+struct LogitsArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    prompt: PromptArgs,
+    /// Output .npy path.
+    #[arg(short = 'o', long)]
+    output: PathBuf,
+}
+
+#[derive(Args)]
+struct TokenizeArgs {
+    /// The GGUF model file.
+    #[arg(short = 'm', long = "model")]
+    model: PathBuf,
+    text: String,
+    /// Do not add BOS/EOS even if the vocabulary asks for them.
+    #[arg(long)]
+    no_special: bool,
+    /// Match special-token text (like "<|im_end|>") as those tokens.
+    #[arg(long)]
+    parse_special: bool,
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    model: PathBuf,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt length in tokens (processed as one batch).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 64)]
+    n_prompt: usize,
+    /// Tokens to decode, one at a time, from an empty context.
+    #[arg(short = 'n', long = "n-gen", default_value_t = 32)]
+    n_gen: usize,
+    /// Repetitions; the medians are reported.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    repetitions: usize,
+    /// Print one JSON object as the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct TraceArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    prompt: PromptArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Output trace path.
+    #[arg(short = 'o', long)]
+    output: PathBuf,
+}
+
+#[derive(Args)]
+struct TraceDiffArgs {
+    a: PathBuf,
+    b: PathBuf,
+    /// Compare values within this absolute tolerance instead of bit for bit.
+    #[arg(long)]
+    tolerance: Option<f32>,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run(a),
+        Command::Logits(a) => logits(a),
+        Command::Tokenize(a) => tokenize(a),
+        Command::Inspect(a) => inspect(a),
+        Command::Bench(a) => bench(a),
+        Command::Trace(a) => trace(a),
+        Command::TraceDiff(a) => std::process::exit(trace_diff(a)),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn load(a: &ModelArgs) -> Result<Model> {
+    if let Some(n) = a.threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting up the thread pool")?;
+    }
+    Ok(Model::load(&a.model)?)
+}
+
+fn run(a: RunArgs) -> Result<()> {
+    let model = load(&a.model)?;
+    let prompt = model.tokenizer.encode(&a.prompt, true, true);
+    let opts = a.sampling.options(&model);
+    let mut stdout = std::io::stdout().lock();
+    let g = model.generate(&prompt, &opts, |text| {
+        let _ = stdout.write_all(text.as_bytes());
+        let _ = stdout.flush();
+    })?;
+    let _ = writeln!(stdout);
+    let rate = |n: usize, t: std::time::Duration| n as f64 / t.as_secs_f64().max(1e-9);
+    eprintln!(
+        "prompt: {} tokens, {:.2} tok/s | generation: {} tokens, {:.2} tok/s{}",
+        g.prompt_tokens,
+        rate(g.prompt_tokens, g.prompt_time),
+        g.tokens.len(),
+        rate(g.tokens.len().saturating_sub(1), g.gen_time),
+        if g.stop == StopReason::EndOfGeneration { " (end of generation)" } else { "" }
+    );
+    Ok(())
+}
+
+fn logits(a: LogitsArgs) -> Result<()> {
+    let model = load(&a.model)?;
+    let tokens = a.prompt.tokens(&model)?;
+    let mut cache = model.new_cache(tokens.len());
+    let logits = model.forward(&tokens, 0, &mut cache, Outputs::All)?;
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(&a.output).with_context(|| format!("creating {}", a.output.display()))?,
+    );
+    npy::write_f32(&mut f, &[tokens.len(), model.config.n_vocab], &logits)
+        .and_then(|_| f.flush())
+        .with_context(|| format!("writing {}", a.output.display()))?;
+    eprintln!("wrote {} × {} logits to {}", tokens.len(), model.config.n_vocab, a.output.display());
+    Ok(())
+}
+
+fn tokenize(a: TokenizeArgs) -> Result<()> {
+    let f = GgufFile::open(&a.model)?;
+    let tok = titan_engine::vocab::tokenizer_from_gguf(&f)?;
+    let ids = tok.encode(&a.text, !a.no_special, a.parse_special);
+    println!("{}", serde_json::to_string(&ids)?);
+    Ok(())
+}
+
+fn inspect(a: InspectArgs) -> Result<()> {
+    let f = GgufFile::open(&a.model)?;
+    let c = titan_engine::Config::from_gguf(&f)?;
+    println!("file:          {} (GGUF v{}, {} tensors, {} bytes)", a.model.display(), f.version, f.tensors.len(), f.file_len());
+    if let Some(name) = f.get_str("general.name")? {
+        println!("name:          {name}");
+    }
+    println!("architecture:  {} ({:?})", c.arch_name, c.arch);
+    println!("layers:        {}", c.n_layer);
+    println!("embedding:     {}", c.n_embd);
+    println!("heads:         {} query, {} key/value, head size {}", c.n_head, c.n_head_kv, c.head_dim);
+    println!("experts:       {} per layer, {} used per token, expert FFN {}", c.n_expert, c.n_expert_used, c.expert_ff);
+    if c.shared_ff > 0 {
+        println!("shared expert: FFN {}", c.shared_ff);
+    }
+    println!("vocabulary:    {} tokens ({})", c.n_vocab, f.get_str("tokenizer.ggml.model")?.unwrap_or("none"));
+    println!("context:       {} (training)", c.n_ctx_train);
+    let mut types: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
+    let (mut dense, mut expert) = (0u64, 0u64);
+    for t in &f.tensors {
+        let e = types.entry(t.ty.name()).or_default();
+        e.0 += 1;
+        e.1 += t.size;
+        if t.name.contains("_exps.") {
+            expert += t.size;
+        } else {
+            dense += t.size;
+        }
+    }
+    let types: Vec<String> = types.iter().map(|(n, (count, bytes))| format!("{n} ×{count} ({})", human(*bytes))).collect();
+    println!("tensor types:  {}", types.join(", "));
+    println!("weights:       {} dense, {} experts ({} per expert per layer)", human(dense), human(expert), human(expert / (c.n_layer * c.n_expert) as u64));
+    Ok(())
+}
+
+fn bench(a: BenchArgs) -> Result<()> {
+    use titan_engine::bench::{bench, median, BenchOptions};
+    let model = load(&a.model)?;
+    let r = bench(&model, &BenchOptions { prompt_tokens: a.n_prompt, gen_tokens: a.n_gen, repetitions: a.repetitions })?;
+    let (pp, tg) = (median(&r.prompt_tok_s), median(&r.decode_tok_s));
+    let threads = rayon::current_num_threads();
+    println!("model:    {} ({})", a.model.model.display(), model.config.arch_name);
+    println!("threads:  {threads}");
+    println!("prompt:   pp{} {pp:8.2} tok/s (median of {})", a.n_prompt, r.prompt_tok_s.len());
+    println!("decode:   tg{} {tg:8.2} tok/s (median of {})", a.n_gen, r.decode_tok_s.len());
+    println!("weights:  {} read per decoded token", human(r.decode_bytes_per_token as u64));
+    let shares: Vec<String> = r.decode_phases.iter().map(|(n, s)| format!("{n} {:.0}%", s * 100.0)).collect();
+    println!("phases:   {}", shares.join(", "));
+    println!("peak RSS: {}", human(r.peak_rss_bytes));
+    if a.json {
+        let phases: serde_json::Map<String, serde_json::Value> = r.decode_phases.iter().map(|(n, s)| (n.to_string(), (*s).into())).collect();
+        let j = serde_json::json!({
+            "model": a.model.model.display().to_string(),
+            "threads": threads,
+            "n_prompt": a.n_prompt,
+            "n_gen": a.n_gen,
+            "prompt_tok_s": pp,
+            "decode_tok_s": tg,
+            "prompt_tok_s_runs": r.prompt_tok_s,
+            "decode_tok_s_runs": r.decode_tok_s,
+            "peak_rss_bytes": r.peak_rss_bytes,
+            "decode_bytes_per_token": r.decode_bytes_per_token,
+            "decode_phase_share": phases,
+        });
+        println!("{j}");
+    }
+    Ok(())
+}
+
+fn trace(a: TraceArgs) -> Result<()> {
+    let model = load(&a.model)?;
+    let prompt = a.prompt.tokens(&model)?;
+    let opts = a.sampling.options(&model);
+    let f = &model.weights.file;
+    let header = f.bytes(0, f.data_offset as usize).expect("the header lies inside the file");
+    let identity = serde_json::json!({
+        "file": a.model.model.file_name().map(|n| n.to_string_lossy().into_owned()),
+        "bytes": f.file_len(),
+        "header_blake3": titan_engine::trace::digest(header),
+        "architecture": model.config.arch_name,
+    });
+    let options = serde_json::json!({
+        "prompt_tokens": prompt,
+        "n_predict": opts.max_tokens,
+        "temperature": opts.sampler.temperature,
+        "top_k": opts.sampler.top_k,
+        "top_p": opts.sampler.top_p,
+        "min_p": opts.sampler.min_p,
+        "repeat_penalty": opts.sampler.repeat_penalty,
+        "seed": opts.sampler.seed,
+        "threads": rayon::current_num_threads(),
+    });
+    let mut t = titan_engine::trace::Trace::new(identity, options);
+    let g = model.generate_traced(&prompt, &opts, Some(&mut t), |_| {})?;
+    t.write(&a.output)?;
+    eprintln!("wrote {} records ({} steps, {} generated tokens) to {}", t.records.len(), g.tokens.len() + 1, g.tokens.len(), a.output.display());
+    Ok(())
+}
+
+/// Exit code: 0 identical, 1 different, 2 unreadable input.
+fn trace_diff(a: TraceDiffArgs) -> i32 {
+    use titan_engine::trace::{diff, Trace};
+    let (ta, tb) = match (Trace::read(&a.a), Trace::read(&a.b)) {
+        (Ok(x), Ok(y)) => (x, y),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    if ta.model != tb.model {
+        println!("note: the traces come from different model files ({} vs {})", ta.model, tb.model);
+    }
+    let r = diff(&ta, &tb, a.tolerance);
+    let counts = format!("{} tensors, {} elements, {} decisions", r.tensors, r.elements, r.decisions);
+    if r.identical() {
+        let how = a.tolerance.map(|t| format!(" (within {t:e})")).unwrap_or_default();
+        println!("IDENTICAL{how}: {counts}");
+        return 0;
+    }
+    println!("DIFFERENT ({counts} compared)");
+    if let Some(s) = &r.structural {
+        println!("structure: {s}");
+    }
+    if let Some(d) = &r.first_tensor {
+        println!(
+            "first divergence: {} ({}): {} of {} elements differ, max |Δ| {:e}, max {} ULP",
+            d.name,
+            describe(&d.name),
+            d.differing,
+            d.elements,
+            d.max_abs,
+            d.max_ulp
+        );
+    }
+    match &r.first_decision {
+        Some(dec) => println!("first differing decision: {dec}"),
+        None => println!("decisions: all {} identical", r.decisions),
+    }
+    1
+}
+
+/// "s0002.l013.moe_out" -> "step 2, layer 13, moe_out".
+fn describe(name: &str) -> String {
+    let mut parts = Vec::new();
+    for p in name.split('.') {
+        match (p.strip_prefix('s'), p.strip_prefix('l')) {
+            (Some(n), _) if n.parse::<u64>().is_ok() => parts.push(format!("step {}", n.parse::<u64>().unwrap())),
+            (_, Some(n)) if n.parse::<u64>().is_ok() => parts.push(format!("layer {}", n.parse::<u64>().unwrap())),
+            _ => parts.push(p.to_string()),
+        }
+    }
+    parts.join(", ")
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{bytes} B") } else { format!("{v:.2} {}", UNITS[u]) }
+}

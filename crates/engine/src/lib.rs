@@ -1,1 +1,43 @@
-//! placeholder
+//! The engine: a GGUF MoE model's forward pass, its KV cache, sampling and generation.
+//!
+//! Data path, top to bottom: [`Model::load`] reads the config ([`config`]) and maps the weights
+//! ([`weights`]); [`Model::forward`] runs each layer as a short list of named steps (attention in
+//! [`attention`], routing and experts in [`moe`], the experts' weights reached only through [`experts`]);
+//! [`generate`] drives it token by token with a [`sampler::Sampler`].
+
+pub mod attention;
+pub mod bench;
+pub mod config;
+pub mod experts;
+pub mod generate;
+pub mod model;
+pub mod moe;
+pub mod ops;
+pub mod sampler;
+pub mod stats;
+pub mod vocab;
+pub mod weights;
+
+pub use config::{Arch, Config};
+pub use generate::{GenerateOptions, Generation, StopReason};
+pub use model::{Model, Outputs};
+pub use sampler::{Sampler, SamplerOptions};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Gguf(#[from] titan_gguf::GgufError),
+    #[error("{path}: {what}")]
+    Model { path: String, what: String },
+    #[error(transparent)]
+    Kernel(#[from] titan_kernels::KernelError),
+    #[error(transparent)]
+    Tokenizer(#[from] titan_tokenizer::TokenizerError),
+    #[error("context of {ctx} tokens exceeded: {need} needed (use a larger --ctx-size or a shorter prompt)")]
+    ContextFull { ctx: usize, need: usize },
+    #[error("token id {id} is outside the vocabulary (size {vocab})")]
+    BadToken { id: u32, vocab: usize },
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+pub mod trace;

@@ -1,0 +1,218 @@
+//! The `titan` binary as a user runs it: on a committed fixture GGUF written by llama.cpp's converter,
+//! and on damaged files, which must each give a one-line error naming the file and the cause.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use titan_gguf::{GgufWriter, Value};
+use titan_kernels::GgmlType;
+
+fn fixture(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel)
+}
+
+fn titan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_titan")).args(args).output().expect("titan runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Assert a clean failure: exit code 1, one line on stderr naming `path` and containing `cause`, no panic.
+fn assert_clean_error(o: &Output, path: &Path, cause: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(err.contains(&path.display().to_string()), "does not name the file: {err}");
+    assert!(err.contains(cause), "does not say {cause:?}: {err}");
+}
+
+const MODEL: &str = "qwen3moe/q8_0.gguf";
+
+#[test]
+fn run_streams_text_and_reports_speed() {
+    let m = fixture(MODEL);
+    let o = titan(&["run", "-m", m.to_str().unwrap(), "-p", "The quick brown fox", "-n", "12", "--temp", "0", "--threads", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!o.stdout.is_empty());
+    let err = stderr(&o);
+    assert!(err.contains("prompt:") && err.contains("tok/s") && err.contains("generation:"), "{err}");
+    // greedy is deterministic
+    let again = titan(&["run", "-m", m.to_str().unwrap(), "-p", "The quick brown fox", "-n", "12", "--temp", "0"]);
+    assert_eq!(o.stdout, again.stdout);
+}
+
+#[test]
+fn logits_writes_an_npy_of_positions_by_vocab() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("l.npy");
+    let m = fixture(MODEL);
+    let o = titan(&["logits", "-m", m.to_str().unwrap(), "--tokens", "1,2,3,4", "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let b = std::fs::read(&out).unwrap();
+    let hlen = u16::from_le_bytes([b[8], b[9]]) as usize;
+    let header = std::str::from_utf8(&b[10..10 + hlen]).unwrap();
+    assert!(header.contains("'shape': (4, "), "{header}");
+    let vocab: usize = header.split("(4, ").nth(1).unwrap().split(')').next().unwrap().parse().unwrap();
+    assert_eq!(b.len(), 10 + hlen + 4 * 4 * vocab);
+}
+
+#[test]
+fn tokenize_prints_a_json_array() {
+    let m = fixture(MODEL);
+    let o = titan(&["tokenize", "-m", m.to_str().unwrap(), "hello world"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = String::from_utf8(o.stdout).unwrap();
+    assert!(s.trim().starts_with('[') && s.trim().ends_with(']') && s.len() > 3, "{s}");
+}
+
+#[test]
+fn inspect_describes_the_model() {
+    let m = fixture(MODEL);
+    let o = titan(&["inspect", m.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = String::from_utf8(o.stdout).unwrap();
+    for want in ["qwen3moe", "experts:", "Q8_0", "dense", "experts ("] {
+        assert!(s.contains(want), "missing {want:?} in\n{s}");
+    }
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn truncated_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = std::fs::read(fixture(MODEL)).unwrap();
+    for cut in [2, 100, full.len() / 2] {
+        let p = write(dir.path(), "cut.gguf", &full[..cut]);
+        let o = titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]);
+        let err = stderr(&o);
+        assert_clean_error(&o, &p, if err.contains("truncated") { "truncated" } else { "past the end" });
+    }
+}
+
+#[test]
+fn wrong_magic() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = std::fs::read(fixture(MODEL)).unwrap();
+    b[..4].copy_from_slice(b"GGJT");
+    let p = write(dir.path(), "magic.gguf", &b);
+    assert_clean_error(&titan(&["inspect", p.to_str().unwrap()]), &p, "not a GGUF file");
+}
+
+#[test]
+fn metadata_count_that_would_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = std::fs::read(fixture(MODEL)).unwrap();
+    b[16..24].copy_from_slice(&(u64::MAX / 3).to_le_bytes());
+    let p = write(dir.path(), "count.gguf", &b);
+    assert_clean_error(&titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]), &p, "metadata count");
+}
+
+/// A small file written by our own writer, then damaged.
+fn tiny(arch: &str, ty: GgmlType) -> GgufWriter {
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", Value::String(arch.into()));
+    w.add_tensor("token_embd.weight", &[32, 4], ty).unwrap();
+    w
+}
+
+#[test]
+fn tensor_pointing_past_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = tiny("qwen3moe", GgmlType::F32);
+    let mut b = Vec::new();
+    w.write_header(&mut b).unwrap();
+    b.extend_from_slice(&[0u8; 64]); // 512 bytes needed
+    let p = write(dir.path(), "short.gguf", &b);
+    assert_clean_error(&titan(&["inspect", p.to_str().unwrap()]), &p, "points past the end");
+}
+
+#[test]
+fn unsupported_architecture() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = tiny("gpt2", GgmlType::F32);
+    let mut b = Vec::new();
+    w.write_all(&[&[0u8; 512]], &mut b).unwrap();
+    let p = write(dir.path(), "arch.gguf", &b);
+    assert_clean_error(&titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]), &p, "unsupported architecture \"gpt2\"");
+}
+
+#[test]
+fn unsupported_tensor_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = tiny("qwen3moe", GgmlType::F32);
+    let mut b = Vec::new();
+    w.write_all(&[&[0u8; 512]], &mut b).unwrap();
+    // Patch the tensor's type id (after the name, the rank and two dims) to IQ2_XXS (16), which TITAN lacks.
+    let name = b"token_embd.weight";
+    let at = b.windows(name.len()).position(|x| x == name).unwrap() + name.len() + 4 + 16;
+    b[at..at + 4].copy_from_slice(&16u32.to_le_bytes());
+    let p = write(dir.path(), "type.gguf", &b);
+    assert_clean_error(&titan(&["inspect", p.to_str().unwrap()]), &p, "unsupported type id 16");
+}
+
+#[test]
+fn missing_file() {
+    let p = PathBuf::from("/nonexistent/model.gguf");
+    assert_clean_error(&titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]), &p, "No such file");
+}
+
+fn trace_file(dir: &Path, name: &str, threads: &str) -> PathBuf {
+    let out = dir.join(name);
+    let m = fixture(MODEL);
+    let o = titan(&["trace", "-m", m.to_str().unwrap(), "-p", "Hello world", "-n", "4", "--temp", "0", "--threads", threads, "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    out
+}
+
+#[test]
+fn trace_diff_of_one_and_two_threads_is_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = trace_file(dir.path(), "a.trace", "1");
+    let b = trace_file(dir.path(), "b.trace", "2");
+    let o = titan(&["trace-diff", a.to_str().unwrap(), b.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    assert!(out.starts_with("IDENTICAL: ") && out.contains("decisions"), "{out}");
+}
+
+#[test]
+fn trace_diff_finds_one_flipped_bit() {
+    use titan_engine::trace::Trace;
+    let dir = tempfile::tempdir().unwrap();
+    let a = trace_file(dir.path(), "a.trace", "2");
+    // Perturb one element of one tensor by one bit (the lowest of the mantissa), re-digested so the file is valid.
+    let mut t = Trace::read(&a).unwrap();
+    let target = "s0002.l001.moe_out";
+    let r = t.records.iter_mut().find(|r| r.name == target).expect("the trace has the record");
+    r.data[4 * 5] ^= 1;
+    let b = dir.path().join("b.trace");
+    t.write(&b).unwrap();
+    let o = titan(&["trace-diff", a.to_str().unwrap(), b.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("first divergence: s0002.l001.moe_out (step 2, layer 1, moe_out): 1 of ") && out.contains("max 1 ULP"),
+        "{out}"
+    );
+    assert!(out.contains("decisions: all"), "{out}");
+    // within a tolerance the two agree
+    let o = titan(&["trace-diff", "--tolerance", "1e-3", a.to_str().unwrap(), b.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
+}
+
+#[test]
+fn trace_diff_of_unreadable_input_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = write(dir.path(), "junk.trace", b"not a trace");
+    let o = titan(&["trace-diff", junk.to_str().unwrap(), junk.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("junk.trace"), "{}", stderr(&o));
+}

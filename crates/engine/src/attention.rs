@@ -1,0 +1,68 @@
+//! Causal self-attention over a KV cache (grouped-query: several query heads share a KV head).
+//!
+//! Each query row attends to cache positions 0..=its own position with one fixed order of operations,
+//! so a token's attention output is the same whether it was computed in a prompt batch or alone.
+
+use rayon::prelude::*;
+
+use crate::ops::softmax;
+
+/// Keys and values of every layer for one sequence, f32 (llama.cpp defaults to f16 here; f32 keeps the
+/// cache exact, and on MoE models it is a small share of memory at the context sizes TITAN targets).
+pub struct KvCache {
+    n_ctx: usize,
+    kv_dim: usize,
+    /// Per layer: [n_ctx × kv_dim] keys, then values.
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl KvCache {
+    pub fn new(n_layer: usize, n_ctx: usize, kv_dim: usize) -> KvCache {
+        KvCache { n_ctx, kv_dim, k: vec![vec![0.0; n_ctx * kv_dim]; n_layer], v: vec![vec![0.0; n_ctx * kv_dim]; n_layer] }
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Store rows of keys and values (`n × kv_dim` each) for positions pos..pos+n of `layer`.
+    pub fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let at = pos * self.kv_dim;
+        self.k[layer][at..at + k.len()].copy_from_slice(k);
+        self.v[layer][at..at + v.len()].copy_from_slice(v);
+    }
+}
+
+pub struct AttnShape {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+}
+
+/// `q`: n rows of n_head × head_dim for positions pos0..pos0+n; `out`: same shape.
+/// Parallel over (row, head) pairs; each pair is computed by one thread in one fixed order.
+pub fn attend(cache: &KvCache, layer: usize, s: &AttnShape, pos0: usize, q: &[f32], out: &mut [f32]) {
+    let group = s.n_head / s.n_head_kv;
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
+    let (keys, values) = (&cache.k[layer], &cache.v[layer]);
+    out.par_chunks_mut(s.head_dim).zip(q.par_chunks(s.head_dim)).enumerate().for_each_init(Vec::new, |scores, (idx, (oh, qh))| {
+        let (i, h) = (idx / s.n_head, idx % s.n_head);
+        let n_pos = pos0 + i + 1;
+        let kv_off = (h / group) * s.head_dim;
+        scores.clear();
+        for t in 0..n_pos {
+            let k = &keys[t * cache.kv_dim + kv_off..][..s.head_dim];
+            let dot: f32 = qh.iter().zip(k).fold(0.0, |acc, (a, b)| acc + a * b);
+            scores.push(dot * scale);
+        }
+        softmax(scores);
+        oh.fill(0.0);
+        for (t, &p) in scores.iter().enumerate() {
+            let v = &values[t * cache.kv_dim + kv_off..][..s.head_dim];
+            for (o, &vv) in oh.iter_mut().zip(v) {
+                *o += p * vv;
+            }
+        }
+    });
+}

@@ -1,0 +1,115 @@
+//! `titan bench`: prompt processing and decode speed measured the way llama-bench measures them (a
+//! prompt of N tokens processed as one batch; N tokens decoded one at a time from an empty context), so
+//! the two can be compared on the same file.
+
+use std::time::Instant;
+
+use crate::model::{Model, Outputs};
+use crate::sampler::argmax;
+use crate::stats::{StatsSnapshot, PHASES};
+use crate::Result;
+
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub prompt_tokens: usize,
+    pub gen_tokens: usize,
+    pub repetitions: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct BenchReport {
+    /// One figure per repetition.
+    pub prompt_tok_s: Vec<f64>,
+    pub decode_tok_s: Vec<f64>,
+    /// Weight bytes read per decoded token.
+    pub decode_bytes_per_token: f64,
+    /// Share of decode time per phase (attention, router, experts, head).
+    pub decode_phases: Vec<(&'static str, f64)>,
+    pub peak_rss_bytes: u64,
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// Deterministic token ids spread over the vocabulary (llama-bench also uses arbitrary tokens).
+fn prompt(n: usize, vocab: usize) -> Vec<u32> {
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab as u64) as u32
+        })
+        .collect()
+}
+
+pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
+    let vocab = model.config.n_vocab;
+    let tokens = prompt(o.prompt_tokens.max(1), vocab);
+    // Warm-up: touch every weight page once and start the thread pool, as llama-bench does.
+    model.weights.file.advise_willneed();
+    let mut cache = model.new_cache(tokens.len().max(o.gen_tokens) + 1);
+    model.forward(&tokens[..tokens.len().min(8)], 0, &mut cache, Outputs::Last)?;
+
+    let (mut prompt_tok_s, mut decode_tok_s) = (Vec::new(), Vec::new());
+    let mut decode = StatsSnapshot::default();
+    for _ in 0..o.repetitions.max(1) {
+        if o.prompt_tokens > 0 {
+            let mut cache = model.new_cache(tokens.len());
+            let t = Instant::now();
+            model.forward(&tokens, 0, &mut cache, Outputs::Last)?;
+            prompt_tok_s.push(tokens.len() as f64 / t.elapsed().as_secs_f64());
+        }
+        if o.gen_tokens > 0 {
+            let mut cache = model.new_cache(o.gen_tokens);
+            let before = model.stats.snapshot();
+            let mut next = tokens[0];
+            let t = Instant::now();
+            for pos in 0..o.gen_tokens {
+                let logits = model.forward(&[next], pos, &mut cache, Outputs::Last)?;
+                next = argmax(&logits);
+            }
+            decode_tok_s.push(o.gen_tokens as f64 / t.elapsed().as_secs_f64());
+            let d = model.stats.snapshot().since(&before);
+            decode.weight_bytes += d.weight_bytes;
+            for i in 0..4 {
+                decode.phase[i] += d.phase[i];
+            }
+        }
+    }
+    let total: f64 = decode.phase.iter().map(|d| d.as_secs_f64()).sum();
+    let decode_phases = PHASES.iter().map(|p| (p.name(), decode.phase[*p as usize].as_secs_f64() / total.max(1e-12))).collect();
+    let decoded = (o.gen_tokens * o.repetitions.max(1)).max(1) as f64;
+    Ok(BenchReport {
+        prompt_tok_s,
+        decode_tok_s,
+        decode_bytes_per_token: decode.weight_bytes as f64 / decoded,
+        decode_phases,
+        peak_rss_bytes: peak_rss_bytes(),
+    })
+}
+
+/// Peak resident set size of this process (VmHWM), 0 where /proc is not available.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .map_or(0, |kb| kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn median_of_odd_and_even() {
+        assert_eq!(super::median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(super::median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}

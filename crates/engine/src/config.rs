@@ -1,0 +1,169 @@
+//! Model hyper-parameters from GGUF metadata (keys as llama.cpp's converter writes them).
+
+use titan_gguf::GgufFile;
+
+use crate::{EngineError, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Qwen3Moe,
+    Qwen2Moe,
+    Olmoe,
+    /// GGUF arch `llama` with experts: Mixtral.
+    Mixtral,
+}
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (2i, 2i+1): llama.cpp's "norm" type (the converter permutes Llama's q/k for it).
+    Adjacent,
+    /// Halves (i, i + d/2): llama.cpp's "neox" type, Hugging Face's rotate_half.
+    Halves,
+}
+
+/// Where the q/k RMS norms of an architecture apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// One weight of head_dim, applied to each head (Qwen3).
+    PerHead,
+    /// One weight over all heads together (OLMoE).
+    Whole,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub arch: Arch,
+    pub arch_name: String,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ctx_train: usize,
+    pub rms_eps: f32,
+    pub rope_base: f32,
+    pub rope_dims: usize,
+    pub rope_style: RopeStyle,
+    pub qk_norm: QkNorm,
+    pub qkv_bias: bool,
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub expert_ff: usize,
+    /// Feed-forward length of the shared expert (Qwen2-MoE), 0 if none.
+    pub shared_ff: usize,
+    /// Renormalise the chosen experts' weights to sum to one.
+    pub norm_topk: bool,
+}
+
+impl Config {
+    pub fn from_gguf(f: &GgufFile) -> Result<Config> {
+        let path = f.path().display().to_string();
+        let bad = |what: String| EngineError::Model { path: path.clone(), what };
+        let arch_name = f.get_str("general.architecture")?.ok_or_else(|| bad("metadata has no general.architecture".into()))?.to_string();
+        let k = |s: &str| format!("{arch_name}.{s}");
+        let n_expert = f.get_u64(&k("expert_count"))?.unwrap_or(0) as usize;
+        let arch = match arch_name.as_str() {
+            "qwen3moe" => Arch::Qwen3Moe,
+            "qwen2moe" => Arch::Qwen2Moe,
+            "olmoe" => Arch::Olmoe,
+            "llama" if n_expert > 0 => Arch::Mixtral,
+            "llama" => return Err(bad("architecture llama without experts (a dense model) is not supported: TITAN runs mixture-of-experts models".into())),
+            other => {
+                return Err(bad(format!(
+                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts)"
+                )))
+            }
+        };
+        let need = |key: &str| -> Result<usize> { Ok(f.u64_of(&k(key))? as usize) };
+        let n_embd = need("embedding_length")?;
+        let n_layer = need("block_count")?;
+        let n_head = need("attention.head_count")?;
+        let n_head_kv = f.get_u64(&k("attention.head_count_kv"))?.map(|v| v as usize).unwrap_or(n_head);
+        let head_dim = match f.get_u64(&k("attention.key_length"))? {
+            Some(v) => v as usize,
+            None if n_head > 0 => n_embd / n_head,
+            None => 0,
+        };
+        if let Some(v) = f.get_u64(&k("attention.value_length"))? {
+            if v as usize != head_dim {
+                return Err(bad(format!("attention.value_length {v} differs from key_length {head_dim}, which is not supported")));
+            }
+        }
+        let n_expert_used = need("expert_used_count")?;
+        let expert_ff = match f.get_u64(&k("expert_feed_forward_length"))? {
+            Some(v) => v as usize,
+            None => need("feed_forward_length")?,
+        };
+        let shared_ff = f.get_u64(&k("expert_shared_feed_forward_length"))?.unwrap_or(0) as usize;
+        let rms_eps = f.get_f64(&k("attention.layer_norm_rms_epsilon"))?.ok_or_else(|| bad(format!("missing {}", k("attention.layer_norm_rms_epsilon"))))? as f32;
+        let rope_base = f.get_f64(&k("rope.freq_base"))?.unwrap_or(10000.0) as f32;
+        let rope_dims = f.get_u64(&k("rope.dimension_count"))?.map(|v| v as usize).unwrap_or(head_dim);
+        if let Some(t) = f.get_str(&k("rope.scaling.type"))? {
+            if t != "none" && t != "linear" || f.get_f64(&k("rope.scaling.factor"))?.is_some_and(|x| x != 1.0 && x != 0.0) {
+                return Err(bad(format!("RoPE scaling {t:?} is not supported yet")));
+            }
+        }
+        let n_ctx_train = f.get_u64(&k("context_length"))?.unwrap_or(4096) as usize;
+        let n_vocab = match f.get_array("tokenizer.ggml.tokens")? {
+            Some(a) => a.len(),
+            None => f.tensor("token_embd.weight").map(|t| t.dims[1] as usize).ok_or_else(|| bad("no vocabulary and no token_embd.weight".into()))?,
+        };
+        let (rope_style, qk_norm, qkv_bias, default_norm) = match arch {
+            Arch::Qwen3Moe => (RopeStyle::Halves, QkNorm::PerHead, false, true),
+            Arch::Qwen2Moe => (RopeStyle::Halves, QkNorm::None, true, false),
+            Arch::Olmoe => (RopeStyle::Halves, QkNorm::Whole, false, false),
+            Arch::Mixtral => (RopeStyle::Adjacent, QkNorm::None, false, true),
+        };
+        let norm_topk = f.get_bool(&k("expert_weights_norm"))?.unwrap_or(default_norm);
+
+        let c = Config {
+            arch, arch_name, n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ctx_train, rms_eps, rope_base,
+            rope_dims, rope_style, qk_norm, qkv_bias, n_expert, n_expert_used, expert_ff, shared_ff, norm_topk,
+        };
+        c.validate().map_err(bad)?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        let positive = [
+            ("embedding_length", self.n_embd),
+            ("block_count", self.n_layer),
+            ("attention.head_count", self.n_head),
+            ("attention.head_count_kv", self.n_head_kv),
+            ("attention.key_length", self.head_dim),
+            ("expert_count", self.n_expert),
+            ("expert_used_count", self.n_expert_used),
+            ("expert_feed_forward_length", self.expert_ff),
+            ("vocabulary size", self.n_vocab),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(format!("metadata {name} is 0"));
+            }
+        }
+        if self.n_head % self.n_head_kv != 0 {
+            return Err(format!("head_count {} is not a multiple of head_count_kv {}", self.n_head, self.n_head_kv));
+        }
+        if self.n_expert_used > self.n_expert {
+            return Err(format!("expert_used_count {} exceeds expert_count {}", self.n_expert_used, self.n_expert));
+        }
+        if self.rope_dims > self.head_dim || self.rope_dims % 2 != 0 {
+            return Err(format!("rope.dimension_count {} does not fit head size {}", self.rope_dims, self.head_dim));
+        }
+        if self.arch == Arch::Qwen2Moe && self.shared_ff == 0 {
+            return Err("qwen2moe needs expert_shared_feed_forward_length".into());
+        }
+        Ok(())
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}

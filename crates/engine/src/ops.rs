@@ -1,0 +1,117 @@
+//! Element-wise and per-row operations of the forward pass. Each has one fixed order of floating-point
+//! operations, so its result depends only on its inputs (see the determinism contract in DESIGN.md).
+
+/// RMS norm of each `w.len()`-long row of `x`, in place: x · w / sqrt(mean(x²) + eps).
+/// The sum of squares is accumulated in f64, sequentially, as llama.cpp does.
+pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(w.len()) {
+        let sum: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        let mean = (sum / w.len() as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for (v, &g) in row.iter_mut().zip(w) {
+            *v = *v * scale * g;
+        }
+    }
+}
+
+/// RMS norm of `x` into `out` (the input is kept for the residual).
+pub fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+    out.clear();
+    out.extend_from_slice(x);
+    rms_norm(out, w, eps);
+}
+
+pub fn add_bias(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_exact_mut(b.len()) {
+        for (v, &bb) in row.iter_mut().zip(b) {
+            *v += bb;
+        }
+    }
+}
+
+pub fn add(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Softmax in place, max-subtracted, sum accumulated sequentially in f32.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Rotary position embedding tables for one position: cos and sin of `pos · base^(-2i/dims)` for each pair.
+/// Computed in f64 and rounded once, so every position gets the most accurate angle f32 can hold.
+pub fn rope_angles(pos: usize, dims: usize, base: f32, cos: &mut Vec<f32>, sin: &mut Vec<f32>) {
+    cos.clear();
+    sin.clear();
+    for i in 0..dims / 2 {
+        let theta = pos as f64 * (base as f64).powf(-2.0 * i as f64 / dims as f64);
+        cos.push(theta.cos() as f32);
+        sin.push(theta.sin() as f32);
+    }
+}
+
+/// Rotate one head in place. `halves`: pairs (i, i + dims/2) (NeoX / rotate_half); else adjacent pairs.
+pub fn rope_head(head: &mut [f32], cos: &[f32], sin: &[f32], halves: bool) {
+    let half = cos.len();
+    for i in 0..half {
+        let (a, b) = if halves { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let (x0, x1) = (head[a], head[b]);
+        head[a] = x0 * cos[i] - x1 * sin[i];
+        head[b] = x0 * sin[i] + x1 * cos[i];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_matches_definition() {
+        let mut x = vec![1.0, 2.0, 3.0, 4.0];
+        rms_norm(&mut x, &[1.0, 1.0, 2.0, 1.0], 0.0);
+        let r = (30.0f64 / 4.0).sqrt() as f32;
+        for (a, b) in x.iter().zip([1.0 / r, 2.0 / r, 6.0 / r, 4.0 / r]) {
+            assert!((a - b).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_survives_large_logits() {
+        let mut x = vec![1000.0, 1001.0, 999.0];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[1] > x[0] && x[0] > x[2]);
+    }
+
+    #[test]
+    fn rope_rotation_preserves_norm_and_pairs() {
+        let (mut c, mut s) = (vec![], vec![]);
+        rope_angles(7, 4, 10000.0, &mut c, &mut s);
+        let mut h = vec![1.0, 0.0, 0.0, 0.0];
+        rope_head(&mut h, &c, &s, true);
+        // halves: dim 0 pairs with dim 2
+        assert!((h[0] - 7f32.cos()).abs() < 1e-6 && (h[2] - 7f32.sin()).abs() < 1e-6 && h[1] == 0.0);
+        let mut h = vec![1.0, 0.0, 0.0, 0.0];
+        rope_head(&mut h, &c, &s, false);
+        assert!((h[0] - 7f32.cos()).abs() < 1e-6 && (h[1] - 7f32.sin()).abs() < 1e-6 && h[2] == 0.0);
+    }
+}

@@ -1,0 +1,76 @@
+//! Where a run's time goes and how many weight bytes it touches, counted with relaxed atomics so the
+//! forward pass (which takes `&self`) can count without locks.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Norm, q/k/v projections, RoPE, attention over the cache, output projection.
+    Attention,
+    /// Router logits and top-k.
+    Router,
+    /// Routed and shared experts, and their combination.
+    Experts,
+    /// Final norm and LM head (and the embedding lookup).
+    Head,
+}
+
+pub const PHASES: [Phase; 4] = [Phase::Attention, Phase::Router, Phase::Experts, Phase::Head];
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Attention => "attention",
+            Phase::Router => "router",
+            Phase::Experts => "experts",
+            Phase::Head => "head",
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Stats {
+    phase_ns: [AtomicU64; 4],
+    weight_bytes: AtomicU64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StatsSnapshot {
+    pub phase: [Duration; 4],
+    /// Weight bytes read by the forward passes (each matrix counted once per pass, each active expert once).
+    pub weight_bytes: u64,
+}
+
+impl Stats {
+    /// Time `f` and add it to `phase`.
+    pub fn time<T>(&self, phase: Phase, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let r = f();
+        self.phase_ns[phase as usize].fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        r
+    }
+
+    pub fn add_bytes(&self, n: u64) {
+        self.weight_bytes.fetch_add(n, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let mut s = StatsSnapshot { weight_bytes: self.weight_bytes.load(Relaxed), ..Default::default() };
+        for (d, ns) in s.phase.iter_mut().zip(&self.phase_ns) {
+            *d = Duration::from_nanos(ns.load(Relaxed));
+        }
+        s
+    }
+}
+
+impl StatsSnapshot {
+    /// The counts between an earlier snapshot and this one.
+    pub fn since(&self, earlier: &StatsSnapshot) -> StatsSnapshot {
+        let mut s = StatsSnapshot { weight_bytes: self.weight_bytes - earlier.weight_bytes, ..Default::default() };
+        for i in 0..4 {
+            s.phase[i] = self.phase[i] - earlier.phase[i];
+        }
+        s
+    }
+}

@@ -1,0 +1,179 @@
+//! The model's weights as typed views into the GGUF mapping, with every shape checked at load.
+//!
+//! Matrices stay in their GGUF encoding (zero-copy); only the small vectors (norms, biases) are
+//! decoded to f32 once.
+
+use titan_gguf::{GgufFile, TensorInfo};
+use titan_kernels::{GgmlType, WeightView};
+
+use crate::config::{Config, QkNorm};
+use crate::{EngineError, Result};
+
+/// A matrix of `rows` × `cols` in its GGUF encoding, located by its byte range in the file.
+#[derive(Clone, Copy, Debug)]
+pub struct Mat {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Byte offset of row 0 from the start of the file.
+    pub start: usize,
+}
+
+impl Mat {
+    pub fn row_bytes(&self) -> usize {
+        self.ty.row_bytes(self.cols).expect("checked at load")
+    }
+    pub fn bytes(&self) -> usize {
+        self.row_bytes() * self.rows
+    }
+}
+
+/// One expert-stacked tensor: `n` matrices of `rows` × `cols`, expert `e` at `start + e * rows * row_bytes`.
+/// This layout is why an expert is a contiguous byte range: slicing it out is a copy, never a requantisation.
+#[derive(Clone, Copy, Debug)]
+pub struct Stacked {
+    pub mat: Mat,
+    pub n: usize,
+}
+
+impl Stacked {
+    pub fn expert(&self, e: usize) -> Mat {
+        Mat { start: self.mat.start + e * self.mat.bytes(), ..self.mat }
+    }
+}
+
+pub struct SharedExpert {
+    pub gate: Mat,
+    pub up: Mat,
+    pub down: Mat,
+    /// Qwen2-MoE: the shared expert's output is scaled by sigmoid(x · gate_inp).
+    pub gate_inp: Vec<f32>,
+}
+
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub wq: Mat,
+    pub wk: Mat,
+    pub wv: Mat,
+    pub wo: Mat,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub router: Mat,
+    pub gate_exps: Stacked,
+    pub up_exps: Stacked,
+    pub down_exps: Stacked,
+    pub shared: Option<SharedExpert>,
+}
+
+pub struct Weights {
+    pub file: GgufFile,
+    pub token_embd: Mat,
+    pub output_norm: Vec<f32>,
+    /// The LM head; `token_embd` itself when the model ties them.
+    pub output: Mat,
+    pub layers: Vec<Layer>,
+}
+
+impl Weights {
+    pub fn load(file: GgufFile, c: &Config) -> Result<Weights> {
+        let l = Loader { f: &file };
+        let (e, v, q, kv) = (c.n_embd, c.n_vocab, c.q_dim(), c.kv_dim());
+        let token_embd = l.mat("token_embd.weight", e, v)?;
+        let output = if file.tensor("output.weight").is_some() { l.mat("output.weight", e, v)? } else { token_embd };
+        let output_norm = l.vec("output_norm.weight", e)?;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let (q_norm, k_norm) = match c.qk_norm {
+                QkNorm::None => (None, None),
+                QkNorm::PerHead => (Some(l.vec(&n("attn_q_norm.weight"), c.head_dim)?), Some(l.vec(&n("attn_k_norm.weight"), c.head_dim)?)),
+                QkNorm::Whole => (Some(l.vec(&n("attn_q_norm.weight"), q)?), Some(l.vec(&n("attn_k_norm.weight"), kv)?)),
+            };
+            let bias = |name: &str, len| if c.qkv_bias { l.vec(&n(name), len).map(Some) } else { Ok(None) };
+            let shared = if c.shared_ff > 0 {
+                Some(SharedExpert {
+                    gate: l.mat(&n("ffn_gate_shexp.weight"), e, c.shared_ff)?,
+                    up: l.mat(&n("ffn_up_shexp.weight"), e, c.shared_ff)?,
+                    down: l.mat(&n("ffn_down_shexp.weight"), c.shared_ff, e)?,
+                    gate_inp: l.vec(&n("ffn_gate_inp_shexp.weight"), e)?,
+                })
+            } else {
+                None
+            };
+            layers.push(Layer {
+                attn_norm: l.vec(&n("attn_norm.weight"), e)?,
+                wq: l.mat(&n("attn_q.weight"), e, q)?,
+                wk: l.mat(&n("attn_k.weight"), e, kv)?,
+                wv: l.mat(&n("attn_v.weight"), e, kv)?,
+                wo: l.mat(&n("attn_output.weight"), q, e)?,
+                bq: bias("attn_q.bias", q)?,
+                bk: bias("attn_k.bias", kv)?,
+                bv: bias("attn_v.bias", kv)?,
+                q_norm,
+                k_norm,
+                ffn_norm: l.vec(&n("ffn_norm.weight"), e)?,
+                router: l.mat(&n("ffn_gate_inp.weight"), e, c.n_expert)?,
+                gate_exps: l.stacked(&n("ffn_gate_exps.weight"), e, c.expert_ff, c.n_expert)?,
+                up_exps: l.stacked(&n("ffn_up_exps.weight"), e, c.expert_ff, c.n_expert)?,
+                down_exps: l.stacked(&n("ffn_down_exps.weight"), c.expert_ff, e, c.n_expert)?,
+                shared,
+            });
+        }
+        Ok(Weights { file, token_embd, output_norm, output, layers })
+    }
+
+    /// A zero-copy view of a matrix.
+    pub fn view(&self, m: &Mat) -> WeightView<'_> {
+        // Every Mat was derived from a tensor whose bounds the GGUF reader checked.
+        let data = self.file.bytes(m.start, m.bytes()).expect("matrix bounds checked at load");
+        WeightView { ty: m.ty, rows: m.rows, cols: m.cols, data }
+    }
+
+    /// Bytes of dense (non-expert) and expert weights.
+    pub fn byte_split(&self) -> (u64, u64) {
+        let expert: u64 = self.file.tensors.iter().filter(|t| t.name.contains("_exps.")).map(|t| t.size).sum();
+        let all: u64 = self.file.tensors.iter().map(|t| t.size).sum();
+        (all - expert, expert)
+    }
+}
+
+struct Loader<'a> {
+    f: &'a GgufFile,
+}
+
+impl Loader<'_> {
+    fn err(&self, what: String) -> EngineError {
+        EngineError::Model { path: self.f.path().display().to_string(), what }
+    }
+
+    fn tensor(&self, name: &str, dims: &[usize]) -> Result<&TensorInfo> {
+        let t = self.f.tensor(name).ok_or_else(|| self.err(format!("missing tensor {name}")))?;
+        let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+        if t.dims != want {
+            return Err(self.err(format!("tensor {name} has shape {:?}, expected {:?} from the metadata", t.dims, want)));
+        }
+        Ok(t)
+    }
+
+    fn mat(&self, name: &str, cols: usize, rows: usize) -> Result<Mat> {
+        let t = self.tensor(name, &[cols, rows])?;
+        Ok(Mat { ty: t.ty, rows, cols, start: (self.f.data_offset + t.offset) as usize })
+    }
+
+    fn stacked(&self, name: &str, cols: usize, rows: usize, n: usize) -> Result<Stacked> {
+        let t = self.tensor(name, &[cols, rows, n])?;
+        Ok(Stacked { mat: Mat { ty: t.ty, rows, cols, start: (self.f.data_offset + t.offset) as usize }, n })
+    }
+
+    /// A small vector (norm weight, bias) decoded to f32.
+    fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let t = self.tensor(name, &[len])?;
+        let mut out = vec![0f32; len];
+        titan_kernels::dequantize_row(t.ty, self.f.tensor_data(t), &mut out)?;
+        Ok(out)
+    }
+}
