@@ -1,0 +1,84 @@
+//! Every way the store and the cache can fail, each message naming the file and saying what to do next.
+
+use std::io;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An I/O error on a named file.
+    #[error("{path}: {source}", path = path.display())]
+    Io { path: PathBuf, source: io::Error },
+    /// The filesystem does not support O_DIRECT (tmpfs, some network filesystems).
+    #[error("{path}: the filesystem refuses direct I/O (O_DIRECT): {source}; run without --direct-io", path = path.display())]
+    DirectIoUnsupported { path: PathBuf, source: io::Error },
+    /// `manifest.json` is missing or unreadable.
+    #[error("{path} cannot be read: {source}; is this a store written by titan convert?", path = path.display())]
+    ManifestMissing { path: PathBuf, source: io::Error },
+    /// `manifest.json` is not valid JSON of the expected shape.
+    #[error("{path} does not parse: {what}; re-run titan convert", path = path.display())]
+    ManifestParse { path: PathBuf, what: String },
+    /// The store was written by a TITAN with another format version.
+    #[error("{path}: store format version {found} is not supported (this TITAN reads version {supported}); re-run titan convert", path = path.display())]
+    Version {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    /// The store was converted from a different model file (or from an older version of it).
+    #[error("{dir} was made from {made_from} ({made_size} bytes), not from {model}: run titan convert {model} to make a store for this model", dir = dir.display(), model = model.display())]
+    WrongModel {
+        dir: PathBuf,
+        made_from: String,
+        made_size: u64,
+        model: PathBuf,
+    },
+    /// `experts.bin` is shorter than the manifest says.
+    #[error("{path} is {actual} bytes but the manifest needs {expected}: the store is truncated; re-run titan convert", path = path.display())]
+    Truncated {
+        path: PathBuf,
+        actual: u64,
+        expected: u64,
+    },
+    /// The manifest's tables contradict themselves or the model's shapes and types.
+    #[error("{path}: {what}; re-run titan convert", path = path.display())]
+    Inconsistent { path: PathBuf, what: String },
+    /// A record's bytes do not match its digest; the record is never used.
+    #[error("expert {expert} of layer {layer} failed its digest check in {path} (offset {offset:#x}): re-run titan convert", path = path.display())]
+    Digest {
+        layer: usize,
+        expert: usize,
+        path: PathBuf,
+        offset: u64,
+    },
+    /// The directory is a conversion that never finished.
+    #[error("{path} is an unfinished conversion, not a store: delete it and run titan convert", path = path.display())]
+    Unfinished { path: PathBuf },
+    /// `convert` would replace an existing store.
+    #[error("{path} already exists: pass --force to replace it", path = path.display())]
+    Exists { path: PathBuf },
+    /// The model has no stacked expert tensors.
+    #[error("{path}: no expert tensors (blk.N.ffn_gate_exps.weight, ffn_up_exps, ffn_down_exps): not an MoE model, nothing to convert", path = path.display())]
+    NoExperts { path: PathBuf },
+    /// The model's expert tensors have shapes the store cannot hold.
+    #[error("{path}: {what}", path = path.display())]
+    Model { path: PathBuf, what: String },
+    /// A record alignment that is not a power of two of at least 512 bytes.
+    #[error("record alignment {0} must be a power of two of at least 512 bytes")]
+    Alignment(u64),
+    /// A (layer, expert) the store does not hold.
+    #[error("the store has no expert {expert} in layer {layer}")]
+    NoRecord { layer: usize, expert: usize },
+    /// The pinned set does not fit in the cache budget.
+    #[error("pinned experts need {need} bytes but the expert budget is {budget} bytes: pin fewer experts or raise --expert-budget")]
+    PinOverBudget { need: u64, budget: u64 },
+    /// A routing profile that cannot be read or does not fit the store.
+    #[error("{path}: {what}", path = path.display())]
+    Profile { path: PathBuf, what: String },
+}
+
+impl StoreError {
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> StoreError {
+        let path = path.into();
+        move |source| StoreError::Io { path, source }
+    }
+}

@@ -1,0 +1,41 @@
+//! The expert store and the expert cache: how TITAN runs MoE models larger than RAM.
+//!
+//! `convert` copies every (layer, expert) of a GGUF's stacked expert tensors into one record of
+//! `experts.bin` — gate ‖ up ‖ down bytes, a byte copy, each record aligned so it can be read whole with
+//! O_DIRECT — and writes `manifest.json` with offsets, shapes, types, the source model's identity and a
+//! BLAKE3 digest per record. The GGUF is never modified and stays the source of the dense weights.
+//!
+//! `Store` opens and checks a store against the model and reads records with positional reads into aligned
+//! buffers, checking digests. `ExpertCache` keeps a bounded set of records resident, reads a layer's misses
+//! in parallel on a pool of I/O threads, prefetches, pins, and counts everything. `Profile` holds the
+//! routing counts used to pick pinned experts.
+
+mod aligned;
+mod cache;
+mod convert;
+mod error;
+mod manifest;
+mod pool;
+mod profile;
+mod reader;
+mod record;
+#[cfg(test)]
+mod testutil;
+
+pub use aligned::AlignedBuf;
+pub use cache::{Budget, CacheOptions, CacheStats, Counters, ExpertCache, Policy};
+pub use convert::{convert, ConvertOptions};
+pub use error::StoreError;
+pub use manifest::{LayerEntry, Manifest, RecordEntry, SourceIdentity, TensorSpec, FORMAT_VERSION};
+pub use profile::Profile;
+pub use reader::{Store, StoreOptions, VerifyReport};
+pub use record::{ExpertRecord, ExpertTensor};
+
+/// The file holding the records, inside a store directory.
+pub const EXPERTS_FILE: &str = "experts.bin";
+/// The manifest, inside a store directory; written last, so its presence marks a finished conversion.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// The default record alignment: the page size, and a multiple of every common logical block size.
+pub const DEFAULT_ALIGNMENT: u64 = 4096;
+/// The smallest alignment accepted: O_DIRECT needs at least the device's logical block size (512 or 4096).
+pub const MIN_ALIGNMENT: u64 = 512;

@@ -1,0 +1,104 @@
+//! One expert's weights in memory: the record bytes read from `experts.bin`, and typed views of its
+//! gate, up and down matrices.
+
+use titan_kernels::{GgmlType, WeightView};
+
+use crate::AlignedBuf;
+
+/// Where one matrix sits inside a record, and its shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Part {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub start: usize,
+    pub len: usize,
+}
+
+/// The gate, up and down parts of a layer's records (the same for every expert of the layer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RecordShape {
+    pub gate: Part,
+    pub up: Part,
+    pub down: Part,
+}
+
+/// One (layer, expert) record, digest-checked (unless checking was turned off), held in an aligned buffer.
+#[derive(Debug)]
+pub struct ExpertRecord {
+    pub layer: usize,
+    pub expert: usize,
+    shape: RecordShape,
+    /// The record padded to the store alignment, exactly as read.
+    buf: AlignedBuf,
+}
+
+/// One matrix of an expert: `rows` rows of `cols` elements of type `ty`, encoded as in the GGUF.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertTensor<'a> {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+impl<'a> ExpertTensor<'a> {
+    /// The matrix as the kernels take it; shapes were checked against the model when the store was opened.
+    pub fn weight_view(&self) -> WeightView<'a> {
+        WeightView {
+            ty: self.ty,
+            rows: self.rows,
+            cols: self.cols,
+            data: self.data,
+        }
+    }
+}
+
+impl ExpertRecord {
+    pub(crate) fn new(
+        layer: usize,
+        expert: usize,
+        shape: RecordShape,
+        buf: AlignedBuf,
+    ) -> ExpertRecord {
+        ExpertRecord {
+            layer,
+            expert,
+            shape,
+            buf,
+        }
+    }
+
+    pub fn gate(&self) -> ExpertTensor<'_> {
+        self.part(self.shape.gate)
+    }
+
+    pub fn up(&self) -> ExpertTensor<'_> {
+        self.part(self.shape.up)
+    }
+
+    pub fn down(&self) -> ExpertTensor<'_> {
+        self.part(self.shape.down)
+    }
+
+    /// gate ‖ up ‖ down, without the padding.
+    pub fn bytes(&self) -> &[u8] {
+        let end = self.shape.down.start + self.shape.down.len;
+        &self.buf.as_slice()[..end]
+    }
+
+    /// Memory the record occupies (its padded size): what the cache budget counts.
+    pub fn resident_bytes(&self) -> u64 {
+        self.buf.len() as u64
+    }
+
+    fn part(&self, p: Part) -> ExpertTensor<'_> {
+        // The reader built `shape` from the manifest and sized `buf` to hold all three parts.
+        ExpertTensor {
+            ty: p.ty,
+            rows: p.rows,
+            cols: p.cols,
+            data: &self.buf.as_slice()[p.start..p.start + p.len],
+        }
+    }
+}
