@@ -1,6 +1,7 @@
 //! `titan`: the command line. Parsing arguments and printing only; the work happens in the library crates.
 
 mod npy;
+mod store_args;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -9,6 +10,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions, StopReason};
 use titan_gguf::GgufFile;
+use titan_store::{convert, ConvertOptions, Profile, Store, StoreOptions};
+
+use store_args::{default_store, StreamArgs};
 
 #[derive(Parser)]
 #[command(name = "titan", version, about = "Run mixture-of-experts language models from GGUF files")]
@@ -29,6 +33,12 @@ enum Command {
     Inspect(InspectArgs),
     /// Measure prompt and decode speed (as llama-bench does), peak memory and weight bytes per token.
     Bench(BenchArgs),
+    /// Write the expert store of a model: every expert as one aligned, digest-checked record.
+    Convert(ConvertArgs),
+    /// Check every record of an expert store against its digest.
+    Verify(VerifyArgs),
+    /// Record which experts a run routes to, per layer (for `--pin`).
+    Profile(ProfileArgs),
     /// Record a run's internals, per step and layer, into a trace file (safetensors).
     Trace(TraceArgs),
     /// Compare two traces: IDENTICAL (exit 0), or the first divergence (exit 1); unreadable input exits 2.
@@ -43,6 +53,11 @@ struct ModelArgs {
     /// Worker threads (default: all cores).
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// A Hugging Face tokenizer.json to use instead of the GGUF's vocabulary.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    #[command(flatten)]
+    stream: StreamArgs,
 }
 
 #[derive(Args)]
@@ -184,6 +199,40 @@ struct TraceArgs {
 }
 
 #[derive(Args)]
+struct ConvertArgs {
+    /// The GGUF model (never modified).
+    model: PathBuf,
+    /// The store directory to write (default: MODEL.titan beside the model).
+    #[arg(short = 'o', long)]
+    output: Option<PathBuf>,
+    /// Record alignment in bytes (a power of two, at least 512).
+    #[arg(long, default_value_t = titan_store::DEFAULT_ALIGNMENT)]
+    alignment: u64,
+    /// Replace an existing store.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args)]
+struct VerifyArgs {
+    /// The store directory.
+    store: PathBuf,
+}
+
+#[derive(Args)]
+struct ProfileArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    prompt: PromptArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Output profile (JSON).
+    #[arg(short = 'o', long)]
+    output: PathBuf,
+}
+
+#[derive(Args)]
 struct TraceDiffArgs {
     a: PathBuf,
     b: PathBuf,
@@ -200,6 +249,9 @@ fn main() {
         Command::Tokenize(a) => tokenize(a),
         Command::Inspect(a) => inspect(a),
         Command::Bench(a) => bench(a),
+        Command::Convert(a) => convert_store(a),
+        Command::Verify(a) => verify_store(a),
+        Command::Profile(a) => profile(a),
         Command::Trace(a) => trace(a),
         Command::TraceDiff(a) => std::process::exit(trace_diff(a)),
     };
@@ -216,7 +268,14 @@ fn load(a: &ModelArgs) -> Result<Model> {
         }
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting up the thread pool")?;
     }
-    Ok(Model::load(&a.model)?)
+    let mut model = Model::load_with(&a.model, &a.stream.load_options(&a.model)?)?;
+    if let Some(w) = model.experts.cache().and_then(|c| c.warning()) {
+        eprintln!("warning: {w}");
+    }
+    if let Some(p) = &a.tokenizer {
+        model.tokenizer = titan_tokenizer::Tokenizer::from_tokenizer_json(p).with_context(|| format!("{}", p.display()))?;
+    }
+    Ok(model)
 }
 
 fn run(a: RunArgs) -> Result<()> {
@@ -238,6 +297,21 @@ fn run(a: RunArgs) -> Result<()> {
         rate(g.tokens.len().saturating_sub(1), g.gen_time),
         if g.stop == StopReason::EndOfGeneration { " (end of generation)" } else { "" }
     );
+    if let Some(c) = model.experts.cache() {
+        let t = c.stats().total;
+        eprintln!(
+            "experts: budget {}, hit rate {:.1}% ({} hits, {} misses), {} read in {:.2} s, stalled {:.2} s, prefetch {} issued / {} used",
+            human(c.budget_bytes()),
+            100.0 * t.hit_rate(),
+            t.hits,
+            t.misses,
+            human(t.bytes_read),
+            t.read_ns as f64 / 1e9,
+            t.stall_ns as f64 / 1e9,
+            t.prefetch_issued,
+            t.prefetch_used
+        );
+    }
     Ok(())
 }
 
@@ -327,9 +401,70 @@ fn bench(a: BenchArgs) -> Result<()> {
             "peak_rss_bytes": r.peak_rss_bytes,
             "decode_bytes_per_token": r.decode_bytes_per_token,
             "decode_phase_share": phases,
+            "expert_cache": model.experts.cache().map(|c| c.stats()),
         });
         println!("{j}");
     }
+    Ok(())
+}
+
+fn progress_bar(total: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+fn convert_store(a: ConvertArgs) -> Result<()> {
+    let f = GgufFile::open(&a.model)?;
+    let out = a.output.clone().unwrap_or_else(|| default_store(&a.model));
+    let bar = progress_bar(0, "converting");
+    let m = convert(&f, &out, &ConvertOptions { alignment: a.alignment, force: a.force }, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    let bytes: u64 = m.records.iter().map(|r| r.length).sum();
+    eprintln!("wrote {} ({} expert records, {}) from {}", out.display(), m.records.len(), human(bytes), a.model.display());
+    Ok(())
+}
+
+fn verify_store(a: VerifyArgs) -> Result<()> {
+    let store = Store::open_unchecked(&a.store, &StoreOptions::default())?;
+    let bar = progress_bar(0, "verifying");
+    let r = store.verify(&mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    for e in &r.bad {
+        eprintln!("error: {e}");
+    }
+    if !r.is_ok() {
+        bail!("{}: {} of {} records failed verification", a.store.display(), r.bad.len(), r.records);
+    }
+    println!("OK: {} records, {} verified", r.records, human(r.bytes));
+    Ok(())
+}
+
+fn profile(a: ProfileArgs) -> Result<()> {
+    let model = load(&a.model)?;
+    let prompt = a.prompt.tokens(&model)?;
+    let opts = a.sampling.options(&model);
+    // The trace already records every routing decision; the profile counts them.
+    let mut t = titan_engine::trace::Trace::default();
+    model.generate_traced(&prompt, &opts, Some(&mut t), |_| {})?;
+    let mut p = Profile::new(model.config.n_layer, model.config.n_expert);
+    for r in t.records.iter().filter(|r| r.name.ends_with(".topk_ids")) {
+        let layer: usize = r.name.split('.').nth(1).and_then(|l| l.strip_prefix('l')).and_then(|l| l.parse().ok()).expect("trace names carry the layer");
+        p.record(layer, &r.u32s().collect::<Vec<_>>());
+    }
+    p.save(&a.output)?;
+    eprintln!("wrote the routing profile of {} tokens to {}", prompt.len() + opts.max_tokens, a.output.display());
     Ok(())
 }
 

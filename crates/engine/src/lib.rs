@@ -20,7 +20,7 @@ pub mod weights;
 
 pub use config::{Arch, Config};
 pub use generate::{GenerateOptions, Generation, StopReason};
-pub use model::{Model, Outputs};
+pub use model::{LoadOptions, Model, Outputs, StreamOptions};
 pub use sampler::{Sampler, SamplerOptions};
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +33,8 @@ pub enum EngineError {
     Kernel(#[from] titan_kernels::KernelError),
     #[error(transparent)]
     Tokenizer(#[from] titan_tokenizer::TokenizerError),
+    #[error(transparent)]
+    Store(#[from] titan_store::StoreError),
     #[error("context of {ctx} tokens exceeded: {need} needed (use a larger --ctx-size or a shorter prompt)")]
     ContextFull { ctx: usize, need: usize },
     #[error("token id {id} is outside the vocabulary (size {vocab})")]

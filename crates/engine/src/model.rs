@@ -1,14 +1,17 @@
 //! A loaded model and its forward pass: one layer is a short list of named steps, and those names are
 //! the trace points.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use titan_gguf::GgufFile;
 use titan_kernels::{matmul, Activations};
+use titan_store::{Budget, CacheOptions, ExpertCache, Policy, Store, StoreOptions};
 use titan_tokenizer::Tokenizer;
 
 use crate::attention::{attend, AttnShape, KvCache};
 use crate::config::{Config, RopeStyle};
+use crate::experts::ExpertSource;
 use crate::moe::{moe_block, route, Routing};
 use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head};
 use crate::stats::{Phase, Stats};
@@ -20,6 +23,9 @@ pub struct Model {
     pub config: Config,
     pub weights: Weights,
     pub tokenizer: Tokenizer,
+    pub experts: ExpertSource,
+    /// Prefetch the next layer's likely experts (streamed experts only).
+    prefetch: bool,
     /// Time per phase and weight bytes read, over every forward pass so far.
     pub stats: Stats,
 }
@@ -31,13 +37,48 @@ pub enum Outputs {
     Last,
 }
 
+/// How to load a model: everything resident (the default), or experts streamed from an expert store.
+#[derive(Default)]
+pub struct LoadOptions {
+    pub stream: Option<StreamOptions>,
+}
+
+pub struct StreamOptions {
+    /// The store directory (`titan convert` writes it beside the model as `MODEL.titan/`).
+    pub store: PathBuf,
+    pub budget_bytes: u64,
+    pub policy: Policy,
+    pub direct_io: bool,
+    pub verify_digests: bool,
+    /// Experts to keep resident for the whole run (e.g. the hottest of a routing profile).
+    pub pinned: Vec<(usize, usize)>,
+    /// Read the next layer's likely experts ahead (its router applied to the current hidden state).
+    pub prefetch: bool,
+}
+
 impl Model {
     pub fn load(path: impl AsRef<Path>) -> Result<Model> {
+        Self::load_with(path, &LoadOptions::default())
+    }
+
+    pub fn load_with(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Model> {
         let file = GgufFile::open(path)?;
         let config = Config::from_gguf(&file)?;
         let tokenizer = vocab::tokenizer_from_gguf(&file)?;
-        let weights = Weights::load(file, &config)?;
-        Ok(Model { config, weights, tokenizer, stats: Stats::default() })
+        let (experts, prefetch) = match &opts.stream {
+            None => (ExpertSource::Resident, false),
+            Some(s) => {
+                let store = Store::open_with(&s.store, &file, &StoreOptions { direct_io: s.direct_io, verify_digests: s.verify_digests })?;
+                let cache = ExpertCache::new(Arc::new(store), &CacheOptions { policy: s.policy, ..CacheOptions::new(Budget::Bytes(s.budget_bytes)) })?;
+                cache.pin(&s.pinned)?;
+                (ExpertSource::Streamed(cache), s.prefetch)
+            }
+        };
+        let mut weights = Weights::load(file, &config)?;
+        if experts.cache().is_some() {
+            weights.make_dense_resident();
+        }
+        Ok(Model { config, weights, tokenizer, experts, prefetch, stats: Stats::default() })
     }
 
     pub fn new_cache(&self, n_ctx: usize) -> KvCache {
@@ -140,7 +181,10 @@ impl Model {
                 matmul(&w.view(&l.router), &acts, &mut router_logits)?;
                 Ok(route(&router_logits, c.n_expert, c.n_expert_used, c.norm_topk))
             })?;
-            let moe_out = stats.time(Phase::Experts, || moe_block(w, c, il, &h, n, &routing))?;
+            if self.prefetch {
+                self.prefetch_next(il, &x)?;
+            }
+            let moe_out = stats.time(Phase::Experts, || moe_block(w, &self.experts, c, il, &h, n, &routing))?;
             stats.add_bytes(self.layer_bytes(il, &routing));
             if let Some(t) = trace.as_deref_mut() {
                 let k = routing.k;
@@ -168,6 +212,23 @@ impl Model {
             t.tensor(None, "logits", &[rows, c.n_vocab], &logits);
         }
         Ok(logits)
+    }
+
+    /// Issue reads for the experts layer `il + 1` will probably choose: its router applied to the current
+    /// residual stream (which the next layer only changes by its attention output).
+    fn prefetch_next(&self, il: usize, x: &[f32]) -> Result<()> {
+        let (Some(cache), Some(next)) = (self.experts.cache(), self.weights.layers.get(il + 1)) else { return Ok(()) };
+        let c = &self.config;
+        let n = x.len() / c.n_embd;
+        let mut h = Vec::new();
+        rms_norm_into(x, &next.ffn_norm, c.rms_eps, &mut h);
+        let mut logits = vec![0f32; n * c.n_expert];
+        titan_kernels::matmul_f32(&self.weights.view(&next.router), &h, n, &mut logits)?;
+        let mut ids = route(&logits, c.n_expert, c.n_expert_used, c.norm_topk).ids;
+        ids.sort_unstable();
+        ids.dedup();
+        cache.prefetch(il + 1, &ids)?;
+        Ok(())
     }
 
     /// Weight bytes one layer reads for a batch: its dense matrices once, each distinct chosen expert once.

@@ -2,7 +2,7 @@
 //! canonical combination of the chosen experts' outputs.
 
 use crate::config::Config;
-use crate::experts::{swiglu_ffn, Experts};
+use crate::experts::{swiglu_ffn, ExpertSource};
 use crate::ops::sigmoid;
 use crate::weights::{SharedExpert, Weights};
 use crate::Result;
@@ -42,32 +42,32 @@ pub fn route(logits: &[f32], n_expert: usize, k: usize, norm_topk: bool) -> Rout
 
 /// The MoE block for `rows` rows of `x` (already normalised) routed by `routing`: the chosen experts,
 /// combined canonically, plus the shared expert if any.
-pub fn moe_block(w: &Weights, c: &Config, layer_idx: usize, x: &[f32], rows: usize, routing: &Routing) -> Result<Vec<f32>> {
-    let experts = Experts::resident(w);
+pub fn moe_block(w: &Weights, experts: &ExpertSource, c: &Config, layer: usize, x: &[f32], rows: usize, routing: &Routing) -> Result<Vec<f32>> {
     let d = c.n_embd;
 
     // Group rows by expert so each expert's weights are read once per batch.
-    let mut rows_of: Vec<Vec<usize>> = vec![Vec::new(); c.n_expert];
+    let mut slots_of: Vec<Vec<usize>> = vec![Vec::new(); c.n_expert];
     for (slot, &e) in routing.ids.iter().enumerate() {
-        rows_of[e as usize].push(slot);
+        slots_of[e as usize].push(slot);
     }
-    // contributions[slot] = expert output for (row, slot), slot = row * k + j.
+    let ids: Vec<u32> = (0..c.n_expert as u32).filter(|&e| !slots_of[e as usize].is_empty()).collect();
+
+    // contributions[slot] = the expert's output for (row, slot), slot = row * k + j.
     let mut contributions = vec![0f32; rows * routing.k * d];
     let mut gathered = Vec::new();
-    for (e, slots) in rows_of.iter().enumerate() {
-        if slots.is_empty() {
-            continue;
-        }
+    experts.for_each(w, layer, &ids, |i, ew| {
+        let slots = &slots_of[ids[i] as usize];
         gathered.clear();
         for &slot in slots {
             let r = slot / routing.k;
             gathered.extend_from_slice(&x[r * d..(r + 1) * d]);
         }
-        let y = experts.forward(layer_idx, e, &gathered, slots.len())?;
-        for (i, &slot) in slots.iter().enumerate() {
-            contributions[slot * d..(slot + 1) * d].copy_from_slice(&y[i * d..(i + 1) * d]);
+        let y = swiglu_ffn(&ew.gate, &ew.up, &ew.down, &gathered, slots.len())?;
+        for (yi, &slot) in y.chunks_exact(d).zip(slots) {
+            contributions[slot * d..(slot + 1) * d].copy_from_slice(yi);
         }
-    }
+        Ok(())
+    })?;
 
     // Canonical combination: Σ w_e · y_e in ascending expert-id order (the slots are already in that order),
     // after every contribution has arrived, one multiply and one add per term.
@@ -83,7 +83,7 @@ pub fn moe_block(w: &Weights, c: &Config, layer_idx: usize, x: &[f32], rows: usi
         }
     }
 
-    if let Some(sh) = &w.layers[layer_idx].shared {
+    if let Some(sh) = &w.layers[layer].shared {
         shared_expert(w, sh, x, rows, d, &mut out)?;
     }
     Ok(out)
@@ -91,7 +91,7 @@ pub fn moe_block(w: &Weights, c: &Config, layer_idx: usize, x: &[f32], rows: usi
 
 /// Qwen2-MoE's shared expert: out += sigmoid(x · gate_inp) · ffn(x).
 fn shared_expert(w: &Weights, sh: &SharedExpert, x: &[f32], rows: usize, d: usize, out: &mut [f32]) -> Result<()> {
-    let y = swiglu_ffn(w, &sh.gate, &sh.up, &sh.down, x, rows)?;
+    let y = swiglu_ffn(&w.view(&sh.gate), &w.view(&sh.up), &w.view(&sh.down), x, rows)?;
     for r in 0..rows {
         let xr = &x[r * d..(r + 1) * d];
         let g = sigmoid(xr.iter().zip(&sh.gate_inp).fold(0f32, |s, (a, b)| s + a * b));

@@ -71,6 +71,8 @@ pub struct Layer {
 
 pub struct Weights {
     pub file: GgufFile,
+    /// Dense tensors copied out of the mapping (see [`Weights::make_dense_resident`]).
+    dense_copy: Option<DenseCopy>,
     pub token_embd: Mat,
     pub output_norm: Vec<f32>,
     /// The LM head; `token_embd` itself when the model ties them.
@@ -123,14 +125,29 @@ impl Weights {
                 shared,
             });
         }
-        Ok(Weights { file, token_embd, output_norm, output, layers })
+        Ok(Weights { file, dense_copy: None, token_embd, output_norm, output, layers })
     }
 
-    /// A zero-copy view of a matrix.
+    /// A view of a matrix: zero-copy into the mapping, or into the resident copy of the dense weights.
     pub fn view(&self, m: &Mat) -> WeightView<'_> {
+        let copied = self.dense_copy.as_ref().and_then(|c| c.get(m.start, m.bytes()));
         // Every Mat was derived from a tensor whose bounds the GGUF reader checked.
-        let data = self.file.bytes(m.start, m.bytes()).expect("matrix bounds checked at load");
+        let data = copied.unwrap_or_else(|| self.file.bytes(m.start, m.bytes()).expect("matrix bounds checked at load"));
         WeightView { ty: m.ty, rows: m.rows, cols: m.cols, data }
+    }
+
+    /// Copy every dense (non-expert) tensor out of the mapping into process memory. With experts streamed
+    /// from a store, the mapping's pages are reclaimable page cache that expert reads would push out; the
+    /// copy keeps the backbone resident, and the experts' part of the GGUF is never touched.
+    pub fn make_dense_resident(&mut self) {
+        let mut copy = DenseCopy { starts: Vec::new(), bufs: Vec::new() };
+        let mut tensors: Vec<_> = self.file.tensors.iter().filter(|t| !t.name.contains("_exps.")).collect();
+        tensors.sort_by_key(|t| t.offset);
+        for t in tensors {
+            copy.starts.push((self.file.data_offset + t.offset) as usize);
+            copy.bufs.push(self.file.tensor_data(t).to_vec());
+        }
+        self.dense_copy = Some(copy);
     }
 
     /// Bytes of dense (non-expert) and expert weights.
@@ -138,6 +155,19 @@ impl Weights {
         let expert: u64 = self.file.tensors.iter().filter(|t| t.name.contains("_exps.")).map(|t| t.size).sum();
         let all: u64 = self.file.tensors.iter().map(|t| t.size).sum();
         (all - expert, expert)
+    }
+}
+
+/// Dense tensors' bytes, by their start offset in the file.
+struct DenseCopy {
+    starts: Vec<usize>,
+    bufs: Vec<Vec<u8>>,
+}
+
+impl DenseCopy {
+    fn get(&self, start: usize, len: usize) -> Option<&[u8]> {
+        let i = self.starts.partition_point(|&s| s <= start).checked_sub(1)?;
+        self.bufs[i].get(start - self.starts[i]..start - self.starts[i] + len)
     }
 }
 
