@@ -31,6 +31,8 @@ enum Command {
     Tokenize(TokenizeArgs),
     /// Describe a GGUF model: architecture, dimensions, experts, tensor types, dense vs expert bytes.
     Inspect(InspectArgs),
+    /// Write a GGUF with random, calibrated weights and a real model's dimensions (no download needed).
+    Synth(SynthArgs),
     /// Measure prompt and decode speed (as llama-bench does), peak memory and weight bytes per token.
     Bench(BenchArgs),
     /// Write the expert store of a model: every expert as one aligned, digest-checked record.
@@ -168,6 +170,26 @@ struct InspectArgs {
 }
 
 #[derive(Args)]
+struct SynthArgs {
+    /// Which model's dimensions: olmoe-1b-7b, qwen3-30b-a3b, qwen1.5-moe-a2.7b, mixtral-8x7b.
+    #[arg(long)]
+    preset: String,
+    /// Tensor type of the file: q4_0, q8_0, q4_k_m, q6_k, f16.
+    #[arg(long = "type")]
+    ty: String,
+    #[arg(short = 'o', long)]
+    output: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Fewer layers than the real model (for quick experiments).
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Tokens of the routing check run on the written file (0 skips it).
+    #[arg(long = "routing-tokens", default_value_t = 128)]
+    routing_tokens: usize,
+}
+
+#[derive(Args)]
 struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -248,6 +270,7 @@ fn main() {
         Command::Logits(a) => logits(a),
         Command::Tokenize(a) => tokenize(a),
         Command::Inspect(a) => inspect(a),
+        Command::Synth(a) => synth(a),
         Command::Bench(a) => bench(a),
         Command::Convert(a) => convert_store(a),
         Command::Verify(a) => verify_store(a),
@@ -417,6 +440,29 @@ fn progress_bar(total: u64, what: &str) -> indicatif::ProgressBar {
     );
     bar.set_message(what.to_string());
     bar
+}
+
+fn synth(a: SynthArgs) -> Result<()> {
+    let preset = titan_synth::preset(&a.preset).with_context(|| {
+        let names: Vec<_> = titan_synth::presets().iter().map(|p| p.name).collect();
+        format!("unknown preset {:?}: use one of {}", a.preset, names.join(", "))
+    })?;
+    let ty: titan_synth::FileType = a.ty.parse().map_err(anyhow::Error::msg)?;
+    let mut opts = titan_synth::SynthOptions::new(preset.clone(), ty);
+    opts.seed = a.seed;
+    opts.layers = a.layers;
+    let bar = progress_bar(0, "writing");
+    let info = titan_synth::synth(&opts, &a.output, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    eprintln!("wrote {} ({}, {} {}, {} tensors) in {:.1} s", a.output.display(), human(info.bytes), preset.name, ty, info.tensors, info.elapsed.as_secs_f64());
+    if a.routing_tokens > 0 {
+        eprintln!("routing check: sampling {} tokens with TITAN on the written file…", a.routing_tokens);
+        print!("{}", titan_synth::routing_report(&a.output, a.routing_tokens, a.seed)?);
+    }
+    Ok(())
 }
 
 fn convert_store(a: ConvertArgs) -> Result<()> {

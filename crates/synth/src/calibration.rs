@@ -1,0 +1,180 @@
+//! The weight scales that make a random model route like a trained one.
+//!
+//! What goes wrong with naive random weights: every token's residual stream drifts toward the same
+//! vector (attention averages over the context, uniform 4-bit quants have a -0.5 mean that every row
+//! shares), the token's identity is forgotten after a few layers, and every token picks the same few
+//! experts. What a trained model does instead: consecutive tokens are related (a topic, a phrase), so
+//! they share about a third of their experts, yet over a few hundred tokens most experts get used.
+//!
+//! How these weights reproduce that:
+//!
+//! - **Topics.** The vocabulary is split into topics of `topic_size` consecutive token ids. A token's
+//!   embedding is `sqrt(topic_share)` of its topic's centre plus the rest its own random direction, and
+//!   the LM head's row for a token leans (`head_topic`) on the same centre. The LM head's scale is
+//!   solved for so that, at temperature 1, the next token stays in the current topic with probability
+//!   `topic_stay` (see [`Calibration::head_logit`]) and otherwise jumps to a random other topic.
+//!   Consecutive tokens of one topic have correlated residual streams, hence overlapping experts; a
+//!   jump decorrelates them, and the jumps spread a few hundred tokens over most experts.
+//! - **The token stays in the residual stream.** Attention (`attn_out`) and expert (`moe_out`)
+//!   contributions, summed over all layers, stay below the unit-scale embedding (each layer gets
+//!   `1/sqrt(n_layer)` of the budget, so a 48-layer model keeps the token as well as a 16-layer one),
+//!   and no common component builds up over the layers.
+//! - **Zero-mean weights** (see `blocks`), so no layer adds a direction shared by every row.
+//! - **Routers** are plain random matrices of `router` logit scale: with token-specific inputs, each
+//!   expert wins for some tokens.
+//!
+//! Scales are per unit of fan-in (`sigma = gain / sqrt(fan_in)`), so the same gains hold for every
+//! preset's dimensions. The defaults were measured with `routing_report` (see the crate's tests and the
+//! numbers in the report `synth` prints).
+
+use crate::layout::Role;
+use crate::preset::{Arch, Preset};
+
+/// The gains. All are dimensionless; see the module documentation for what each one does.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Calibration {
+    /// Element RMS of the token embeddings (the residual stream's scale).
+    pub embd_rms: f32,
+    /// Token ids per topic.
+    pub topic_size: usize,
+    /// Share of an embedding's variance that comes from its topic's centre.
+    pub topic_share: f32,
+    /// Share of an LM-head row's variance that comes from its token's topic centre.
+    pub head_topic: f32,
+    /// Probability that a sampled token (temperature 1) continues the current topic.
+    pub topic_stay: f32,
+    /// Standard deviation of attention scores (q·k / sqrt(head_dim)).
+    pub attn_score: f32,
+    /// RMS of all layers' attention contributions together (per unit RMS of the mixed values).
+    pub attn_out: f32,
+    /// Standard deviation of the expert gate/up pre-activations.
+    pub ffn_in: f32,
+    /// RMS of all layers' MoE contributions together.
+    pub moe_out: f32,
+    /// Standard deviation of router logits.
+    pub router: f32,
+    /// Element RMS of the q/k/v biases (Qwen2-MoE).
+    pub qkv_bias: f32,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Calibration {
+            embd_rms: 1.0,
+            topic_size: 256,
+            topic_share: 0.75,
+            head_topic: 0.7,
+            topic_stay: 0.75,
+            attn_score: 2.0,
+            attn_out: 0.5,
+            ffn_in: 1.5,
+            moe_out: 0.6,
+            router: 2.0,
+            qkv_bias: 0.3,
+        }
+    }
+}
+
+/// How a tensor's values are drawn: `mean + sigma · noise` for vectors; zero-mean with `sigma` for
+/// matrices (token_embd and output add the topic structure on top).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Scale {
+    pub mean: f32,
+    pub sigma: f32,
+}
+
+impl Calibration {
+    pub(crate) fn scale(&self, p: &Preset, role: Role) -> Scale {
+        let fan = |n: usize| 1.0 / (n as f32).sqrt();
+        let e = p.n_embd;
+        let has_qk_norm = matches!(p.arch, Arch::Qwen3Moe | Arch::Olmoe);
+        // Without q/k norms the score's spread is rms(q) · rms(k); with them it is the norms' weights.
+        let qk = self.attn_score.sqrt();
+        let per_layer = fan(p.n_layer) * self.embd_rms;
+        let act = swiglu_rms(self.ffn_in);
+        // One expert's output RMS such that the weighted sum of the chosen ones has the layer's share.
+        let expert_out = self.moe_out * per_layer / topk_weight_rms(p, self.router);
+        let (mean, sigma) = match role {
+            Role::TokenEmbd => (0.0, self.embd_rms),
+            Role::Output => (0.0, self.head_logit(p) / e as f32),
+            Role::AttnNorm | Role::FfnNorm | Role::OutputNorm => (1.0, 0.05),
+            Role::QNorm | Role::KNorm => (qk, 0.05 * qk),
+            Role::Wq | Role::Wk if has_qk_norm => (0.0, fan(e)),
+            Role::Wq | Role::Wk => (0.0, qk * fan(e)),
+            Role::Wv => (0.0, fan(e)),
+            Role::Wo => (0.0, self.attn_out * per_layer * fan(p.q_dim())),
+            Role::Bq | Role::Bk | Role::Bv => (0.0, self.qkv_bias),
+            Role::Router => (0.0, self.router * fan(e)),
+            Role::GateExps | Role::UpExps | Role::GateShexp | Role::UpShexp => (0.0, self.ffn_in * fan(e)),
+            Role::DownExps => (0.0, expert_out * fan(p.expert_ff) / act),
+            // The shared expert (scaled by a sigmoid gate of about 0.5) gets as much as the routed ones.
+            Role::DownShexp => (0.0, 2.0 * self.moe_out * per_layer * fan(p.shared_ff) / act),
+            Role::ShexpGate => (0.0, fan(e)),
+        };
+        Scale { mean, sigma }
+    }
+
+    /// The LM head's logit per unit cosine, solved so that the next token stays in the current topic
+    /// with probability `topic_stay`.
+    ///
+    /// The final hidden state is the embedding (unit RMS) plus every layer's contributions (RMS about
+    /// `r = hypot(attn_out, moe_out)`), so its cosine with the topic part of the current topic's head rows
+    /// is `s = sqrt(topic_share · head_topic) / sqrt(1 + r²)`, and with other rows about 0. At
+    /// temperature 1 the odds of staying are `T · e^(β s) / (V - T)` for topics of T tokens out of V;
+    /// solving for `β` gives the scale.
+    pub fn head_logit(&self, p: &Preset) -> f32 {
+        let t = self.topic_size.clamp(1, p.n_vocab - 1) as f32;
+        let v = p.n_vocab as f32;
+        let r2 = self.attn_out.powi(2) + self.moe_out.powi(2);
+        let s = (self.topic_share * self.head_topic).sqrt() / (1.0 + r2 / self.embd_rms.powi(2)).sqrt();
+        let stay = self.topic_stay.clamp(0.01, 0.99);
+        ((stay / (1.0 - stay)).ln() + ((v - t) / t).ln()).max(0.0) / s
+    }
+}
+
+/// Root of the expected sum of squared routing weights of the chosen experts, by simulation of
+/// N(0, router²) logits (fixed seed): what scales one expert's output to the weighted sum's.
+fn topk_weight_rms(p: &Preset, router: f32) -> f32 {
+    let (n, k) = (p.n_expert, p.n_expert_used);
+    let norm = matches!(p.arch, Arch::Qwen3Moe | Arch::Llama);
+    let mut rng = crate::blocks::Rng::new(0x5eed);
+    let (trials, mut acc) = (2000, 0.0f64);
+    let mut logits = vec![0f32; n];
+    for _ in 0..trials {
+        logits.iter_mut().for_each(|l| *l = router * rng.normal());
+        let max = logits.iter().cloned().fold(f32::MIN, f32::max);
+        let total: f32 = logits.iter().map(|l| (l - max).exp()).sum();
+        let mut probs: Vec<f32> = logits.iter().map(|l| (l - max).exp() / total).collect();
+        probs.sort_by(|a, b| b.total_cmp(a));
+        let chosen = &probs[..k];
+        let scale = if norm { 1.0 / chosen.iter().sum::<f32>() } else { 1.0 };
+        acc += chosen.iter().map(|w| ((w * scale) as f64).powi(2)).sum::<f64>();
+    }
+    ((acc / trials as f64).sqrt()) as f32
+}
+
+/// RMS of silu(g) · u for independent g, u ~ N(0, c²), by quadrature (u contributes c).
+fn swiglu_rms(c: f32) -> f32 {
+    let (n, lim) = (4000, 8.0f64);
+    let c = c as f64;
+    let mut acc = 0.0;
+    for i in 0..n {
+        let z = -lim + (i as f64 + 0.5) * 2.0 * lim / n as f64;
+        let g = c * z;
+        let silu = g / (1.0 + (-g).exp());
+        acc += silu * silu * (-z * z / 2.0).exp();
+    }
+    let e_silu2 = acc * (2.0 * lim / n as f64) / (2.0 * std::f64::consts::PI).sqrt();
+    (e_silu2.sqrt() * c) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swiglu_rms_matches_a_sampled_estimate() {
+        // E[silu(g)^2] for g ~ N(0,1) is about 0.3557 (numerically), so rms(silu(g)·u) ≈ 0.5964.
+        assert!((swiglu_rms(1.0) - 0.5964).abs() < 0.002, "{}", swiglu_rms(1.0));
+    }
+}

@@ -1,0 +1,200 @@
+//! Which tensors a file holds, in what shape and encoding: the names and shapes llama.cpp's loader
+//! expects for the architecture (`src/models/{olmoe,qwen2moe,qwen3moe,llama}.cpp`), and the types
+//! llama-quantize would give them (`llama_tensor_get_type` in `src/llama-quant.cpp`).
+
+use titan_kernels::GgmlType;
+
+use crate::preset::{Arch, FileType, Preset};
+
+/// What a tensor does, which decides its scale (see `calibration`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    TokenEmbd,
+    OutputNorm,
+    Output,
+    AttnNorm,
+    Wq,
+    Wk,
+    Wv,
+    Wo,
+    Bq,
+    Bk,
+    Bv,
+    QNorm,
+    KNorm,
+    FfnNorm,
+    Router,
+    GateExps,
+    UpExps,
+    DownExps,
+    GateShexp,
+    UpShexp,
+    DownShexp,
+    ShexpGate,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct TensorPlan {
+    pub name: String,
+    /// GGUF order: the row length (ne0) first.
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+    pub role: Role,
+}
+
+impl TensorPlan {
+    pub fn cols(&self) -> usize {
+        self.dims[0] as usize
+    }
+
+    pub fn rows(&self) -> usize {
+        self.dims[1..].iter().product::<u64>() as usize
+    }
+}
+
+/// Every tensor of the file, in file order: token_embd, the blocks, output_norm, output.
+pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
+    let (e, q, kv, v) = (p.n_embd as u64, p.q_dim() as u64, p.kv_dim() as u64, p.n_vocab as u64);
+    let (ff, nx) = (p.expert_ff as u64, p.n_expert as u64);
+    let mut out = Vec::new();
+    let mut push = |name: String, dims: &[u64], role: Role, layer: Option<usize>| {
+        let ty = tensor_type(p, ft, role, dims, layer);
+        out.push(TensorPlan { name, dims: dims.to_vec(), ty, role });
+    };
+    push("token_embd.weight".into(), &[e, v], Role::TokenEmbd, None);
+    for i in 0..p.n_layer {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let l = Some(i);
+        push(n("attn_norm.weight"), &[e], Role::AttnNorm, l);
+        push(n("attn_q.weight"), &[e, q], Role::Wq, l);
+        push(n("attn_k.weight"), &[e, kv], Role::Wk, l);
+        push(n("attn_v.weight"), &[e, kv], Role::Wv, l);
+        push(n("attn_output.weight"), &[q, e], Role::Wo, l);
+        if p.arch == Arch::Qwen2Moe {
+            push(n("attn_q.bias"), &[q], Role::Bq, l);
+            push(n("attn_k.bias"), &[kv], Role::Bk, l);
+            push(n("attn_v.bias"), &[kv], Role::Bv, l);
+        }
+        match p.arch {
+            Arch::Qwen3Moe => {
+                push(n("attn_q_norm.weight"), &[p.head_dim as u64], Role::QNorm, l);
+                push(n("attn_k_norm.weight"), &[p.head_dim as u64], Role::KNorm, l);
+            }
+            Arch::Olmoe => {
+                push(n("attn_q_norm.weight"), &[q], Role::QNorm, l);
+                push(n("attn_k_norm.weight"), &[kv], Role::KNorm, l);
+            }
+            Arch::Qwen2Moe | Arch::Llama => {}
+        }
+        push(n("ffn_norm.weight"), &[e], Role::FfnNorm, l);
+        push(n("ffn_gate_inp.weight"), &[e, nx], Role::Router, l);
+        push(n("ffn_gate_exps.weight"), &[e, ff, nx], Role::GateExps, l);
+        push(n("ffn_up_exps.weight"), &[e, ff, nx], Role::UpExps, l);
+        push(n("ffn_down_exps.weight"), &[ff, e, nx], Role::DownExps, l);
+        if p.shared_ff > 0 {
+            let sf = p.shared_ff as u64;
+            push(n("ffn_gate_inp_shexp.weight"), &[e], Role::ShexpGate, l);
+            push(n("ffn_gate_shexp.weight"), &[e, sf], Role::GateShexp, l);
+            push(n("ffn_up_shexp.weight"), &[e, sf], Role::UpShexp, l);
+            push(n("ffn_down_shexp.weight"), &[sf, e], Role::DownShexp, l);
+        }
+    }
+    push("output_norm.weight".into(), &[e], Role::OutputNorm, None);
+    push("output.weight".into(), &[e, v], Role::Output, None);
+    out
+}
+
+/// llama.cpp's `use_more_bits`: the first and last eighth of the layers and every third one between.
+fn use_more_bits(i: usize, n: usize) -> bool {
+    let (i, n) = (i as i64, n as i64);
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
+}
+
+/// The type llama.cpp gives this tensor: the converter's choice (F32 for vectors and the router, F16
+/// for the rest of an f16 file), then llama-quantize's mix for the quantised file types.
+fn tensor_type(p: &Preset, ft: FileType, role: Role, dims: &[u64], layer: Option<usize>) -> GgmlType {
+    use GgmlType::*;
+    if dims.len() == 1 || role == Role::Router {
+        return F32;
+    }
+    let base = match ft {
+        FileType::F16 => return F16,
+        FileType::Q8_0 => Q8_0,
+        FileType::Q6_K => Q6_K,
+        FileType::Q4_0 => Q4_0,
+        FileType::Q4_K_M => Q4_K,
+    };
+    let cols = dims[0] as usize;
+    let eight_experts = p.n_expert == 8;
+    let more_bits = |l: Option<usize>| ft == FileType::Q4_K_M && use_more_bits(l.unwrap_or(0), p.n_layer);
+    let ty = match role {
+        Role::Output if cols % base.block_len() != 0 => Q8_0,
+        Role::Output if base != Q8_0 => Q6_K,
+        // "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"
+        Role::Wv | Role::Wk if eight_experts => Q8_0,
+        Role::Wv if more_bits(layer) => Q6_K,
+        Role::DownExps | Role::DownShexp if more_bits(layer) => Q6_K,
+        Role::Wo if eight_experts && ft == FileType::Q4_K_M => Q5_K,
+        _ => base,
+    };
+    // llama.cpp's fallback when a row is not whole blocks of the chosen type.
+    if cols % ty.block_len() != 0 {
+        match ty {
+            Q4_K => Q5_0,
+            Q5_K => Q5_0, // llama.cpp picks Q5_1, which no preset needs; Q5_0 has the same block size
+            Q6_K => Q8_0,
+            other => other,
+        }
+    } else {
+        ty
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preset::preset;
+
+    fn ty_of(plan: &[TensorPlan], name: &str) -> GgmlType {
+        plan.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")).ty
+    }
+
+    #[test]
+    fn q4_k_m_follows_llama_quantize() {
+        let p = preset("qwen3-30b-a3b").unwrap();
+        let plan = plan(p, FileType::Q4_K_M);
+        assert_eq!(ty_of(&plan, "token_embd.weight"), GgmlType::Q4_K);
+        assert_eq!(ty_of(&plan, "output.weight"), GgmlType::Q6_K);
+        assert_eq!(ty_of(&plan, "blk.0.ffn_gate_inp.weight"), GgmlType::F32);
+        assert_eq!(ty_of(&plan, "blk.0.attn_q_norm.weight"), GgmlType::F32);
+        // 48 layers: more bits for 0..6, 42..48 and 6 + 3k + 2.
+        for (l, want) in [(0, true), (5, true), (6, false), (8, true), (9, false), (11, true), (41, true), (42, true), (40, false)] {
+            let t = if want { GgmlType::Q6_K } else { GgmlType::Q4_K };
+            assert_eq!(ty_of(&plan, &format!("blk.{l}.attn_v.weight")), t, "layer {l}");
+            assert_eq!(ty_of(&plan, &format!("blk.{l}.ffn_down_exps.weight")), t, "layer {l}");
+            assert_eq!(ty_of(&plan, &format!("blk.{l}.ffn_up_exps.weight")), GgmlType::Q4_K);
+        }
+        // Qwen1.5-MoE's experts have 1408 columns: not whole K-quant blocks.
+        let plan = crate::layout::plan(preset("qwen1.5-moe-a2.7b").unwrap(), FileType::Q4_K_M);
+        assert_eq!(ty_of(&plan, "blk.0.ffn_down_exps.weight"), GgmlType::Q8_0);
+        assert_eq!(ty_of(&plan, "blk.1.ffn_down_exps.weight"), GgmlType::Q8_0);
+        assert_eq!(ty_of(&plan, "blk.3.ffn_down_exps.weight"), GgmlType::Q5_0);
+        assert_eq!(ty_of(&plan, "blk.3.ffn_down_shexp.weight"), GgmlType::Q4_K);
+        // Mixtral: 8 experts.
+        let plan = crate::layout::plan(preset("mixtral-8x7b").unwrap(), FileType::Q4_K_M);
+        assert_eq!(ty_of(&plan, "blk.3.attn_v.weight"), GgmlType::Q8_0);
+        assert_eq!(ty_of(&plan, "blk.3.attn_k.weight"), GgmlType::Q8_0);
+        assert_eq!(ty_of(&plan, "blk.3.attn_output.weight"), GgmlType::Q5_K);
+    }
+
+    #[test]
+    fn q4_0_keeps_llama_quantizes_output_rule() {
+        let plan = plan(preset("olmoe-1b-7b").unwrap(), FileType::Q4_0);
+        assert_eq!(ty_of(&plan, "output.weight"), GgmlType::Q6_K);
+        assert_eq!(ty_of(&plan, "token_embd.weight"), GgmlType::Q4_0);
+        assert_eq!(ty_of(&plan, "blk.7.ffn_down_exps.weight"), GgmlType::Q4_0);
+        let plan = crate::layout::plan(preset("olmoe-1b-7b").unwrap(), FileType::F16);
+        assert_eq!(ty_of(&plan, "output.weight"), GgmlType::F16);
+        assert_eq!(ty_of(&plan, "blk.0.ffn_gate_inp.weight"), GgmlType::F32);
+    }
+}

@@ -1,0 +1,312 @@
+//! `titan synth`: GGUF files with a real MoE model's exact dimensions, metadata and tensor layout, and
+//! random weights calibrated so routing behaves like a trained model's — realistic benchmarks with
+//! nothing to download.
+//!
+//! - [`preset`]: the models imitated (dimensions and metadata as llama.cpp's converter writes them).
+//! - `layout`: tensor names, shapes and types (llama-quantize's mix for Q4_K_M and friends).
+//! - `calibration`: the scales, and why routing stays realistic with them.
+//! - `blocks`: weights drawn directly in their quantised encoding (fast: no f32 model, no quantiser).
+//! - `vocab`: a stand-in vocabulary of the real size and special tokens.
+//! - [`routing`]: [`routing_report`], TITAN's own measurement of how a file routes.
+//!
+//! [`synth`] streams the file (header, then one tensor after another, chunks drawn in parallel) to a
+//! temporary file beside the target and renames it into place when complete. The bytes are a pure
+//! function of (preset, type, layers, calibration, seed): chunks are seeded by position, never by thread.
+
+mod blocks;
+pub mod calibration;
+mod layout;
+pub mod preset;
+pub mod routing;
+mod vocab;
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
+use titan_gguf::{GgufWriter, Value};
+
+pub use calibration::Calibration;
+pub use preset::{preset, presets, Arch, FileType, Preset, VocabKind};
+pub use routing::{routing_report, LayerRouting, RoutingReport};
+
+use blocks::Rng;
+use layout::{Role, TensorPlan};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("cannot write {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Engine(#[from] titan_engine::EngineError),
+}
+
+#[derive(Clone, Debug)]
+pub struct SynthOptions {
+    pub preset: Preset,
+    pub ty: FileType,
+    pub seed: u64,
+    /// Fewer layers than the preset (quick tests); `None` keeps the real count.
+    pub layers: Option<usize>,
+    pub calibration: Calibration,
+}
+
+impl SynthOptions {
+    pub fn new(preset: Preset, ty: FileType) -> Self {
+        SynthOptions { preset, ty, seed: 0, layers: None, calibration: Calibration::default() }
+    }
+
+    /// The preset with the layer override applied.
+    pub fn effective_preset(&self) -> Preset {
+        let mut p = self.preset.clone();
+        if let Some(l) = self.layers {
+            p.n_layer = l;
+        }
+        p
+    }
+}
+
+/// What [`synth`] wrote.
+#[derive(Clone, Debug)]
+pub struct SynthInfo {
+    pub path: PathBuf,
+    pub preset: Preset,
+    pub ty: FileType,
+    pub seed: u64,
+    pub bytes: u64,
+    pub tensors: usize,
+    pub elapsed: Duration,
+}
+
+/// Chunks of about this size are the unit of parallel work and of seeding.
+const CHUNK_BYTES: usize = 2 << 20;
+
+/// Write the model described by `opts` to `out`. `progress(done, total)` is called with bytes of
+/// tensor data written so far.
+pub fn synth(opts: &SynthOptions, out: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<SynthInfo, SynthError> {
+    let t0 = Instant::now();
+    let p = opts.effective_preset();
+    validate(&p)?;
+    let plan = layout::plan(&p, opts.ty);
+    if let Some(t) = plan.iter().find(|t| !blocks::supported(t.ty)) {
+        return Err(SynthError::Invalid(format!("tensor {} would need type {}, which synth cannot write", t.name, t.ty)));
+    }
+
+    let mut w = GgufWriter::new();
+    for (k, v) in metadata(&p, opts) {
+        w.set(&k, v);
+    }
+    let bad_shape = |e: std::io::Error| SynthError::Invalid(e.to_string());
+    for t in &plan {
+        w.add_tensor(&t.name, &t.dims, t.ty).map_err(bad_shape)?;
+    }
+    let align = titan_gguf::DEFAULT_ALIGNMENT;
+    let data_bytes: u64 = w.tensor_sizes().map(|(_, s)| s.next_multiple_of(align)).sum();
+
+    let tmp = temp_path(out);
+    let io = |source| SynthError::Io { path: tmp.display().to_string(), source };
+    let mut header = Vec::new();
+    w.write_header(&mut header).map_err(io)?;
+    // Progress counts bytes of the file: header, tensor data and padding.
+    let total = header.len() as u64 + data_bytes;
+    let file = File::create(&tmp).map_err(io)?;
+    // Chunks are drawn (in parallel) while a writer thread streams the previous ones to disk.
+    let (send, recv) = std::sync::mpsc::sync_channel::<Vec<u8>>(16);
+    let result = std::thread::scope(|scope| {
+        let writer = scope.spawn(move || -> std::io::Result<()> {
+            let mut f = BufWriter::with_capacity(8 << 20, file);
+            for buf in recv {
+                f.write_all(&buf)?;
+            }
+            f.into_inner().map_err(|e| e.into_error())?.sync_all()
+        });
+        let topics = Topics::new(&p, &opts.calibration, opts.seed);
+        let mut done = header.len() as u64;
+        progress(done, total);
+        let mut sent = send.send(header).is_ok();
+        for (index, t) in plan.iter().enumerate() {
+            if !sent {
+                break;
+            }
+            let data = TensorData { t, p: &p, cal: &opts.calibration, topics: &topics, seed: tensor_seed(opts.seed, index) };
+            write_tensor(&data, &mut |buf| {
+                done += buf.len() as u64;
+                sent = sent && send.send(buf).is_ok();
+                progress(done, total);
+            });
+        }
+        drop(send);
+        writer.join().unwrap_or_else(|_| Err(std::io::Error::other("the writer thread panicked")))
+    });
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
+    std::fs::rename(&tmp, out).map_err(|source| SynthError::Io { path: out.display().to_string(), source })?;
+    let bytes = std::fs::metadata(out).map_err(|source| SynthError::Io { path: out.display().to_string(), source })?.len();
+    Ok(SynthInfo { path: out.to_path_buf(), preset: p, ty: opts.ty, seed: opts.seed, bytes, tensors: plan.len(), elapsed: t0.elapsed() })
+}
+
+fn validate(p: &Preset) -> Result<(), SynthError> {
+    let bad = |what: String| Err(SynthError::Invalid(format!("preset {}: {what}", p.name)));
+    if p.n_layer == 0 || p.n_embd == 0 || p.n_head == 0 || p.n_head_kv == 0 || p.n_expert == 0 || p.n_vocab < 512 {
+        return bad("every dimension must be positive and the vocabulary at least 512 tokens".into());
+    }
+    if p.n_head % p.n_head_kv != 0 || p.n_expert_used > p.n_expert || p.head_dim % 2 != 0 {
+        return bad("heads, experts or head size are inconsistent".into());
+    }
+    if p.n_embd % 256 != 0 || p.q_dim() % 256 != 0 || p.expert_ff % 32 != 0 || p.shared_ff % 32 != 0 {
+        return bad("hidden and attention sizes must be multiples of 256 and feed-forward sizes of 32".into());
+    }
+    Ok(())
+}
+
+fn temp_path(out: &Path) -> PathBuf {
+    let mut name = out.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(format!(".tmp{}", std::process::id()));
+    out.with_file_name(name)
+}
+
+fn tensor_seed(seed: u64, index: usize) -> u64 {
+    blocks::splitmix(blocks::splitmix(seed) ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// The GGUF metadata: architecture keys as llama.cpp's converter writes them, the vocabulary, and
+/// `titan.synth.*` provenance (ignored by other readers).
+fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
+    let a = p.arch.gguf_name();
+    let mut kv: Vec<(String, Value)> = Vec::new();
+    let mut set = |k: String, v: Value| kv.push((k, v));
+    let u = |x: usize| Value::U32(x as u32);
+    set("general.architecture".into(), Value::String(a.into()));
+    set("general.type".into(), Value::String("model".into()));
+    set("general.name".into(), Value::String(format!("TITAN synth {} (random weights)", p.name)));
+    set("general.file_type".into(), Value::U32(opts.ty.llama_ftype()));
+    if opts.ty != FileType::F16 {
+        set("general.quantization_version".into(), Value::U32(2));
+    }
+    set(format!("{a}.block_count"), u(p.n_layer));
+    set(format!("{a}.context_length"), u(p.n_ctx));
+    set(format!("{a}.embedding_length"), u(p.n_embd));
+    set(format!("{a}.feed_forward_length"), u(p.n_ff));
+    set(format!("{a}.attention.head_count"), u(p.n_head));
+    set(format!("{a}.attention.head_count_kv"), u(p.n_head_kv));
+    set(format!("{a}.rope.freq_base"), Value::F32(p.rope_base));
+    set(format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(p.rms_eps));
+    set(format!("{a}.expert_count"), u(p.n_expert));
+    set(format!("{a}.expert_used_count"), u(p.n_expert_used));
+    if p.write_head_dim {
+        set(format!("{a}.attention.key_length"), u(p.head_dim));
+        set(format!("{a}.attention.value_length"), u(p.head_dim));
+    }
+    if p.write_expert_ff {
+        set(format!("{a}.expert_feed_forward_length"), u(p.expert_ff));
+    }
+    if p.shared_ff > 0 {
+        set(format!("{a}.expert_shared_feed_forward_length"), u(p.shared_ff));
+    }
+    if p.arch == Arch::Llama {
+        set(format!("{a}.vocab_size"), u(p.n_vocab));
+        set(format!("{a}.rope.dimension_count"), u(p.head_dim));
+    }
+    for (k, v) in vocab::metadata(p) {
+        set(k, v);
+    }
+    set("titan.synth.preset".into(), Value::String(p.name.into()));
+    set("titan.synth.seed".into(), Value::U64(opts.seed));
+    set("titan.synth.calibration".into(), Value::String(format!("{:?}", opts.calibration)));
+    kv
+}
+
+/// Topic centres shared by token_embd and output (see `calibration`).
+struct Topics {
+    dim: usize,
+    size: usize,
+    centres: Vec<f32>,
+}
+
+impl Topics {
+    fn new(p: &Preset, cal: &Calibration, seed: u64) -> Topics {
+        let size = cal.topic_size.max(1);
+        let n = p.n_vocab.div_ceil(size);
+        let mut rng = Rng::new(seed ^ 0x7091_c5ee_d0f1_0a1c);
+        let centres = (0..n * p.n_embd).map(|_| rng.normal()).collect();
+        Topics { dim: p.n_embd, size, centres }
+    }
+
+    fn centre(&self, token: usize) -> &[f32] {
+        let k = token / self.size;
+        &self.centres[k * self.dim..(k + 1) * self.dim]
+    }
+}
+
+struct TensorData<'a> {
+    t: &'a TensorPlan,
+    p: &'a Preset,
+    cal: &'a Calibration,
+    topics: &'a Topics,
+    seed: u64,
+}
+
+impl TensorData<'_> {
+    /// Fill rows `first..first + out.len() / row_bytes` of the tensor.
+    fn chunk(&self, chunk: usize, first_row: usize, out: &mut [u8]) {
+        let t = self.t;
+        let s = self.cal.scale(self.p, t.role);
+        let mut rng = Rng::new(self.seed ^ blocks::splitmix(chunk as u64));
+        match t.role {
+            Role::TokenEmbd | Role::Output => {
+                // row = sigma · (sqrt(share) · topic centre + sqrt(1 - share) · own noise)
+                let share = if t.role == Role::TokenEmbd { self.cal.topic_share } else { self.cal.head_topic };
+                let (a, b) = (share.sqrt(), (1.0 - share).sqrt());
+                let cols = t.cols();
+                let row_bytes = t.ty.row_bytes(cols).expect("planned");
+                let mut x = vec![0f32; cols];
+                for (i, row) in out.chunks_exact_mut(row_bytes).enumerate() {
+                    let c = self.topics.centre(first_row + i);
+                    for (v, &cv) in x.iter_mut().zip(c) {
+                        *v = s.sigma * (a * cv + b * rng.normal());
+                    }
+                    blocks::encode(t.ty, s.sigma, &x, row);
+                }
+            }
+            _ if t.dims.len() == 1 => {
+                let x: Vec<f32> = (0..t.cols()).map(|_| s.mean + s.sigma * rng.normal()).collect();
+                blocks::encode(t.ty, s.sigma, &x, out);
+            }
+            _ => blocks::fill(t.ty, s.sigma, &mut rng, out),
+        }
+    }
+}
+
+/// Draw one tensor in chunks (in parallel, a batch at a time) and hand them, in order and followed by
+/// the alignment padding, to `emit`.
+fn write_tensor(d: &TensorData, emit: &mut dyn FnMut(Vec<u8>)) {
+    let t = d.t;
+    let row_bytes = t.ty.row_bytes(t.cols()).expect("planned");
+    let rows = t.rows();
+    let rows_per_chunk = (CHUNK_BYTES / row_bytes).max(1);
+    let n_chunks = rows.div_ceil(rows_per_chunk);
+    let batch = 2 * rayon::current_num_threads().max(1);
+    for first in (0..n_chunks).step_by(batch) {
+        let chunks: Vec<Vec<u8>> = (first..(first + batch).min(n_chunks))
+            .into_par_iter()
+            .map(|c| {
+                let r0 = c * rows_per_chunk;
+                let mut buf = vec![0u8; rows_per_chunk.min(rows - r0) * row_bytes];
+                d.chunk(c, r0, &mut buf);
+                buf
+            })
+            .collect();
+        chunks.into_iter().for_each(&mut *emit);
+    }
+    let size = rows * row_bytes;
+    let pad = size.next_multiple_of(titan_gguf::DEFAULT_ALIGNMENT as usize) - size;
+    if pad > 0 {
+        emit(vec![0u8; pad]);
+    }
+}

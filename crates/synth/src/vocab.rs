@@ -1,0 +1,200 @@
+//! A stand-in vocabulary of the real model's size and special tokens, as `tokenizer.ggml.*` metadata
+//! both llama.cpp and TITAN's tokenizer load.
+//!
+//! Byte-level BPE vocabularies hold the 256 byte characters of GPT-2's byte-to-unicode map, a handful of
+//! merges (llama.cpp requires the key) with their merged tokens, pronounceable filler words up to the
+//! tokenizer's size, the control tokens at their real ids, and `[PAD{id}]` tokens (type unused) up to the
+//! embedding's row count, as the converter pads. The SentencePiece vocabulary (Mixtral) holds `<unk>`,
+//! `<s>`, `</s>`, the 256 `<0xNN>` byte tokens and scored `▁word` pieces.
+
+use titan_gguf::{Value, ValueType};
+
+use crate::preset::{Preset, VocabKind};
+
+const NORMAL: i32 = 1;
+const UNKNOWN: i32 = 2;
+const CONTROL: i32 = 3;
+const UNUSED: i32 = 5;
+const BYTE: i32 = 6;
+
+/// The metadata entries (key, value) of the vocabulary.
+pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
+    let n = p.n_vocab;
+    let mut kv = Vec::new();
+    let mut set = |k: &str, v: Value| kv.push((format!("tokenizer.ggml.{k}"), v));
+    match p.vocab {
+        VocabKind::Qwen2 | VocabKind::Olmo => {
+            // (id of the first control token, control texts, size of the tokenizer proper)
+            let (specials, real): (&[&str], usize) = match p.vocab {
+                VocabKind::Qwen2 => (&["<|endoftext|>", "<|im_start|>", "<|im_end|>"], 151_665),
+                _ => (&["<|endoftext|>"], 50_280),
+            };
+            // Small test presets shrink the vocabulary: keep the layout, scaled into it.
+            let real = real.min(n);
+            let first_special = real - specials.len().min(real);
+            let (mut tokens, mut types) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for c in byte_chars() {
+                tokens.push(c.to_string());
+                types.push(NORMAL);
+            }
+            let merges: Vec<(String, String)> = MERGES.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+            for (a, b) in &merges {
+                tokens.push(format!("{a}{b}"));
+                types.push(NORMAL);
+            }
+            let mut word = 0usize;
+            while tokens.len() < first_special {
+                tokens.push(filler(word, true));
+                types.push(NORMAL);
+                word += 1;
+            }
+            for s in specials.iter().take(real - first_special) {
+                tokens.push(s.to_string());
+                types.push(CONTROL);
+            }
+            while tokens.len() < n {
+                tokens.push(format!("[PAD{}]", tokens.len()));
+                types.push(UNUSED);
+            }
+            tokens.truncate(n);
+            types.truncate(n);
+            let eot = first_special as u32;
+            set("model", Value::String("gpt2".into()));
+            match p.vocab {
+                VocabKind::Qwen2 => {
+                    set("pre", Value::String("qwen2".into()));
+                    set("tokens", strings(tokens));
+                    set("token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()));
+                    set("merges", strings(merges.iter().map(|(a, b)| format!("{a} {b}")).collect()));
+                    set("eos_token_id", Value::U32(eot + 2));
+                    set("padding_token_id", Value::U32(eot));
+                    set("bos_token_id", Value::U32(eot));
+                    set("add_bos_token", Value::Bool(false));
+                    set("chat_template", Value::String(CHATML.into()));
+                }
+                _ => {
+                    set("pre", Value::String("olmo".into()));
+                    set("tokens", strings(tokens));
+                    set("token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()));
+                    set("merges", strings(merges.iter().map(|(a, b)| format!("{a} {b}")).collect()));
+                    set("bos_token_id", Value::U32(eot));
+                    set("eos_token_id", Value::U32(eot));
+                    set("padding_token_id", Value::U32(1));
+                    set("add_bos_token", Value::Bool(false));
+                }
+            }
+        }
+        VocabKind::Llama => {
+            let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
+            let mut types = vec![UNKNOWN, CONTROL, CONTROL];
+            for b in 0..=255u8 {
+                tokens.push(format!("<0x{b:02X}>"));
+                types.push(BYTE);
+            }
+            tokens.push("\u{2581}".into());
+            types.push(NORMAL);
+            let mut word = 0usize;
+            while tokens.len() < n {
+                tokens.push(filler(word, false));
+                types.push(NORMAL);
+                word += 1;
+            }
+            tokens.truncate(n);
+            types.truncate(n);
+            // Scores: specials and bytes 0, pieces in decreasing order of preference.
+            let scores: Vec<Value> = (0..tokens.len()).map(|i| Value::F32(if i < 259 { 0.0 } else { -((i - 259) as f32) })).collect();
+            set("model", Value::String("llama".into()));
+            set("pre", Value::String("default".into()));
+            set("tokens", strings(tokens));
+            set("scores", Value::Array(ValueType::F32, scores));
+            set("token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()));
+            set("bos_token_id", Value::U32(1));
+            set("eos_token_id", Value::U32(2));
+            set("unknown_token_id", Value::U32(0));
+            set("add_bos_token", Value::Bool(true));
+            set("add_eos_token", Value::Bool(false));
+        }
+    }
+    kv
+}
+
+const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// A few real GPT-2 merges, so the tokenizer has some to apply (`Ġ` is the space byte).
+const MERGES: [(&str, &str); 8] =
+    [("Ġ", "t"), ("Ġ", "a"), ("h", "e"), ("i", "n"), ("r", "e"), ("o", "n"), ("Ġt", "he"), ("e", "r")];
+
+fn strings(v: Vec<String>) -> Value {
+    Value::Array(ValueType::String, v.into_iter().map(Value::String).collect())
+}
+
+/// GPT-2's byte-to-unicode map: printable bytes stand for themselves, the rest are shifted past 255.
+fn byte_chars() -> impl Iterator<Item = char> {
+    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let mut shifted = 0;
+    (0u32..256).map(move |b| {
+        if printable(b) {
+            char::from_u32(b).unwrap()
+        } else {
+            shifted += 1;
+            char::from_u32(255 + shifted).unwrap()
+        }
+    })
+}
+
+/// The `i`-th filler word: two or more consonant-vowel syllables (a bijection of `i`, so every word
+/// is distinct and none is a single byte or a merge result), half of them with a leading space
+/// (`Ġ` for BPE, `▁` for SentencePiece) so decoded text reads as words.
+fn filler(i: usize, bpe: bool) -> String {
+    const C: &[u8] = b"bdfgklmnprstvz";
+    const V: &[u8] = b"aeiou";
+    let syllables = C.len() * V.len();
+    let (space, mut k) = (i % 2 == 0, i / 2);
+    let mut word = String::new();
+    if space {
+        word.push(if bpe { 'Ġ' } else { '\u{2581}' });
+    }
+    let mut n = 0;
+    loop {
+        let s = k % syllables;
+        word.push(C[s / V.len()] as char);
+        word.push(V[s % V.len()] as char);
+        k /= syllables;
+        n += 1;
+        if k == 0 && n >= 2 {
+            break;
+        }
+        if k == 0 {
+            // One-digit indices get "ba" (digit 0) appended: a longer encoding never ends in 0, so
+            // this cannot collide.
+            word.push_str("ba");
+            break;
+        }
+    }
+    word
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn byte_chars_are_gpt2s() {
+        let c: Vec<char> = byte_chars().collect();
+        assert_eq!(c[b'a' as usize], 'a');
+        assert_eq!(c[b' ' as usize], 'Ġ');
+        assert_eq!(c[b'\n' as usize], 'Ċ');
+        assert_eq!(c.iter().collect::<HashSet<_>>().len(), 256);
+    }
+
+    #[test]
+    fn filler_words_are_distinct() {
+        let mut seen = HashSet::new();
+        for i in 0..200_000 {
+            let w = filler(i, true);
+            assert!(w.chars().count() >= 4, "{w}");
+            assert!(seen.insert(w.clone()), "duplicate {w} at {i}");
+        }
+    }
+}
