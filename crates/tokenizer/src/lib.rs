@@ -255,5 +255,3 @@ impl Tokenizer {
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod oracle_tests;
