@@ -101,7 +101,7 @@ impl Weights {
                     gate: l.mat(&n("ffn_gate_shexp.weight"), e, c.shared_ff)?,
                     up: l.mat(&n("ffn_up_shexp.weight"), e, c.shared_ff)?,
                     down: l.mat(&n("ffn_down_shexp.weight"), c.shared_ff, e)?,
-                    gate_inp: l.vec(&n("ffn_gate_inp_shexp.weight"), e)?,
+                    gate_inp: l.vec_or_row(&n("ffn_gate_inp_shexp.weight"), e)?,
                 })
             } else {
                 None
@@ -201,7 +201,18 @@ impl Loader<'_> {
 
     /// A small vector (norm weight, bias) decoded to f32.
     fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>> {
-        let t = self.tensor(name, &[len])?;
+        self.decode(self.tensor(name, &[len])?, len)
+    }
+
+    /// A vector that converters write either as [len] or as a one-row matrix [len, 1].
+    fn vec_or_row(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        match self.f.tensor(name) {
+            Some(t) if t.dims == [len as u64, 1] => self.decode(t, len),
+            _ => self.vec(name, len),
+        }
+    }
+
+    fn decode(&self, t: &TensorInfo, len: usize) -> Result<Vec<f32>> {
         let mut out = vec![0f32; len];
         titan_kernels::dequantize_row(t.ty, self.f.tensor_data(t), &mut out)?;
         Ok(out)

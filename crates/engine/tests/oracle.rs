@@ -15,10 +15,21 @@ use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions};
 /// and TITAN keeps both in f32: float files differ from llama.cpp mostly by llama.cpp's own rounding.
 fn llama_tolerance(file_type: &str) -> f32 {
     match file_type {
-        "f32" => 2e-3,
-        "f16" | "bf16" => 2e-2,
+        // Same arithmetic up to summation order.
+        "f32" => 2e-5,
+        // llama.cpp rounds the activations of f16/bf16 weights to f16/bf16; TITAN keeps them in f32.
+        "f16" => 1e-2,
+        "bf16" => 5e-2,
+        // Identical activation quantisation (Q8_0, Q8_K): only the f32 summation order differs. Measured
+        // 4.8e-7 on every such file except mixtral's q8_0, where llama.cpp is 2–4e-2 away from TITAN at
+        // some prompt positions from position 19 on (cause not identified; TITAN's rms error against
+        // transformers on it is within 0.2% of llama.cpp's).
+        "q4_0" | "q5_0" => 1e-5,
         "q8_0" => 5e-2,
-        _ => 0.25,
+        // Q8_1 activations: llama.cpp's SIMD quantiser rounds its per-block sum differently, which moves a
+        // near-tie in one routing decision on two of the models (see the README's oracle table).
+        "q4_1" | "q5_1" => 1e-1,
+        _ => 1e-1,
     }
 }
 
@@ -83,11 +94,12 @@ fn float_files_match_transformers() {
         let (_, reference) = read_npy(c.hf["logits"].as_str().unwrap());
         let ours = titan_logits(&model, &tokens);
         let d = max_abs_diff(&ours, &reference);
-        // f32 is the same arithmetic up to summation order; f16/bf16 weights are rounded copies of the f32 ones.
+        // f32 is the same arithmetic up to summation order; f16/bf16 weights are rounded copies of the f32
+        // ones (bf16 keeps 8 bits of mantissa: llama.cpp is 0.3–0.4 away on these files too).
         let tol = match c.file_type.as_str() {
             "f32" => 1e-4,
-            "f16" => 2e-2,
-            _ => 1.5e-1,
+            "f16" => 1e-2,
+            _ => 5e-1,
         };
         println!("{:<12} {:<5} max|Δ| vs transformers {d:.3e} (tolerance {tol:.0e})", c.model, c.file_type);
         if !(d <= tol) {
@@ -130,21 +142,31 @@ fn greedy_continuation_matches_llama_cpp() {
     for c in cases() {
         let model = Model::load(&c.path).unwrap();
         let prompt = &c.prompt;
-        let expected = ids(&c.entry["llama"]["greedy"]);
+        let mut expected = ids(&c.entry["llama"]["greedy"]);
+        // llama.cpp's list ends with the end-of-generation token it stopped at; TITAN stops without emitting it.
+        let stopped_at_eos = c.entry["llama"]["stopped_at_eos"].as_bool().unwrap();
+        if stopped_at_eos {
+            expected.pop();
+        }
         let (_, ll) = read_npy(c.entry["llama"]["logits"].as_str().unwrap());
         let v = model.config.n_vocab;
         let float = ["f32", "f16", "bf16"].contains(&c.file_type.as_str());
         let tol = llama_tolerance(&c.file_type);
+        let n = expected.len() + stopped_at_eos as usize;
         // Steps whose decision is well separated in llama.cpp's own logits.
         let must_match = if float {
-            expected.len()
+            n
         } else {
-            (0..expected.len()).take_while(|&i| margin(&ll[(prompt.len() - 1 + i) * v..][..v]) > 2.0 * tol).count()
+            (0..n).take_while(|&i| margin(&ll[(prompt.len() - 1 + i) * v..][..v]) > 2.0 * tol).count()
         };
-        let opts = GenerateOptions { max_tokens: expected.len(), sampler: SamplerOptions::greedy(), n_ctx: prompt.len() + expected.len() + 1 };
-        let got = model.generate(prompt, &opts, |_| {}).unwrap().tokens;
-        let agree = got.iter().zip(&expected).take_while(|(a, b)| a == b).count();
-        println!("{:<12} {:<7} greedy: {agree}/{} tokens agree, {must_match} required", c.model, c.file_type, expected.len());
+        let opts = GenerateOptions { max_tokens: n, sampler: SamplerOptions::greedy(), n_ctx: prompt.len() + n + 1 };
+        let g = model.generate(prompt, &opts, |_| {}).unwrap();
+        let got = g.tokens;
+        let mut agree = got.iter().zip(&expected).take_while(|(a, b)| a == b).count();
+        if agree == expected.len() && got.len() == expected.len() && stopped_at_eos == (g.stop == titan_engine::StopReason::EndOfGeneration) {
+            agree += stopped_at_eos as usize; // the stop itself agrees
+        }
+        println!("{:<12} {:<7} greedy: {agree}/{n} tokens agree, {must_match} required", c.model, c.file_type);
         if agree < must_match {
             failures.push(format!("{} {}: {got:?} vs {expected:?}", c.model, c.file_type));
         }
@@ -164,10 +186,54 @@ fn tokenizer_matches_llama_cpp() {
             let name = model["name"].as_str().unwrap();
             assert_eq!(tok.encode(text, false, false), ids(&case["ids"]), "{name}: {text:?}");
             assert_eq!(tok.encode(text, true, false), ids(&case["ids_add_special"]), "{name}: {text:?} with BOS/EOS");
-            assert_eq!(tok.encode(text, false, true), ids(&case["ids_parse_special"]), "{name}: {text:?} parsing specials");
-            assert_eq!(tok.decode(&ids(&case["ids"])).unwrap(), case["detok"].as_str().unwrap(), "{name}: detokenise {text:?}");
+            assert_eq!(tok.encode(text, false, true), ids(&case["ids_parse_special_no_add"]), "{name}: {text:?} parsing specials");
+            assert_eq!(tok.encode(text, true, true), ids(&case["ids_parse_special"]), "{name}: {text:?} with BOS/EOS, parsing specials");
+            assert_eq!(tok.decode(&ids(&case["ids"])).unwrap(), case["llama_detokenize"].as_str().unwrap(), "{name}: detokenise {text:?}");
             n += 1;
         }
     }
     assert!(n >= 40, "only {n} tokenizer cases");
+}
+
+/// Dequantisation of tensors taken from llama.cpp-written files equals gguf-py's, bit for bit, for every type.
+#[test]
+fn dequantisation_matches_gguf_py_on_every_type() {
+    let m = manifest();
+    let mut types = Vec::new();
+    for d in m["dequant"].as_array().unwrap() {
+        let ty = titan_kernels::GgmlType::from_id(d["ggml_type"].as_u64().unwrap() as u32).unwrap();
+        let raw = std::fs::read(fixtures().join(d["bin"].as_str().unwrap())).unwrap();
+        let (_, want) = read_npy(d["npy"].as_str().unwrap());
+        let row = d["row"].as_u64().unwrap() as usize;
+        let mut got = vec![0f32; want.len()];
+        let row_bytes = ty.row_bytes(row).unwrap();
+        for (src, dst) in raw.chunks_exact(row_bytes).zip(got.chunks_exact_mut(row)) {
+            titan_kernels::dequantize_row(ty, src, dst).unwrap();
+        }
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: dequantisation differs from gguf-py", ty.name());
+        types.push(ty.name());
+    }
+    println!("bit-identical to gguf-py: {types:?}");
+    assert_eq!(types.len(), 13);
+}
+
+/// A Hugging Face tokenizer.json of the same tokenizer gives llama.cpp's ids too (BPE models).
+#[test]
+fn tokenizer_json_matches_llama_cpp() {
+    let m = manifest();
+    let mut n = 0;
+    for model in m["models"].as_array().unwrap() {
+        let name = model["name"].as_str().unwrap();
+        let path = fixtures().join(name).join("tokenizer.json");
+        if !path.exists() {
+            continue; // the fixtures ship tokenizer.json for qwen3moe (qwen2 pre-tokenizer) and olmoe (olmo)
+        }
+        let tok = titan_tokenizer::Tokenizer::from_tokenizer_json(&path).unwrap();
+        for case in model["tokenizer"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            assert_eq!(tok.encode(text, false, false), ids(&case["ids"]), "{name} tokenizer.json: {text:?}");
+            n += 1;
+        }
+    }
+    assert!(n >= 30, "only {n} cases");
 }

@@ -1,0 +1,777 @@
+#!/usr/bin/env python3
+"""Oracle fixture generator for TITAN.
+
+Builds tiny random-weight mixture-of-experts models with Hugging Face transformers, converts them to GGUF with
+llama.cpp's own converter (convert_hf_to_gguf.py from the llama.cpp vendored in llama-cpp-python's source
+distribution), quantises them with llama.cpp's quantiser (through llama-cpp-python's `llama_model_quantize`), and
+records reference tokens and logits from llama.cpp (llama-cpp-python) and from transformers.
+
+Run it through `bash tools/make_fixtures.sh`, which sets up the environment. Outputs go to tests/fixtures/ (see
+tests/fixtures/README.md); intermediate files (HF checkpoints, GGUFs not committed) go to build/fixtures/.
+
+Everything is deterministic: fixed seeds, single-threaded tokenizer training, fixed thread count for llama.cpp.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import hashlib
+import importlib
+import importlib.metadata
+import io
+import json
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = ROOT / "tests" / "fixtures"
+WORK = ROOT / "build" / "fixtures"
+LLAMA_CPP_SRC = Path(os.environ.get("LLAMA_CPP_SRC", ROOT / "build/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+
+if not (LLAMA_CPP_SRC / "convert_hf_to_gguf.py").exists():
+    sys.exit(f"llama.cpp sources not found at {LLAMA_CPP_SRC}; run tools/make_fixtures.sh")
+sys.path.insert(0, str(LLAMA_CPP_SRC / "gguf-py"))
+sys.path.insert(0, str(LLAMA_CPP_SRC))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import gguf  # noqa: E402  (llama.cpp's gguf-py)
+import gguf.quants  # noqa: E402
+
+import llama_cpp  # noqa: E402
+from llama_cpp import Llama  # noqa: E402
+
+log = logging.getLogger("make_fixtures")
+
+# --------------------------------------------------------------------------------------------------------------------
+# Corpus and test strings
+# --------------------------------------------------------------------------------------------------------------------
+
+CORPUS = """\
+The quick brown fox jumps over the lazy dog. The dog was not amused, but the fox did not care at all.
+A mixture of experts routes every token to a few experts; the router picks the top-k by score.
+Large language models predict the next token. Tokenizers split text into pieces before the model sees it.
+It's a small world, isn't it? We'll see. They've gone; I'd say you're right and he's wrong.
+Héllo wörld, ça va? naïve façade, résumé, crème brûlée, jalapeño, São Paulo, Zürich, smörgåsbord, Ærø, Łódź.
+Der schnelle braune Fuchs springt über den faulen Hund. Les élèves étudient à l'école près de la forêt.
+El niño comió paella en la playa. ¿Dónde está la biblioteca? ¡Qué día tan bonito! Ça suffit, merci beaucoup.
+日本語のテキストと中文。東京は日本の首都です。我想在苹果工作。今天天气很好，我们去公园吧。
+こんにちは、世界！ひらがなとカタカナと漢字。中文文本处理很有意思。北京欢迎你。日本語の文章を書きます。
+한국어 문장도 조금 있습니다. Привет, как дела? Это тест. Γειά σου κόσμε. שלום עולם. مرحبا بالعالم.
+Emoji: 🙂👍🏽🚀 family: 👨‍👩‍👧 flags 🇯🇵🇫🇷 hearts ❤️💙 cats 🐱🐈 fire 🔥 sparkles ✨ party 🎉 rocket 🚀🚀
+fn main() { println!("hi"); let x: Vec<u32> = (0..10).map(|i| i * 2).collect(); }
+def add(a, b):\n    return a + b\n\nclass Foo:\n    def __init__(self):\n        self.x = 42
+for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; } // dot product
+if x == 3.14159 and y != 2.71828: print(f"{x:.2f} {y:>8}")
+{"key": "value", "list": [1, 2, 3], "nested": {"a": null, "b": true}}
+SELECT id, name FROM users WHERE age >= 21 ORDER BY name;
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 256 1024 4096 65536 1234567 3.14159 2.71828 1e-5 0xFF 1,000,000 2026
+Phone 555-0199, date 2024-06-01, time 12:34:56, price $19.99, 50% off, 3/4 cup, #hashtag @mention
+Whitespace   runs    of     spaces\tand\ttabs\t\tand\n\nnewlines\r\n  indented line\n    more indented
+  leading spaces and trailing spaces   \n\t\ttabbed\n
+The the THE tHe. A an AN. Hello hello HELLO. world World WORLD. token tokens tokenizer tokenization.
+""" * 3
+
+PROMPT = "The quick brown fox jumps over the lazy dog. 日本語 café 🙂"
+N_GREEDY = 16
+
+TOKENIZER_TESTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Héllo wörld, ça va? naïve façade",
+    "日本語のテキストと中文",
+    "🙂👍🏽🚀 family: 👨‍👩‍👧",
+    "a  b   c\n\n\td\r\n  e",
+    " hello",
+    "1234567 3.14159",
+    'fn main() { println!("hi"); }',
+    "<|im_end|>",
+    "</s>",
+    "<|endoftext|>",
+    "Hi<|im_start|>user\nhello<|im_end|><s>x</s>",
+    "",
+    "   ",
+    "\n",
+    "Ünïcödé Ελληνικά Кириллица 한국어 ✨🔥",
+]
+
+# llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2 pattern, as written in Qwen2/Qwen3's tokenizer.json.
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+BPE_VOCAB = 448  # trained vocab (256 byte symbols + merges); special tokens are added after it
+SPM_VOCAB = 512
+
+# --------------------------------------------------------------------------------------------------------------------
+# Tokenizers
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def corpus_lines() -> list[str]:
+    return [line for line in CORPUS.split("\n") if line]
+
+
+def train_bytelevel_bpe(kind: str, out_dir: Path) -> dict:
+    """kind: 'qwen' (Qwen2 regex split + ByteLevel) or 'olmoe' (plain GPT-2 ByteLevel)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    if kind == "qwen":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ])
+        tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+        tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+        tok.decoder = decoders.ByteLevel()
+        tok.post_processor = processors.ByteLevel(trim_offsets=True)
+        specials = ["<|endoftext|>", "<|padding|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tok.train_from_iterator(corpus_lines(), trainer=trainer)
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+
+    # As in the real models: BOS id = <|endoftext|> in the config, but no BOS is added when tokenizing.
+    if kind == "qwen":
+        eos, bos, pad = "<|endoftext|>", "<|endoftext|>", "<|endoftext|>"
+    else:
+        eos, bos, pad = "<|endoftext|>", "<|endoftext|>", "<|padding|>"
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=bos, pad_token=pad,
+                                     unk_token=None, model_max_length=512, clean_up_tokenization_spaces=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf_tok.save_pretrained(out_dir)
+    cfg_path = out_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["add_bos_token"] = False
+    cfg["add_eos_token"] = False
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
+    vocab = hf_tok.get_vocab()
+    return {
+        "vocab_size": len(vocab),
+        "eos_token_id": vocab[eos],
+        "bos_token_id": vocab[bos],
+        "pad_token_id": vocab[pad],
+    }
+
+
+def train_spm(out_dir: Path) -> dict:
+    import sentencepiece as spm
+    from transformers import LlamaTokenizer
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus_lines()),
+        model_writer=buf,
+        model_type="bpe",
+        vocab_size=SPM_VOCAB,
+        byte_fallback=True,
+        character_coverage=0.98,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        remove_extra_whitespaces=False,
+        normalization_rule_name="identity",
+        add_dummy_prefix=True,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
+        num_threads=1,
+        shuffle_input_sentence=False,
+        input_sentence_size=0,
+        max_sentence_length=16384,
+        minloglevel=2,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_path = out_dir / "tokenizer.model"
+    model_path.write_bytes(buf.getvalue())
+    hf_tok = LlamaTokenizer(vocab_file=str(model_path), legacy=True, add_bos_token=True, add_eos_token=False,
+                            clean_up_tokenization_spaces=False)
+    hf_tok.save_pretrained(out_dir)
+    sp = spm.SentencePieceProcessor(model_file=str(model_path))
+    return {"vocab_size": sp.get_piece_size(), "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------------------------------
+
+MODELS = [
+    {
+        "name": "qwen3moe", "arch": "qwen3moe", "hf_class": "Qwen3MoeForCausalLM", "tokenizer": "qwen", "seed": 1,
+        "types": ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"],
+        "config": dict(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=32, hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=1000000.0,
+            attention_bias=False, decoder_sparse_step=1, moe_intermediate_size=32, num_experts_per_tok=4,
+            num_experts=8, norm_topk_prob=True, mlp_only_layers=[], tie_word_embeddings=False,
+        ),
+    },
+    {
+        "name": "olmoe", "arch": "olmoe", "hf_class": "OlmoeForCausalLM", "tokenizer": "olmoe", "seed": 2,
+        "types": ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"],
+        "config": dict(
+            hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+            hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
+            attention_bias=False, clip_qkv=None, num_experts_per_tok=2, num_experts=8, norm_topk_prob=False,
+            tie_word_embeddings=False,
+        ),
+    },
+    {
+        "name": "qwen2moe", "arch": "qwen2moe", "hf_class": "Qwen2MoeForCausalLM", "tokenizer": "qwen", "seed": 3,
+        "types": ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"],
+        "config": dict(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=1000000.0,
+            use_sliding_window=False, decoder_sparse_step=1, moe_intermediate_size=32,
+            shared_expert_intermediate_size=64, num_experts_per_tok=2, num_experts=8, norm_topk_prob=False,
+            mlp_only_layers=[], qkv_bias=True, tie_word_embeddings=False,
+        ),
+    },
+    {
+        "name": "mixtral", "arch": "llama", "hf_class": "MixtralForCausalLM", "tokenizer": "spm", "seed": 4,
+        "types": ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"],
+        "config": dict(
+            hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=1000000.0,
+            sliding_window=None, num_experts_per_tok=2, num_local_experts=8, tie_word_embeddings=False,
+        ),
+    },
+    {
+        # Rows of 256 everywhere so that every K-quant applies without fallback.
+        "name": "qwen3moe-k", "arch": "qwen3moe", "hf_class": "Qwen3MoeForCausalLM", "tokenizer": "qwen", "seed": 5,
+        # No committed f32/q8_0 file (size): its f32 GGUF stays in build/fixtures/, and transformers is run on that
+        # file's llama.cpp sequence all the same.
+        "types": ["q2_k", "q3_k_m", "q4_k_m", "q5_k_m", "q6_k"],
+        "config": dict(
+            hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=64, hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=1000000.0,
+            attention_bias=False, decoder_sparse_step=1, moe_intermediate_size=256, num_experts_per_tok=2,
+            num_experts=8, norm_topk_prob=True, mlp_only_layers=[], tie_word_embeddings=False,
+        ),
+    },
+]
+
+CONVERTER_TYPES = {"f32", "f16", "bf16"}
+QUANT_FTYPES = {
+    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+    "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+    "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1",
+    "q5_0": "LLAMA_FTYPE_MOSTLY_Q5_0",
+    "q5_1": "LLAMA_FTYPE_MOSTLY_Q5_1",
+    "q2_k": "LLAMA_FTYPE_MOSTLY_Q2_K",
+    "q3_k_m": "LLAMA_FTYPE_MOSTLY_Q3_K_M",
+    "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+    "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
+    "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K",
+}
+REQUIRED_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+INIT_STD = 0.1
+
+
+def build_hf_model(spec: dict, tok_info: dict, hf_dir: Path):
+    import transformers
+
+    cls = getattr(transformers, spec["hf_class"])
+    config_cls = cls.config_class
+    cfg = dict(spec["config"])
+    cfg.update(
+        vocab_size=tok_info["vocab_size"],
+        bos_token_id=tok_info["bos_token_id"],
+        eos_token_id=tok_info["eos_token_id"],
+        pad_token_id=tok_info["pad_token_id"],
+        initializer_range=INIT_STD,
+        torch_dtype="float32",
+    )
+    config = config_cls(**cfg)
+    config._attn_implementation = "eager"
+    torch.manual_seed(spec["seed"])
+    model = cls(config).to(torch.float32).eval()
+    # transformers' init gives normal(0, initializer_range) to Linear/Embedding, ones to norms and zeros to biases.
+    # Perturb norms and biases too (so that a wrong norm or a missing bias shows), and scale the LM head so that
+    # logits have std ~1.
+    g = torch.Generator().manual_seed(1000 + spec["seed"])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and p.dim() == 1:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif name == "lm_head.weight":
+                p.copy_(torch.randn(p.shape, generator=g) / (config.hidden_size ** 0.5))
+    hf_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    return model, config
+
+
+def routing_stats(model, config, ids: list[int]) -> dict:
+    """Check that routing is not flat: which experts the first layer's router picks per token."""
+    gates = []
+
+    def hook(_mod, _inp, out):
+        gates.append(out.detach())
+
+    router = None
+    for name, mod in model.named_modules():
+        if (".layers.0." in name and name.endswith(".gate") and isinstance(mod, torch.nn.Linear)
+                and mod.out_features == getattr(config, "num_experts", getattr(config, "num_local_experts", -1))):
+            router = mod
+            break
+    if router is None:
+        return {}
+    h = router.register_forward_hook(hook)
+    with torch.no_grad():
+        model(torch.tensor([ids]))
+    h.remove()
+    logits = gates[0].reshape(len(ids), -1)
+    k = getattr(config, "num_experts_per_tok")
+    top = torch.topk(logits, k, dim=-1).indices.sort(dim=-1).values
+    distinct = len({tuple(r.tolist()) for r in top})
+    used = len(set(top.flatten().tolist()))
+    return {"distinct_topk_sets": distinct, "experts_used": used, "router_logit_std": float(logits.std())}
+
+
+def hf_logits(model, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        out = model(torch.tensor([ids], dtype=torch.long), use_cache=False)
+    return out.logits[0].to(torch.float32).numpy()
+
+
+def hf_greedy(model, ids: list[int], n: int, eos: int | None) -> tuple[list[int], bool]:
+    seq = list(ids)
+    new = []
+    for _ in range(n):
+        tok = int(np.argmax(hf_logits(model, seq)[-1]))
+        new.append(tok)
+        seq.append(tok)
+        if eos is not None and tok == eos:
+            return new, True
+    return new, False
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Conversion and quantisation (llama.cpp's own tools)
+# --------------------------------------------------------------------------------------------------------------------
+
+_converter = None
+
+
+def converter():
+    global _converter
+    if _converter is None:
+        mod = importlib.import_module("convert_hf_to_gguf")
+        from conversion import base as conv_base
+
+        # The converter identifies a BPE pre-tokenizer by hashing its output on a fixed string and refuses unknown
+        # ones. Ours are freshly trained, so say which pre-tokenizer they are (without editing llama.cpp).
+        def get_vocab_base_pre(self, tokenizer) -> str:
+            return os.environ["TITAN_FIXTURE_PRE"]
+
+        conv_base.TextModel.get_vocab_base_pre = get_vocab_base_pre
+        _converter = mod
+    return _converter
+
+
+def convert(hf_dir: Path, out: Path, outtype: str, pre: str | None) -> None:
+    mod = converter()
+    if pre is not None:
+        os.environ["TITAN_FIXTURE_PRE"] = pre
+    argv = sys.argv
+    sys.argv = ["convert_hf_to_gguf.py", str(hf_dir), "--outfile", str(out), "--outtype", outtype]
+    try:
+        mod.main()
+    finally:
+        sys.argv = argv
+    if not out.exists():
+        raise RuntimeError(f"converter wrote no {out}")
+
+
+class stderr_to(object):
+    """Redirect the process's fd 2 (llama.cpp's C logging) to a file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        self.f = open(self.path, "ab")
+        os.dup2(self.f.fileno(), 2)
+
+    def __exit__(self, *exc):
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.f.close()
+
+
+def quantize(src: Path, out: Path, qtype: str) -> None:
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, QUANT_FTYPES[qtype])
+    params.nthread = 2
+    with stderr_to(WORK / "quantize.log"):
+        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params))
+    if rc != 0 or not out.exists():
+        raise RuntimeError(f"llama_model_quantize({src} -> {out}, {qtype}) failed: {rc}")
+
+
+def tensor_types(path: Path) -> dict[str, int]:
+    reader = gguf.GGUFReader(path)
+    counts: dict[str, int] = {}
+    for t in reader.tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def gguf_arch(path: Path) -> str:
+    reader = gguf.GGUFReader(path)
+    field = reader.fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# llama.cpp references
+# --------------------------------------------------------------------------------------------------------------------
+
+
+# The KV cache is kept in f32: with llama.cpp's default f16 cache, f32 files differ from transformers by ~2e-3 (and
+# a near-tie in routing can flip, giving 0.2 at one position); with an f32 cache they agree to ~3e-6.
+LLAMA_PARAMS = dict(logits_all=True, n_ctx=256, n_batch=256, n_threads=2, seed=0,
+                    type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+
+
+def open_llama(path: Path) -> Llama:
+    return Llama(model_path=str(path), verbose=False, **LLAMA_PARAMS)
+
+
+def llama_greedy(llm: Llama, prompt_ids: list[int], n: int) -> tuple[list[int], bool]:
+    llm.reset()
+    llm.eval(prompt_ids)
+    eos = llm.token_eos()
+    new = []
+    for i in range(n):
+        tok = int(np.argmax(np.asarray(llm.scores[llm.n_tokens - 1])))
+        new.append(tok)
+        if tok == eos:
+            return new, True
+        if i + 1 < n:
+            llm.eval([tok])
+    return new, False
+
+
+def llama_batch_logits(llm: Llama, ids: list[int]) -> np.ndarray:
+    llm.reset()
+    llm.eval(ids)
+    return np.array(llm.scores[: len(ids)], dtype=np.float32, copy=True)
+
+
+def llama_detokenize_raw(llm: Llama, ids: list[int], remove_special: bool, unparse_special: bool) -> bytes:
+    """llama.cpp's own llama_detokenize (llama-cpp-python's Llama.detokenize concatenates token pieces instead)."""
+    vocab = llm._model.vocab
+    arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
+    size = 64 + 64 * len(ids)
+    buf = ctypes.create_string_buffer(size)
+    n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, size, remove_special, unparse_special)
+    if n < 0:
+        raise RuntimeError("llama_detokenize buffer too small")
+    return buf.raw[:n]
+
+
+def tokenizer_refs(llm: Llama) -> list[dict]:
+    out = []
+    for text in TOKENIZER_TESTS:
+        b = text.encode("utf-8")
+        ids = llm.tokenize(b, add_bos=False, special=False)
+        ids_add = llm.tokenize(b, add_bos=True, special=False)
+        ids_special = llm.tokenize(b, add_bos=True, special=True)
+        ids_special_nobos = llm.tokenize(b, add_bos=False, special=True)
+        detok = llm.detokenize(ids)
+        raw = llama_detokenize_raw(llm, ids, False, False)
+        raw_special = llama_detokenize_raw(llm, ids_special, False, True)
+        out.append({
+            "text": text,
+            "ids": [int(i) for i in ids],
+            "ids_add_special": [int(i) for i in ids_add],
+            "ids_parse_special": [int(i) for i in ids_special],
+            "ids_parse_special_no_add": [int(i) for i in ids_special_nobos],
+            "detok": detok.decode("utf-8", errors="replace"),
+            "detok_hex": detok.hex(),
+            "llama_detokenize": raw.decode("utf-8", errors="replace"),
+            "llama_detokenize_hex": raw.hex(),
+            "llama_detokenize_parse_special": raw_special.decode("utf-8", errors="replace"),
+        })
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Dequantisation references
+# --------------------------------------------------------------------------------------------------------------------
+
+DEQUANT_PREFERENCE = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "attn_q", "attn_output", "token_embd", "output",
+                      "attn_k", "attn_v", "ffn_gate_inp", "attn_norm"]
+
+
+def dequant_refs(files: list[tuple[str, Path]]) -> list[dict]:
+    out_dir = FIX / "dequant"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    found: dict[str, tuple] = {}
+    for rel, path in files:
+        reader = gguf.GGUFReader(path)
+        for t in reader.tensors:
+            tname = t.tensor_type.name
+            if len(t.shape) < 2:
+                continue
+            rank = next((i for i, p in enumerate(DEQUANT_PREFERENCE) if f".{p}." in f".{t.name}"), 99)
+            prev = found.get(tname)
+            if prev is None or rank < prev[0]:
+                found[tname] = (rank, rel, t)
+        del reader
+    result = []
+    for tname in REQUIRED_TYPES:
+        if tname not in found:
+            raise RuntimeError(f"no tensor of type {tname} in the fixture set")
+        _, rel, t = found[tname]
+        qtype = t.tensor_type
+        row = int(t.shape[0])  # ne[0]: elements per row
+        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        row_bytes = row // block_size * type_size
+        raw = np.asarray(t.data).view(np.uint8).reshape(-1, row_bytes)
+        n_rows = max(1, min(raw.shape[0], 4096 // row))
+        raw = np.ascontiguousarray(raw[:n_rows])
+        values = gguf.quants.dequantize(raw, qtype).astype(np.float32).reshape(n_rows, row)
+        (out_dir / f"{tname}.bin").write_bytes(raw.tobytes())
+        np.save(out_dir / f"{tname}.npy", values)
+        result.append({
+            "type": tname, "ggml_type": int(qtype), "bin": f"dequant/{tname}.bin", "npy": f"dequant/{tname}.npy",
+            "row": row, "rows": n_rows, "n": n_rows * row, "block_size": block_size, "block_bytes": type_size,
+            "source": f"{rel}:{t.name}",
+        })
+    return result
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for noisy in ("hf-to-gguf", "gguf", "gguf.gguf_writer", "gguf.vocab", "conversion"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    torch.set_num_threads(2)
+    torch.use_deterministic_algorithms(True)
+
+    # Remove only what this script writes: tests/fixtures/ also holds other fixtures (e.g. quant/) that it must keep.
+    FIX.mkdir(parents=True, exist_ok=True)
+    for owned in [spec["name"] for spec in MODELS] + ["dequant"]:
+        if (FIX / owned).exists():
+            shutil.rmtree(FIX / owned)
+    if (FIX / "manifest.json").exists():
+        (FIX / "manifest.json").unlink()
+    if WORK.exists():
+        shutil.rmtree(WORK)
+    WORK.mkdir(parents=True)
+
+    tokenizers = {}
+    for kind in ("qwen", "olmoe", "spm"):
+        d = WORK / f"tokenizer-{kind}"
+        tokenizers[kind] = (train_spm(d) if kind == "spm" else train_bytelevel_bpe(kind, d), d)
+        log.info("tokenizer %s: %s", kind, tokenizers[kind][0])
+    pre_for = {"qwen": "qwen2", "olmoe": "olmo", "spm": None}
+
+    manifest_models = []
+    summary = []
+    all_files: list[tuple[str, Path]] = []
+
+    for spec in MODELS:
+        name = spec["name"]
+        log.info("=== %s", name)
+        tok_info, tok_dir = tokenizers[spec["tokenizer"]]
+        hf_dir = WORK / name / "hf"
+        model, config = build_hf_model(spec, tok_info, hf_dir)
+        for f in tok_dir.iterdir():
+            shutil.copy(f, hf_dir / f.name)
+        fdir = FIX / name
+        fdir.mkdir(parents=True, exist_ok=True)
+        shutil.copy(hf_dir / "config.json", fdir / "config.json")
+        if spec["tokenizer"] != "spm":
+            # The Hugging Face tokenizer too, so `--tokenizer tokenizer.json` is tested against llama.cpp's ids.
+            for f in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(tok_dir / f, fdir / f)
+
+        # --- GGUF files
+        f32_path = WORK / name / "f32.gguf"
+        convert(hf_dir, f32_path, "f32", pre_for[spec["tokenizer"]])
+        paths: dict[str, Path] = {}
+        for t in spec["types"]:
+            dst = fdir / f"{t}.gguf"
+            if t == "f32":
+                shutil.copy(f32_path, dst)
+            elif t in CONVERTER_TYPES:
+                convert(hf_dir, dst, t, pre_for[spec["tokenizer"]])
+            else:
+                quantize(f32_path, dst, t)
+            paths[t] = dst
+            all_files.append((f"{name}/{t}.gguf", dst))
+
+        # --- llama.cpp references
+        files = {}
+        prompt_ids = None
+        tok_refs = None
+        llama_seqs = {}
+        llama_logits = {}
+        for t, path in paths.items():
+            llm = open_llama(path)
+            ids = [int(i) for i in llm.tokenize(PROMPT.encode("utf-8"), add_bos=True, special=False)]
+            if prompt_ids is None:
+                prompt_ids = ids
+                tok_refs = tokenizer_refs(llm)
+                eos_id = int(llm.token_eos())
+                bos_id = int(llm.token_bos())
+                add_bos = bool(llm._model.add_bos_token())
+            elif ids != prompt_ids:
+                raise RuntimeError(f"{name}/{t}: prompt tokenised differently ({ids} vs {prompt_ids})")
+            greedy, stopped = llama_greedy(llm, prompt_ids, N_GREEDY)
+            seq = prompt_ids + greedy
+            logits = llama_batch_logits(llm, seq)
+            llm.close()
+            del llm
+            gc.collect()
+            np.save(fdir / f"llama_{t}.npy", logits)
+            llama_seqs[t] = seq
+            llama_logits[t] = logits
+            files[t] = {
+                "path": f"{name}/{t}.gguf",
+                "sha256": sha256(path),
+                "bytes": path.stat().st_size,
+                "tensor_types": tensor_types(path),
+                "llama": {"tokens": seq, "logits": f"{name}/llama_{t}.npy", "greedy": greedy,
+                          "stopped_at_eos": stopped},
+            }
+            log.info("%s/%s: types %s greedy %s%s", name, t, files[t]["tensor_types"], greedy,
+                     " (EOS)" if stopped else "")
+
+        # The f32 GGUF of qwen3moe-k is not committed; its llama.cpp sequence is still the transformers reference.
+        ref_type = "f32"
+        ref_note = None
+        if "f32" not in paths:
+            llm = open_llama(f32_path)
+            g, ref_stopped = llama_greedy(llm, prompt_ids, N_GREEDY)
+            llama_seqs["f32"] = prompt_ids + g
+            llama_logits["f32"] = llama_batch_logits(llm, prompt_ids + g)
+            llm.close()
+            del llm
+            ref_note = {"path": f"build/fixtures/{name}/f32.gguf (not committed)", "greedy": g,
+                        "stopped_at_eos": ref_stopped}
+
+        # --- transformers references
+        hf_tokens = llama_seqs[ref_type]
+        hf_l = hf_logits(model, hf_tokens)
+        np.save(fdir / "hf_logits.npy", hf_l.astype(np.float32))
+        hf_g, hf_stopped = hf_greedy(model, prompt_ids, N_GREEDY, tok_info["eos_token_id"])
+        routing = routing_stats(model, config, hf_tokens)
+        from transformers import AutoTokenizer
+        hf_tok = AutoTokenizer.from_pretrained(hf_dir, use_fast=spec["tokenizer"] != "spm")
+        hf_prompt_ids = [int(i) for i in hf_tok(PROMPT, add_special_tokens=True)["input_ids"]]
+
+        for t, logits in llama_logits.items():
+            row = {"model": name, "file": t if t in paths else f"{t} (not committed)",
+                   "logit_std": float(logits.std())}
+            if llama_seqs[t] == hf_tokens:
+                d = np.abs(logits - hf_l)
+                row.update(max_abs=float(d.max()), rms=float(np.sqrt(np.mean((logits - hf_l) ** 2))))
+            else:
+                # different continuation: compare the shared prefix only
+                n = next((i for i, (a, b) in enumerate(zip(llama_seqs[t], hf_tokens)) if a != b),
+                         min(len(hf_tokens), len(llama_seqs[t])))
+                other = hf_logits(model, llama_seqs[t])
+                d = np.abs(logits - other)
+                row.update(max_abs=float(d.max()), rms=float(np.sqrt(np.mean((logits - other) ** 2))),
+                           note=f"own sequence (shares {n} tokens with the reference)")
+            row["greedy_eq_hf"] = llama_seqs[t][len(prompt_ids):] == hf_g
+            summary.append(row)
+
+        manifest_models.append({
+            "name": name,
+            "arch": gguf_arch(next(iter(paths.values()))),
+            "hf_class": spec["hf_class"],
+            "config": f"{name}/config.json",
+            "tie_word_embeddings": bool(config.tie_word_embeddings),
+            "tokenizer_kind": {"qwen": "bpe/qwen2", "olmoe": "bpe/olmo", "spm": "spm/llama"}[spec["tokenizer"]],
+            "vocab_size": tok_info["vocab_size"],
+            "bos_id": bos_id, "eos_id": eos_id, "add_bos": add_bos,
+            "prompt": PROMPT,
+            "prompt_ids": prompt_ids,
+            "hf_tokenizer_prompt_ids_equal": hf_prompt_ids == prompt_ids,
+            "n_greedy": N_GREEDY,
+            "routing_layer0": routing,
+            "hf": {"reference_file": ref_type, "reference_file_not_committed": ref_note, "tokens": hf_tokens, "logits": f"{name}/hf_logits.npy",
+                   "greedy": hf_g, "stopped_at_eos": hf_stopped},
+            "files": files,
+            "tokenizer": tok_refs,
+        })
+        del model
+        gc.collect()
+
+    dequant = dequant_refs(all_files)
+
+    seen = set()
+    for m in manifest_models:
+        for f in m["files"].values():
+            seen.update(f["tensor_types"])
+    missing = [t for t in REQUIRED_TYPES if t not in seen]
+    if missing:
+        raise RuntimeError(f"tensor types missing from the fixture set: {missing}")
+
+    versions = {
+        "transformers": importlib.metadata.version("transformers"),
+        "torch": importlib.metadata.version("torch"),
+        "tokenizers": importlib.metadata.version("tokenizers"),
+        "sentencepiece": importlib.metadata.version("sentencepiece"),
+        "numpy": importlib.metadata.version("numpy"),
+        "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
+        "gguf_py": "vendored in llama-cpp-python's sdist (vendor/llama.cpp/gguf-py)",
+    }
+    manifest = {
+        "generator": "tools/make_fixtures.py",
+        "regenerate": "bash tools/make_fixtures.sh",
+        "versions": versions,
+        "llama_params": {"n_ctx": 256, "n_batch": 256, "n_threads": 2, "seed": 0, "logits_all": True,
+                         "type_k": "f32", "type_v": "f32", "flash_attn": False},
+        "models": manifest_models,
+        "dequant": dequant,
+        "summary": summary,
+    }
+    (FIX / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+
+    print("\n=== llama.cpp logits vs transformers f32 (max |Δ|, rms); greedy == transformers greedy?")
+    for r in summary:
+        print(f"{r['model']:>11} {r['file']:>20}  max|Δ|={r['max_abs']:.3e}  rms={r['rms']:.3e}  "
+              f"std={r['logit_std']:.3f}  greedy_eq_hf={r['greedy_eq_hf']}  {r.get('note', '')}")
+    for m in manifest_models:
+        print(f"{m['name']:>11} routing(layer0): {m['routing_layer0']}")
+    total = sum(p.stat().st_size for p in FIX.rglob("*") if p.is_file())
+    print(f"fixture set: {total / 1e6:.2f} MB")
+
+
+if __name__ == "__main__":
+    main()
