@@ -6,7 +6,7 @@
 //! an expert, its output for a row is a pure function of (row, expert weights), and the caller combines
 //! the outputs in ascending expert-id order: see the determinism contract in DESIGN.md.
 
-use titan_kernels::{matmul_f32, WeightView};
+use titan_kernels::{matmul_many, Activations, MatmulJob, WeightView};
 use titan_store::ExpertCache;
 
 use crate::ops::silu;
@@ -23,6 +23,7 @@ pub enum ExpertSource {
 }
 
 /// One expert's three matrices.
+#[derive(Clone, Copy)]
 pub struct ExpertWeights<'a> {
     pub gate: WeightView<'a>,
     pub up: WeightView<'a>,
@@ -30,17 +31,22 @@ pub struct ExpertWeights<'a> {
 }
 
 impl ExpertSource {
-    /// Call `f(i, weights)` once for each expert `ids[i]` of `layer` (ids distinct), in whatever order the
-    /// weights become available.
-    pub fn for_each(&self, w: &Weights, layer: usize, ids: &[u32], mut f: impl FnMut(usize, ExpertWeights<'_>) -> Result<()>) -> Result<()> {
+    /// Call `f` with the experts `ids` of `layer` (distinct), each as `(index in ids, weights)`, in batches
+    /// as they become available: all at once when resident; one by one as their records arrive when
+    /// streamed, so computing the first overlaps reading the rest.
+    pub fn for_each_batch(&self, w: &Weights, layer: usize, ids: &[u32], mut f: impl FnMut(&[(usize, ExpertWeights<'_>)]) -> Result<()>) -> Result<()> {
         match self {
             ExpertSource::Resident => {
                 let l = &w.layers[layer];
-                for (i, &e) in ids.iter().enumerate() {
-                    let e = e as usize;
-                    f(i, ExpertWeights { gate: w.view(&l.gate_exps.expert(e)), up: w.view(&l.up_exps.expert(e)), down: w.view(&l.down_exps.expert(e)) })?;
-                }
-                Ok(())
+                let all: Vec<_> = ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &e)| {
+                        let e = e as usize;
+                        (i, ExpertWeights { gate: w.view(&l.gate_exps.expert(e)), up: w.view(&l.up_exps.expert(e)), down: w.view(&l.down_exps.expert(e)) })
+                    })
+                    .collect();
+                f(&all)
             }
             ExpertSource::Streamed(cache) => {
                 // The callback cannot return an error to the cache; keep the first one and stop computing.
@@ -48,7 +54,7 @@ impl ExpertSource {
                 cache.get_layer_with(layer, ids, &mut |i, rec| {
                     if failed.is_none() {
                         let ew = ExpertWeights { gate: rec.gate().weight_view(), up: rec.up().weight_view(), down: rec.down().weight_view() };
-                        if let Err(e) = f(i, ew) {
+                        if let Err(e) = f(&[(i, ew)]) {
                             failed = Some(e);
                         }
                     }
@@ -66,17 +72,30 @@ impl ExpertSource {
     }
 }
 
-/// down(silu(gate(x)) · up(x)), the feed-forward of every expert and of the shared expert.
-pub fn swiglu_ffn(gate: &WeightView, up: &WeightView, down: &WeightView, x: &[f32], rows: usize) -> Result<Vec<f32>> {
-    let ff = gate.rows;
-    let mut g = vec![0f32; rows * ff];
-    let mut u = vec![0f32; rows * ff];
-    matmul_f32(gate, x, rows, &mut g)?;
-    matmul_f32(up, x, rows, &mut u)?;
-    for (a, &b) in g.iter_mut().zip(&u) {
-        *a = silu(*a) * b;
+/// down(silu(gate(x)) · up(x)) for several feed-forwards at once (the experts of a batch, or the
+/// shared expert): `x[i]` holds the rows of FFN `i` already quantised for its gate and up projections.
+/// All gate and up products run in one parallel region, then all down products in another.
+pub fn swiglu_many(ffns: &[ExpertWeights<'_>], x: &[Activations]) -> Result<Vec<Vec<f32>>> {
+    let mut g: Vec<Vec<f32>> = ffns.iter().zip(x).map(|(f, a)| vec![0f32; a.rows() * f.gate.rows]).collect();
+    let mut u: Vec<Vec<f32>> = ffns.iter().zip(x).map(|(f, a)| vec![0f32; a.rows() * f.up.rows]).collect();
+    let mut jobs: Vec<MatmulJob> = Vec::with_capacity(2 * ffns.len());
+    for (((f, a), g), u) in ffns.iter().zip(x).zip(&mut g).zip(&mut u) {
+        jobs.push(MatmulJob { w: f.gate, acts: a, out: g });
+        jobs.push(MatmulJob { w: f.up, acts: a, out: u });
     }
-    let mut y = vec![0f32; rows * down.rows];
-    matmul_f32(down, &g, rows, &mut y)?;
+    matmul_many(&mut jobs)?;
+    drop(jobs);
+    let mut mid = Vec::with_capacity(ffns.len());
+    for ((f, a), (g, u)) in ffns.iter().zip(x).zip(g.iter_mut().zip(&u)) {
+        for (p, &q) in g.iter_mut().zip(u) {
+            *p = silu(*p) * q;
+        }
+        let mut m = Activations::new();
+        m.quantize(f.down.ty.act_type(), g, a.rows(), f.gate.rows)?;
+        mid.push(m);
+    }
+    let mut y: Vec<Vec<f32>> = ffns.iter().zip(x).map(|(f, a)| vec![0f32; a.rows() * f.down.rows]).collect();
+    let mut jobs: Vec<MatmulJob> = ffns.iter().zip(&mid).zip(&mut y).map(|((f, m), y)| MatmulJob { w: f.down, acts: m, out: y }).collect();
+    matmul_many(&mut jobs)?;
     Ok(y)
 }

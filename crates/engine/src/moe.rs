@@ -1,8 +1,10 @@
 //! Mixture-of-experts: routing (f32 softmax, top-k with ties broken by ascending expert id) and the
 //! canonical combination of the chosen experts' outputs.
 
+use titan_kernels::Activations;
+
 use crate::config::Config;
-use crate::experts::{swiglu_ffn, ExpertSource};
+use crate::experts::{swiglu_many, ExpertSource, ExpertWeights};
 use crate::ops::sigmoid;
 use crate::weights::{SharedExpert, Weights};
 use crate::Result;
@@ -52,19 +54,34 @@ pub fn moe_block(w: &Weights, experts: &ExpertSource, c: &Config, layer: usize, 
     }
     let ids: Vec<u32> = (0..c.n_expert as u32).filter(|&e| !slots_of[e as usize].is_empty()).collect();
 
+    // The layer's input is quantised once; each expert gets its rows as byte copies of those rows.
+    let l = &w.layers[layer];
+    let in_ty = l.gate_exps.mat.ty.act_type();
+    let mut input = Activations::new();
+    input.quantize(in_ty, x, rows, d)?;
+
     // contributions[slot] = the expert's output for (row, slot), slot = row * k + j.
     let mut contributions = vec![0f32; rows * routing.k * d];
-    let mut gathered = Vec::new();
-    experts.for_each(w, layer, &ids, |i, ew| {
-        let slots = &slots_of[ids[i] as usize];
-        gathered.clear();
-        for &slot in slots {
-            let r = slot / routing.k;
-            gathered.extend_from_slice(&x[r * d..(r + 1) * d]);
+    experts.for_each_batch(w, layer, &ids, |batch| {
+        let mut acts = Vec::with_capacity(batch.len());
+        for (i, ew) in batch {
+            let row_idx: Vec<usize> = slots_of[ids[*i] as usize].iter().map(|&slot| slot / routing.k).collect();
+            let mut a = Activations::new();
+            if ew.gate.ty.act_type() == in_ty && ew.up.ty.act_type() == in_ty {
+                a.gather_from(&input, &row_idx);
+            } else {
+                // Gate and up of another type than the layer's first expert (rare): quantise these rows for them.
+                let rows_f32: Vec<f32> = row_idx.iter().flat_map(|&r| x[r * d..(r + 1) * d].iter().copied()).collect();
+                a.quantize(ew.gate.ty.act_type(), &rows_f32, row_idx.len(), d)?;
+            }
+            acts.push(a);
         }
-        let y = swiglu_ffn(&ew.gate, &ew.up, &ew.down, &gathered, slots.len())?;
-        for (yi, &slot) in y.chunks_exact(d).zip(slots) {
-            contributions[slot * d..(slot + 1) * d].copy_from_slice(yi);
+        let ffns: Vec<ExpertWeights> = batch.iter().map(|(_, ew)| *ew).collect();
+        let ys = swiglu_many(&ffns, &acts)?;
+        for ((i, _), y) in batch.iter().zip(&ys) {
+            for (yi, &slot) in y.chunks_exact(d).zip(&slots_of[ids[*i] as usize]) {
+                contributions[slot * d..(slot + 1) * d].copy_from_slice(yi);
+            }
         }
         Ok(())
     })?;
@@ -91,7 +108,10 @@ pub fn moe_block(w: &Weights, experts: &ExpertSource, c: &Config, layer: usize, 
 
 /// Qwen2-MoE's shared expert: out += sigmoid(x · gate_inp) · ffn(x).
 fn shared_expert(w: &Weights, sh: &SharedExpert, x: &[f32], rows: usize, d: usize, out: &mut [f32]) -> Result<()> {
-    let y = swiglu_ffn(&w.view(&sh.gate), &w.view(&sh.up), &w.view(&sh.down), x, rows)?;
+    let mut acts = Activations::new();
+    acts.quantize(sh.gate.ty.act_type(), x, rows, d)?;
+    let ffn = ExpertWeights { gate: w.view(&sh.gate), up: w.view(&sh.up), down: w.view(&sh.down) };
+    let y = swiglu_many(&[ffn], &[acts])?.remove(0);
     for r in 0..rows {
         let xr = &x[r * d..(r + 1) * d];
         let g = sigmoid(xr.iter().zip(&sh.gate_inp).fold(0f32, |s, (a, b)| s + a * b));
