@@ -8,7 +8,7 @@
 /// (add the high 128 bits onto the low, then `movehl`, then a one-lane shuffle); a NEON twin with two
 /// 4-wide registers adds them (`l_k + l_{k+4}`) and then must reduce in this order, not `vaddvq`'s.
 #[derive(Clone, Copy, Default)]
-pub(crate) struct Lanes8([f32; 8]);
+pub(crate) struct Lanes8(pub(crate) [f32; 8]);
 
 impl Lanes8 {
     /// Adds the `i`-th term of the sum.

@@ -45,6 +45,13 @@ pub enum KernelError {
         actual: GgmlType,
     },
 
+    /// `set_isa` asked for an instruction set this CPU lacks.
+    #[error("this CPU cannot run {isa} kernels: choose one of {available:?} (see available_isas)")]
+    IsaUnavailable {
+        isa: crate::Isa,
+        available: Vec<crate::Isa>,
+    },
+
     /// Activations whose row length differs from the weight matrix's.
     #[error("weights have {weight_cols} columns but activation rows have {act_cols} elements")]
     ColumnMismatch { weight_cols: usize, act_cols: usize },

@@ -10,8 +10,8 @@
 //!
 //! # Determinism contract
 //!
-//! A result never depends on the thread count, on how many rows share a call, or (once SIMD paths
-//! exist) on which instruction set computed it. That is what lets a trace taken on one machine match
+//! A result never depends on the thread count, on how many rows share a call, or on which
+//! instruction set computed it. That is what lets a trace taken on one machine match
 //! one taken on several, byte for byte. The rules that make it so:
 //!
 //! - **One output, one dot product, one thread.** Every output of [`matmul`] is a single [`vec_dot`]
@@ -29,6 +29,14 @@
 //!   the same tree.
 //! - **No fused multiply-add** anywhere in the scalar path: every product is rounded before it is
 //!   added, as a SIMD twin with separate `mul` and `add` would do. (Rust never contracts `a * b + c`.)
+//!
+//! # Instruction sets
+//!
+//! Kernels are chosen at run time ([`isa`], [`set_isa`], the `TITAN_ISA` environment variable; see
+//! `simd/`). AVX2 and AVX-512 (with VNNI) have kernels for Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, F32, F16 and
+//! the Q8_0 and Q8_K quantisers; every other format runs its scalar twin on any ISA. Each kernel
+//! yields the scalar twin's bits: it follows the rules above with exact integer sums, the same
+//! per-block f32 formula, separate multiply and add, and the same lanes.
 //!
 //! # Rounding of activations
 //!
@@ -49,12 +57,14 @@ mod accum;
 mod error;
 mod formats;
 mod matmul;
+mod simd;
 #[cfg(test)]
 mod testutil;
 mod types;
 
 pub use error::KernelError;
-pub use matmul::{matmul, matmul_f32, Activations, WeightView};
+pub use matmul::{matmul, matmul_f32, matmul_many, Activations, MatmulJob, WeightView};
+pub use simd::{available_isas, isa, kernel_isa, set_isa, Isa};
 pub use types::GgmlType;
 
 use formats::{
@@ -63,7 +73,7 @@ use formats::{
 
 /// Bytes taken by `n` elements of `ty`, or the error that says why `n` does not fit.
 pub(crate) fn checked_row_bytes(ty: GgmlType, n: usize) -> Result<usize, KernelError> {
-    if n % ty.block_len() != 0 {
+    if !n.is_multiple_of(ty.block_len()) {
         return Err(KernelError::NotWholeBlocks {
             ty,
             len: n,
@@ -116,7 +126,7 @@ pub(crate) fn dequantize_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
 /// Encodes the activations `src` as `act_ty` (F32, Q8_0, Q8_1 or Q8_K) into `dst`, which must be
 /// exactly `act_ty.row_bytes(src.len())` long. Rounding is documented at the crate root.
 pub fn quantize_row(act_ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
-    let quantize = quantizer(act_ty)?;
+    let quantize = simd::quant_kernel(isa(), act_ty)?;
     let expected = checked_row_bytes(act_ty, src.len())?;
     if dst.len() != expected {
         return Err(KernelError::SizeMismatch {
@@ -126,26 +136,13 @@ pub fn quantize_row(act_ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(),
             actual: dst.len(),
         });
     }
-    quantize(src, dst);
+    quantize.run(src, dst);
     Ok(())
 }
 
-/// Quantises whole blocks of activations (`src` and `dst` hold the same number of blocks).
-pub(crate) type QuantizeFn = fn(&[f32], &mut [u8]);
-
-/// The function that quantises activations into `act_ty`.
-pub(crate) fn quantizer(act_ty: GgmlType) -> Result<QuantizeFn, KernelError> {
-    match act_ty {
-        GgmlType::F32 => Ok(fp32::quantize),
-        GgmlType::Q8_0 => Ok(q8_0::quantize),
-        GgmlType::Q8_1 => Ok(q8_1::quantize),
-        GgmlType::Q8_K => Ok(q8_k::quantize),
-        other => Err(KernelError::NotActivationType(other)),
-    }
-}
-
 /// Dot product of one weight row (`n` elements of `w_ty`) with one activation row already encoded as
-/// `w_ty.act_type()`, in the fixed order documented at the crate root.
+/// `w_ty.act_type()`, in the fixed order documented at the crate root, on the instruction set
+/// [`isa`] selects.
 ///
 /// # Panics
 ///
@@ -155,7 +152,7 @@ pub(crate) fn quantizer(act_ty: GgmlType) -> Result<QuantizeFn, KernelError> {
 pub fn vec_dot(w_ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
     let act_ty = w_ty.act_type();
     assert!(
-        n % w_ty.block_len() == 0,
+        n.is_multiple_of(w_ty.block_len()),
         "vec_dot: {n} elements is not a whole number of {w_ty} blocks"
     );
     let w_bytes = n / w_ty.block_len() * w_ty.block_bytes();
@@ -171,23 +168,9 @@ pub fn vec_dot(w_ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
         "vec_dot: {act_ty} activation row of {n} elements"
     );
     let (w, act) = (&w[..w_bytes], &act[..act_bytes]);
-    match w_ty {
-        GgmlType::F32 => fp32::vec_dot(w, act),
-        GgmlType::F16 => fp16::vec_dot(w, act),
-        GgmlType::BF16 => bf16::vec_dot(w, act),
-        GgmlType::Q4_0 => q4_0::vec_dot(w, act),
-        GgmlType::Q4_1 => q4_1::vec_dot(w, act),
-        GgmlType::Q5_0 => q5_0::vec_dot(w, act),
-        GgmlType::Q5_1 => q5_1::vec_dot(w, act),
-        GgmlType::Q8_0 => q8_0::vec_dot(w, act),
-        GgmlType::Q8_1 => q8_1::vec_dot(w, act),
-        GgmlType::Q2_K => q2_k::vec_dot(w, act),
-        GgmlType::Q3_K => q3_k::vec_dot(w, act),
-        GgmlType::Q4_K => q4_k::vec_dot(w, act),
-        GgmlType::Q5_K => q5_k::vec_dot(w, act),
-        GgmlType::Q6_K => q6_k::vec_dot(w, act),
-        GgmlType::Q8_K => q8_k::vec_dot(w, act),
-    }
+    let mut out = [0f32];
+    simd::dot_kernel(isa(), w_ty).run(w, &[act], &mut out);
+    out[0]
 }
 
 #[cfg(test)]

@@ -3,12 +3,15 @@
 
 use rayon::prelude::*;
 
-use crate::{checked_row_bytes, dequantize_blocks, quantizer, vec_dot, GgmlType, KernelError};
+use crate::simd::{self, DotKernel, MAX_ROWS};
+use crate::Isa;
+use crate::{checked_row_bytes, dequantize_blocks, isa, GgmlType, KernelError};
 
-/// Weight rows handed to one rayon task at a time. A row dot product costs about a microsecond at
-/// typical widths, so smaller pieces would be dominated by scheduling. The split never changes a
-/// result: each output is computed whole by one task.
-const MIN_ROWS_PER_TASK: usize = 16;
+/// Weight bytes handed to one rayon task at a time (at least one row). Decode streams weights at
+/// roughly 10 GB/s per core, so this is a couple of microseconds of work: enough that scheduling does
+/// not dominate, small enough that a 768-row expert still splits into dozens of tasks for two
+/// threads to share. The split never changes a result: each output is computed whole by one task.
+const TASK_WEIGHT_BYTES: usize = 16 * 1024;
 
 /// A weight matrix in its GGUF encoding: `rows` rows of `cols` elements; row `r` is
 /// `data[r * row_bytes .. (r + 1) * row_bytes]`. Borrowed (zero-copy from an mmap).
@@ -126,7 +129,7 @@ impl Activations {
         rows: usize,
         cols: usize,
     ) -> Result<(), KernelError> {
-        let quantize = quantizer(act_ty)?;
+        let quantize = simd::quant_kernel(isa(), act_ty)?;
         let row_bytes = checked_row_bytes(act_ty, cols)?;
         let elements = rows.checked_mul(cols).ok_or(KernelError::TooLarge {
             what: "activations",
@@ -147,11 +150,14 @@ impl Activations {
             cols,
         })?;
         self.data.resize(total, 0);
-        if total > 0 {
+        if rows == 1 {
+            // Decode: one row is not worth entering the thread pool for.
+            quantize.run(x, &mut self.data);
+        } else if total > 0 {
             self.data
                 .par_chunks_mut(row_bytes)
                 .zip(x.par_chunks(cols))
-                .for_each(|(dst, src)| quantize(src, dst));
+                .for_each(|(dst, src)| quantize.run(src, dst));
         }
         (self.act_ty, self.rows, self.cols) = (act_ty, rows, cols);
         Ok(())
@@ -176,81 +182,188 @@ impl Activations {
     ///
     /// If `i >= rows`.
     pub fn row(&self, i: usize) -> &[u8] {
-        let n = self.cols / self.act_ty.block_len() * self.act_ty.block_bytes();
+        let n = self.row_bytes();
         &self.data[i * n..(i + 1) * n]
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.cols / self.act_ty.block_len() * self.act_ty.block_bytes()
+    }
+
+    /// Makes this hold rows `rows` of `src`, in that order, as byte copies: an MoE layer quantises its
+    /// input once and hands each expert the rows routed to it, with exactly the bytes (and so the
+    /// results) a fresh quantisation of those rows would give. Reuses this buffer.
+    ///
+    /// # Panics
+    ///
+    /// If an index is not below `src.rows()` (checked before anything changes).
+    pub fn gather_from(&mut self, src: &Activations, rows: &[usize]) {
+        if let Some(&bad) = rows.iter().find(|&&i| i >= src.rows) {
+            panic!(
+                "gather_from: row {bad} requested from activations of {} rows",
+                src.rows
+            );
+        }
+        self.data.clear();
+        for &i in rows {
+            self.data.extend_from_slice(src.row(i));
+        }
+        (self.act_ty, self.rows, self.cols) = (src.act_ty, rows.len(), src.cols);
     }
 }
 
 /// `out[i * w.rows + r] = vec_dot(w.row(r), acts.row(i))` for every activation row `i` and weight row `r`.
 ///
-/// Work is split over weight rows only (rayon), and each output is one whole [`vec_dot`], so the result
-/// does not depend on the thread count or on how many activation rows share the call.
+/// Work is split over weight rows only (rayon), and each output is computed exactly as [`vec_dot`]
+/// computes it — whether its activation row shares a kernel call with up to three others, how many
+/// threads run, and which ISA is selected change nothing — so the result does not depend on the
+/// thread count or on how many activation rows share the call.
+///
+/// [`vec_dot`]: crate::vec_dot
 pub fn matmul(w: &WeightView, acts: &Activations, out: &mut [f32]) -> Result<(), KernelError> {
-    w.check()?;
-    if acts.act_type() != w.ty.act_type() {
-        return Err(KernelError::ActivationTypeMismatch {
-            weight: w.ty,
-            expected: w.ty.act_type(),
-            actual: acts.act_type(),
-        });
-    }
-    if acts.cols() != w.cols {
-        return Err(KernelError::ColumnMismatch {
-            weight_cols: w.cols,
-            act_cols: acts.cols(),
-        });
-    }
-    let expected = acts
-        .rows()
-        .checked_mul(w.rows)
-        .ok_or(KernelError::TooLarge {
-            what: "matmul output",
-            rows: acts.rows(),
-            cols: w.rows,
-        })?;
-    if out.len() != expected {
-        return Err(KernelError::SizeMismatch {
-            what: "matmul output",
-            unit: "elements",
-            expected,
-            actual: out.len(),
-        });
-    }
-    if expected == 0 {
-        return Ok(());
-    }
+    matmul_many(&mut [MatmulJob { w: *w, acts, out }])
+}
 
-    if acts.rows() == 1 {
-        // Decode: the output row is indexed by weight row, so tasks write straight into it.
-        let act = acts.row(0);
-        out.par_iter_mut()
-            .with_min_len(MIN_ROWS_PER_TASK)
-            .enumerate()
-            .for_each(|(r, o)| *o = vec_dot(w.ty, w.cols, w.row(r), act));
-        return Ok(());
-    }
+/// One product of a [`matmul_many`] batch: `out` as [`matmul`] lays it out.
+pub struct MatmulJob<'a> {
+    pub w: WeightView<'a>,
+    pub acts: &'a Activations,
+    pub out: &'a mut [f32],
+}
 
-    // Several activation rows: a task takes a run of weight rows and dots each against every
-    // activation row, so each weight row is read once per call. Results are gathered weight-row-major
-    // and then transposed into `out`; the copy does not touch the values.
-    let n_act = acts.rows();
-    let mut by_weight_row = vec![0f32; expected];
-    by_weight_row
-        .par_chunks_mut(n_act)
-        .with_min_len(MIN_ROWS_PER_TASK)
-        .enumerate()
-        .for_each(|(r, col)| {
-            let w_row = w.row(r);
-            for (i, o) in col.iter_mut().enumerate() {
-                *o = vec_dot(w.ty, w.cols, w_row, acts.row(i));
-            }
-        });
-    for (r, col) in by_weight_row.chunks_exact(n_act).enumerate() {
-        for (i, &v) in col.iter().enumerate() {
-            out[i * w.rows + r] = v;
+impl MatmulJob<'_> {
+    /// The checks of [`matmul`].
+    fn check(&self) -> Result<(), KernelError> {
+        let (w, acts) = (&self.w, self.acts);
+        w.check()?;
+        if acts.act_type() != w.ty.act_type() {
+            return Err(KernelError::ActivationTypeMismatch {
+                weight: w.ty,
+                expected: w.ty.act_type(),
+                actual: acts.act_type(),
+            });
+        }
+        if acts.cols() != w.cols {
+            return Err(KernelError::ColumnMismatch {
+                weight_cols: w.cols,
+                act_cols: acts.cols(),
+            });
+        }
+        let expected = acts
+            .rows()
+            .checked_mul(w.rows)
+            .ok_or(KernelError::TooLarge {
+                what: "matmul output",
+                rows: acts.rows(),
+                cols: w.rows,
+            })?;
+        if self.out.len() != expected {
+            return Err(KernelError::SizeMismatch {
+                what: "matmul output",
+                unit: "elements",
+                expected,
+                actual: self.out.len(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Several independent [`matmul`]s (e.g. the gate and up projections of every expert a layer
+/// routes to) in one parallel region, their output rows split across threads together. Each job's
+/// result is bit for bit what [`matmul`] gives it. At decode an expert's matrices are small (768 ×
+/// 2048 is a few hundred microseconds of one core's bandwidth), and a region per matrix costs a
+/// noticeable share of that; one region for all of them does not. Nothing is written if a job fails
+/// its checks.
+pub fn matmul_many(jobs: &mut [MatmulJob]) -> Result<(), KernelError> {
+    matmul_many_on(isa(), jobs)
+}
+
+/// [`matmul_many`] on a given instruction set (tests compare them without touching the global one).
+pub(crate) fn matmul_many_on(isa: Isa, jobs: &mut [MatmulJob]) -> Result<(), KernelError> {
+    for job in jobs.iter() {
+        job.check()?;
+    }
+    let setup: Vec<(DotKernel, WeightView, &Activations)> = jobs
+        .iter()
+        .map(|job| (simd::dot_kernel(isa, job.w.ty), job.w, job.acts))
+        .collect();
+
+    // Cut every job into runs of weight rows; a run owns, for each activation row, the slice of
+    // `out` its weight rows fill. `pieces` holds those slices run after run.
+    let mut pieces: Vec<&mut [f32]> = Vec::new();
+    let mut runs: Vec<(usize, usize)> = Vec::new(); // (job, first weight row)
+    for (j, job) in jobs.iter_mut().enumerate() {
+        let (rows, n_act) = (job.w.rows, job.acts.rows());
+        if rows == 0 || n_act == 0 {
+            continue;
+        }
+        let run_len = (TASK_WEIGHT_BYTES / job.w.row_bytes().max(1)).clamp(1, rows);
+        let mut per_act: Vec<_> = job
+            .out
+            .chunks_mut(rows)
+            .map(|o| o.chunks_mut(run_len))
+            .collect();
+        for first in (0..rows).step_by(run_len) {
+            runs.push((j, first));
+            pieces.extend(per_act.iter_mut().filter_map(Iterator::next));
         }
     }
+    let mut rest: &mut [&mut [f32]] = &mut pieces;
+    let mut tasks = Vec::with_capacity(runs.len());
+    for (j, first_row) in runs {
+        let (kernel, w, acts) = setup[j];
+        let (out, tail) = std::mem::take(&mut rest).split_at_mut(acts.rows());
+        rest = tail;
+        tasks.push(Task {
+            kernel,
+            w,
+            acts,
+            first_row,
+            out,
+        });
+    }
+    if tasks.len() == 1 {
+        // Not worth entering the thread pool (which costs microseconds from outside it).
+        tasks.into_iter().for_each(Task::run);
+    } else {
+        tasks.into_par_iter().for_each(Task::run);
+    }
     Ok(())
+}
+
+/// A run of weight rows of one job, multiplied with all of its activation rows.
+struct Task<'a, 'o> {
+    kernel: DotKernel,
+    w: WeightView<'a>,
+    acts: &'a Activations,
+    first_row: usize,
+    /// `out[i][k]` is the output for activation row `i` and weight row `first_row + k`.
+    out: &'o mut [&'o mut [f32]],
+}
+
+impl Task<'_, '_> {
+    fn run(self) {
+        let n_act = self.acts.rows();
+        let mut act_rows: [&[u8]; MAX_ROWS] = [&[]; MAX_ROWS];
+        let mut values = [0f32; MAX_ROWS];
+        let run_len = self.out.first().map_or(0, |o| o.len());
+        for k in 0..run_len {
+            // The weight row is read once and, while it is in L1, dotted with up to MAX_ROWS
+            // activation rows per kernel call (each output exactly as if alone).
+            let w_row = self.w.row(self.first_row + k);
+            for i0 in (0..n_act).step_by(MAX_ROWS) {
+                let m = (n_act - i0).min(MAX_ROWS);
+                for (a, i) in act_rows.iter_mut().zip(i0..i0 + m) {
+                    *a = self.acts.row(i);
+                }
+                self.kernel.run(w_row, &act_rows[..m], &mut values[..m]);
+                for (o, &v) in self.out[i0..i0 + m].iter_mut().zip(&values[..m]) {
+                    o[k] = v;
+                }
+            }
+        }
+    }
 }
 
 /// Convenience: quantises `x` (`rows` × `w.cols`) with `w`'s activation type into a scratch
@@ -271,6 +384,7 @@ pub fn matmul_f32(
 mod tests {
     use super::*;
     use crate::testutil::{self, Rng};
+    use crate::vec_dot;
 
     /// A random `rows` × `cols` weight matrix of type `ty` and `n_act` random activation rows.
     fn problem(

@@ -82,7 +82,7 @@ pub(crate) fn assert_quantize_matches_gguf_py(ty: GgmlType) {
 }
 
 /// Byte offsets of the f16 scale fields of each quantised format (`ggml-common.h`).
-fn f16_scale_fields(ty: GgmlType) -> &'static [usize] {
+pub(crate) fn f16_scale_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 | GgmlType::Q4_K | GgmlType::Q5_K => {

@@ -1,0 +1,263 @@
+//! Run-time choice of instruction set, and the kernel tables it selects from.
+//!
+//! The CPU is probed once; the best instruction set it supports is used unless the environment
+//! variable `TITAN_ISA` (`scalar`, `avx2`, `avx512`, read at first use) or [`set_isa`] says otherwise.
+//! Every SIMD kernel has a scalar twin in `formats/` and returns the same bits (see the crate root's
+//! determinism contract); a format without a kernel for the chosen ISA runs its scalar twin.
+//!
+//! The only way to obtain an ISA-specific function is [`dot_kernel`] / [`quant_kernel`], which check
+//! that the CPU has the features first; the returned handles are therefore safe to call.
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::{GgmlType, KernelError};
+
+/// Most activation rows one dot-product kernel call handles: the weight block is unpacked once and
+/// multiplied with each of them. Four keeps the per-row accumulators and the unpacked weights in
+/// the 16 vector registers AVX2 has.
+pub(crate) const MAX_ROWS: usize = 4;
+
+/// An instruction set the kernels can use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust: the reference every other path must match bit for bit.
+    Scalar,
+    /// x86-64 AVX2 with F16C (Haswell, Zen 1 and later).
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL with VNNI (Cascade Lake, Ice Lake, Zen 4 and later): the AVX2 kernels
+    /// with the integer dot products done by `vpdpbusd` / `vpdpwssd` and 32 vector registers. CPUs with
+    /// AVX-512 but no VNNI (Skylake-X) use [`Isa::Avx2`].
+    Avx512,
+}
+
+impl Isa {
+    /// Every ISA, slowest first.
+    const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    /// The name `TITAN_ISA` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// Whether this CPU can run it (probed once, then cached by the standard library).
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.is_available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Isa> {
+        Isa::ALL.get(usize::from(code).checked_sub(1)?).copied()
+    }
+
+    fn code(self) -> u8 {
+        self as u8 + 1
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The ISA in use, `0` until the first call to [`isa`] or [`set_isa`].
+static CURRENT: AtomicU8 = AtomicU8::new(0);
+
+/// The instruction sets this CPU supports, slowest first (always starts with [`Isa::Scalar`]).
+pub fn available_isas() -> Vec<Isa> {
+    Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
+}
+
+/// The instruction set the kernels use: `TITAN_ISA` if set (and supported), else the best available.
+pub fn isa() -> Isa {
+    if let Some(isa) = Isa::from_code(CURRENT.load(Ordering::Relaxed)) {
+        return isa;
+    }
+    let chosen = isa_from_env().unwrap_or_else(best_isa);
+    // A concurrent `set_isa` wins; a concurrent first use computes the same value.
+    match CURRENT.compare_exchange(0, chosen.code(), Ordering::Relaxed, Ordering::Relaxed) {
+        Ok(_) => chosen,
+        Err(code) => Isa::from_code(code).unwrap_or(chosen),
+    }
+}
+
+/// Forces the instruction set for every later kernel call in this process (e.g. to compare paths).
+/// Results do not change — every path gives the same bits — only speed does.
+pub fn set_isa(isa: Isa) -> Result<(), KernelError> {
+    if !isa.is_available() {
+        return Err(KernelError::IsaUnavailable {
+            isa,
+            available: available_isas(),
+        });
+    }
+    CURRENT.store(isa.code(), Ordering::Relaxed);
+    Ok(())
+}
+
+fn best_isa() -> Isa {
+    available_isas().last().copied().unwrap_or(Isa::Scalar)
+}
+
+/// `TITAN_ISA`, if it names an ISA this CPU has. A bad value is reported once on stderr rather than
+/// failing: the variable is a tuning knob read deep inside the first kernel call.
+fn isa_from_env() -> Option<Isa> {
+    let value = std::env::var("TITAN_ISA").ok()?;
+    let wanted = Isa::ALL
+        .into_iter()
+        .find(|i| i.name().eq_ignore_ascii_case(value.trim()));
+    match wanted {
+        Some(isa) if isa.is_available() => Some(isa),
+        _ => {
+            let names: Vec<&str> = available_isas().iter().map(|i| i.name()).collect();
+            eprintln!(
+                "titan-kernels: TITAN_ISA={value:?} is not available on this CPU (choose one of {}); using {}",
+                names.join(", "),
+                best_isa()
+            );
+            None
+        }
+    }
+}
+
+/// The instruction set that runs dot products of `ty` weights under the current [`isa`]: that ISA,
+/// or [`Isa::Scalar`] for formats it has no kernels for (so a benchmark can say what it measured).
+pub fn kernel_isa(ty: GgmlType) -> Isa {
+    dot_kernel(isa(), ty).isa
+}
+
+/// Dots one weight row with 1..=[`MAX_ROWS`] activation rows: `out[i] = vec_dot(w, acts[i])`.
+/// Unsafe because ISA-specific kernels need their CPU features; see [`DotKernel`].
+type DotFn = unsafe fn(w: &[u8], acts: &[&[u8]], out: &mut [f32]);
+
+/// A dot-product kernel for one weight format, for the ISA it was selected for.
+#[derive(Clone, Copy)]
+pub(crate) struct DotKernel {
+    f: DotFn,
+    /// The ISA whose code runs (the requested one, or Scalar where that ISA has no kernel).
+    pub(crate) isa: Isa,
+}
+
+impl DotKernel {
+    /// `out[i] = vec_dot(w, acts[i])` for each of the `acts.len() == out.len()` rows (1..=MAX_ROWS),
+    /// every row exactly as if it were alone. Rows must be whole blocks of equal length.
+    #[inline]
+    pub(crate) fn run(&self, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
+        assert!(
+            (1..=MAX_ROWS).contains(&acts.len()) && acts.len() == out.len(),
+            "dot kernel takes 1..={MAX_ROWS} rows"
+        );
+        // SAFETY: `dot_kernel` only stores an ISA-specific function after `Isa::is_available`
+        // confirmed this CPU has its features; scalar functions have no requirement.
+        unsafe { (self.f)(w, acts, out) }
+    }
+}
+
+/// The dot-product kernel for weights of type `ty` on `isa` (falling back to scalar where `isa` has
+/// none for `ty`, or the CPU lacks `isa`).
+pub(crate) fn dot_kernel(isa: Isa, ty: GgmlType) -> DotKernel {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && isa.is_available() {
+        if let Some(f) = x86::dot_fn(isa, ty) {
+            return DotKernel { f, isa };
+        }
+    }
+    DotKernel {
+        f: scalar_dot_rows(ty),
+        isa: Isa::Scalar,
+    }
+}
+
+/// Quantises whole blocks of activations (`src` and `dst` hold the same number of blocks).
+type QuantFn = unsafe fn(src: &[f32], dst: &mut [u8]);
+
+/// An activation quantiser for the ISA it was selected for.
+#[derive(Clone, Copy)]
+pub(crate) struct QuantKernel {
+    f: QuantFn,
+}
+
+impl QuantKernel {
+    /// Quantises `src` into `dst` (the same number of whole blocks).
+    #[inline]
+    pub(crate) fn run(&self, src: &[f32], dst: &mut [u8]) {
+        // SAFETY: as for `DotKernel::run`: ISA-specific functions are stored only after the CPU
+        // check in `quant_kernel`.
+        unsafe { (self.f)(src, dst) }
+    }
+}
+
+/// The quantiser into activation format `act_ty` on `isa`, or the error for a non-activation type.
+pub(crate) fn quant_kernel(isa: Isa, act_ty: GgmlType) -> Result<QuantKernel, KernelError> {
+    use crate::formats::{fp32, q8_0, q8_1, q8_k};
+    let scalar: fn(&[f32], &mut [u8]) = match act_ty {
+        GgmlType::F32 => fp32::quantize,
+        GgmlType::Q8_0 => q8_0::quantize,
+        GgmlType::Q8_1 => q8_1::quantize,
+        GgmlType::Q8_K => q8_k::quantize,
+        other => return Err(KernelError::NotActivationType(other)),
+    };
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && isa.is_available() {
+        if let Some(f) = x86::quant_fn(isa, act_ty) {
+            return Ok(QuantKernel { f });
+        }
+    }
+    Ok(QuantKernel { f: scalar })
+}
+
+/// The scalar twin of every dot kernel: one `vec_dot` per activation row.
+fn scalar_dot_rows(ty: GgmlType) -> DotFn {
+    use crate::formats::{
+        bf16, fp16, fp32, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,
+    };
+    macro_rules! rows {
+        ($m:ident) => {{
+            fn rows(w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
+                for (o, a) in out.iter_mut().zip(acts) {
+                    *o = $m::vec_dot(w, a);
+                }
+            }
+            rows
+        }};
+    }
+    match ty {
+        GgmlType::F32 => rows!(fp32),
+        GgmlType::F16 => rows!(fp16),
+        GgmlType::BF16 => rows!(bf16),
+        GgmlType::Q4_0 => rows!(q4_0),
+        GgmlType::Q4_1 => rows!(q4_1),
+        GgmlType::Q5_0 => rows!(q5_0),
+        GgmlType::Q5_1 => rows!(q5_1),
+        GgmlType::Q8_0 => rows!(q8_0),
+        GgmlType::Q8_1 => rows!(q8_1),
+        GgmlType::Q2_K => rows!(q2_k),
+        GgmlType::Q3_K => rows!(q3_k),
+        GgmlType::Q4_K => rows!(q4_k),
+        GgmlType::Q5_K => rows!(q5_k),
+        GgmlType::Q6_K => rows!(q6_k),
+        GgmlType::Q8_K => rows!(q8_k),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,331 @@
+//! Every SIMD path against its scalar twin, bit for bit, on every ISA this CPU has.
+
+use super::*;
+use crate::formats::{f16_bytes, QK_K};
+use crate::matmul::{matmul_many_on, Activations, MatmulJob, WeightView};
+use crate::testutil::{f16_scale_fields, random_row, Rng};
+
+/// The SIMD ISAs available here (the tests pass vacuously on a CPU with none).
+fn simd_isas() -> Vec<Isa> {
+    available_isas()
+        .into_iter()
+        .filter(|&i| i != Isa::Scalar)
+        .collect()
+}
+
+/// Row lengths in blocks: below, at and above the 8 accumulation lanes, and not multiples of them.
+const BLOCK_COUNTS: [usize; 9] = [1, 2, 3, 7, 8, 9, 13, 16, 41];
+
+/// Activations with the hard cases: an outlier, an all-zero block and a subnormal; from `level` 1
+/// also values near f32::MAX (which make most dot products infinite, so not in every row); from
+/// level 2 infinities and NaN.
+fn activations(n: usize, rng: &mut Rng, level: u8) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+    x[n / 2] *= 50.0;
+    if n >= 64 {
+        x[..32].fill(0.0);
+        x[40] = 1e-40;
+    }
+    if level >= 1 && n >= 64 {
+        x[32] = 3e38;
+        x[33] = -3e38;
+    }
+    if level >= 1 && n >= 128 {
+        // A block so small that its scale underflows (and Q8_0's 1/d overflows).
+        for (i, v) in x[64..96].iter_mut().enumerate() {
+            *v = if i % 2 == 0 { 1e-39 } else { -2e-39 };
+        }
+    }
+    if level >= 2 && n >= 128 {
+        x[70] = f32::INFINITY;
+        x[100] = f32::NEG_INFINITY;
+        x[120] = f32::NAN;
+    }
+    x
+}
+
+/// A weight row whose block scales include extremes (0, ±65504, a subnormal) as well as sane values.
+fn weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut w = random_row(ty, n, rng);
+    if ty.block_len() > 1 {
+        let extremes = [0.0, 65504.0, -65504.0, 6e-8, 1.0];
+        for block in w.chunks_exact_mut(ty.block_bytes()) {
+            if rng.next_u64().is_multiple_of(3) {
+                let v = extremes[(rng.next_u64() % 5) as usize];
+                for &at in f16_scale_fields(ty) {
+                    block[at..at + 2].copy_from_slice(&f16_bytes(v));
+                }
+            }
+        }
+    }
+    w
+}
+
+fn quantize(act_ty: GgmlType, isa: Isa, x: &[f32]) -> Vec<u8> {
+    let mut q = vec![0u8; act_ty.row_bytes(x.len()).unwrap()];
+    quant_kernel(isa, act_ty).unwrap().run(x, &mut q);
+    q
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn every_dot_kernel_matches_scalar_for_one_to_four_rows() {
+    for isa in simd_isas() {
+        for ty in GgmlType::ALL {
+            let act_ty = ty.act_type();
+            let block_len = ty.block_len().max(act_ty.block_len()).max(8);
+            let mut rng = Rng::new(u64::from(ty.id()) * 1000 + isa as u64);
+            for blocks in BLOCK_COUNTS {
+                let n = blocks * block_len;
+                let w = weights(ty, n, &mut rng);
+                let acts: Vec<Vec<u8>> = (0..MAX_ROWS)
+                    .map(|i| {
+                        let x = activations(n, &mut rng, (i % 2) as u8);
+                        quantize(act_ty, Isa::Scalar, &x)
+                    })
+                    .collect();
+                let act_refs: Vec<&[u8]> = acts.iter().map(|a| a.as_slice()).collect();
+                let mut expected = [0f32; MAX_ROWS];
+                dot_kernel(Isa::Scalar, ty).run(&w, &act_refs, &mut expected);
+                for rows in 1..=MAX_ROWS {
+                    let mut got = vec![0f32; rows];
+                    dot_kernel(isa, ty).run(&w, &act_refs[..rows], &mut got);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&expected[..rows]),
+                        "{isa} {ty}, {blocks} blocks, {rows} rows: {got:?} vs {expected:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_quantiser_matches_scalar_bytes() {
+    for isa in simd_isas() {
+        for act_ty in [
+            GgmlType::F32,
+            GgmlType::Q8_0,
+            GgmlType::Q8_1,
+            GgmlType::Q8_K,
+        ] {
+            let mut rng = Rng::new(77 + isa as u64);
+            for blocks in [1, 2, 3, 8, 13] {
+                let n = blocks * QK_K;
+                for level in 0..3 {
+                    let x = activations(n, &mut rng, level);
+                    assert_eq!(
+                        quantize(act_ty, isa, &x),
+                        quantize(act_ty, Isa::Scalar, &x),
+                        "{isa} {act_ty}, {n} elements, level {level}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantisers_round_exact_ties_like_scalar() {
+    // Q8_0: amax 127 makes d = 1 and 1/d = 1, so x · id is x: the halves are exact ties (away from
+    // zero). Q8_K: a first element of -127 makes iscale = 1 (ties to even).
+    let mut x = vec![0f32; 2 * QK_K];
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = (i % 64) as f32 - 31.5;
+    }
+    for block in x.chunks_exact_mut(32) {
+        block[0] = 127.0;
+    }
+    x[0] = -127.0;
+    x[QK_K] = -127.0;
+    for isa in simd_isas() {
+        for act_ty in [GgmlType::Q8_0, GgmlType::Q8_K] {
+            assert_eq!(
+                quantize(act_ty, isa, &x),
+                quantize(act_ty, Isa::Scalar, &x),
+                "{isa} {act_ty}"
+            );
+        }
+    }
+    let q = quantize(GgmlType::Q8_0, Isa::Scalar, &x[..32]);
+    assert_eq!(q[2 + 1] as i8, -31, "Q8_0: -30.5 rounds away from zero");
+    let q = quantize(GgmlType::Q8_K, Isa::Scalar, &x[..QK_K]);
+    assert_eq!(q[4 + 1] as i8, -30, "Q8_K: 30.5 · -1 rounds to even");
+}
+
+/// A random weight matrix of `rows` rows and `n_act` quantised activation rows.
+fn problem(
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    n_act: usize,
+    seed: u64,
+) -> (Vec<u8>, Activations) {
+    let mut rng = Rng::new(seed);
+    let w: Vec<u8> = (0..rows)
+        .flat_map(|_| weights(ty, cols, &mut rng))
+        .collect();
+    let x: Vec<f32> = (0..n_act)
+        .flat_map(|i| activations(cols, &mut rng, u8::from(i == 6)))
+        .collect();
+    let mut acts = Activations::new();
+    acts.quantize(ty.act_type(), &x, n_act, cols).unwrap();
+    (w, acts)
+}
+
+fn matmul_on(isa: Isa, w: &WeightView, acts: &Activations) -> Vec<f32> {
+    let mut out = vec![0f32; w.rows * acts.rows()];
+    matmul_many_on(
+        isa,
+        &mut [MatmulJob {
+            w: *w,
+            acts,
+            out: &mut out,
+        }],
+    )
+    .unwrap();
+    out
+}
+
+#[test]
+fn matmul_on_every_isa_equals_scalar_vec_dot_for_one_to_seven_rows() {
+    for isa in available_isas() {
+        for ty in GgmlType::ALL {
+            let (rows, cols) = (19, 3 * 256);
+            let (data, acts) = problem(ty, rows, cols, 7, u64::from(ty.id()));
+            let w = WeightView::new(ty, rows, cols, &data).unwrap();
+            for n_act in 1..=7 {
+                let mut some = Activations::new();
+                let picked: Vec<usize> = (0..n_act).collect();
+                some.gather_from(&acts, &picked);
+                let out = matmul_on(isa, &w, &some);
+                for i in 0..n_act {
+                    for r in 0..rows {
+                        let mut e = [0f32];
+                        dot_kernel(Isa::Scalar, ty).run(w.row(r), &[acts.row(i)], &mut e);
+                        assert_eq!(
+                            out[i * rows + r].to_bits(),
+                            e[0].to_bits(),
+                            "{isa} {ty}: {n_act} rows, out[{i}][{r}]"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_many_equals_separate_matmuls() {
+    let shapes = [
+        (GgmlType::Q4_0, 70, 512, 1),
+        (GgmlType::Q4_K, 33, 512, 1),
+        (GgmlType::Q6_K, 200, 256, 3),
+        (GgmlType::Q8_0, 5, 64, 6),
+        (GgmlType::F16, 40, 100, 2),
+        (GgmlType::Q4_0, 1, 32, 1),
+    ];
+    let problems: Vec<_> = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, &(ty, rows, cols, n))| (ty, rows, cols, problem(ty, rows, cols, n, k as u64)))
+        .collect();
+    for isa in available_isas() {
+        let views: Vec<WeightView> = problems
+            .iter()
+            .map(|(ty, rows, cols, (data, _))| WeightView::new(*ty, *rows, *cols, data).unwrap())
+            .collect();
+        let separate: Vec<Vec<f32>> = views
+            .iter()
+            .zip(&problems)
+            .map(|(w, (.., (_, acts)))| matmul_on(isa, w, acts))
+            .collect();
+        let mut outs: Vec<Vec<f32>> = separate.iter().map(|o| vec![0f32; o.len()]).collect();
+        let mut jobs: Vec<MatmulJob> = views
+            .iter()
+            .zip(&problems)
+            .zip(outs.iter_mut())
+            .map(|((w, (.., (_, acts))), out)| MatmulJob { w: *w, acts, out })
+            .collect();
+        matmul_many_on(isa, &mut jobs).unwrap();
+        for (k, (a, b)) in outs.iter().zip(&separate).enumerate() {
+            assert_eq!(bits(a), bits(b), "{isa} job {k}");
+        }
+    }
+}
+
+#[test]
+fn matmul_bits_do_not_depend_on_thread_count_on_any_isa() {
+    let pool = |n| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (pool(1), pool(2));
+    for isa in available_isas() {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::F32,
+        ] {
+            let (data, acts) = problem(ty, 300, 512, 5, 3);
+            let w = WeightView::new(ty, 300, 512, &data).unwrap();
+            let a = one.install(|| matmul_on(isa, &w, &acts));
+            let b = two.install(|| matmul_on(isa, &w, &acts));
+            assert_eq!(bits(&a), bits(&b), "{isa} {ty}");
+        }
+    }
+}
+
+#[test]
+fn a_chosen_isa_runs_its_own_kernels() {
+    for isa in available_isas() {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::F32,
+            GgmlType::F16,
+        ] {
+            assert_eq!(dot_kernel(isa, ty).isa, isa, "{ty}");
+        }
+        // Formats without SIMD kernels fall back to their scalar twin.
+        assert_eq!(dot_kernel(isa, GgmlType::Q2_K).isa, Isa::Scalar);
+    }
+    for isa in Isa::ALL.into_iter().filter(|i| !i.is_available()) {
+        assert!(set_isa(isa).is_err(), "{isa} is not on this CPU");
+        assert_eq!(dot_kernel(isa, GgmlType::Q4_0).isa, Isa::Scalar);
+    }
+    // Re-selecting the current ISA is always allowed (and changes nothing, as every path agrees).
+    set_isa(isa()).unwrap();
+}
+
+#[test]
+fn gathered_rows_are_byte_copies() {
+    let (_, acts) = problem(GgmlType::Q4_K, 1, 512, 4, 9);
+    let mut g = Activations::new();
+    g.gather_from(&acts, &[3, 0, 3]);
+    assert_eq!((g.rows(), g.cols(), g.act_type()), (3, 512, GgmlType::Q8_K));
+    assert_eq!(g.row(0), acts.row(3));
+    assert_eq!(g.row(1), acts.row(0));
+    assert_eq!(g.row(2), acts.row(3));
+    g.gather_from(&acts, &[]);
+    assert_eq!(g.rows(), 0);
+}
+
+#[test]
+#[should_panic(expected = "row 4 requested from activations of 4 rows")]
+fn gathering_a_missing_row_panics() {
+    let (_, acts) = problem(GgmlType::Q8_0, 1, 64, 4, 9);
+    Activations::new().gather_from(&acts, &[0, 4]);
+}
