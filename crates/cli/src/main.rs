@@ -403,7 +403,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     let (pp, tg) = (median(&r.prompt_tok_s), median(&r.decode_tok_s));
     let threads = rayon::current_num_threads();
     println!("model:    {} ({})", a.model.model.display(), model.config.arch_name);
-    println!("threads:  {threads}");
+    println!("threads:  {threads} ({} kernels)", titan_kernels::isa().name());
     println!("prompt:   pp{} {pp:8.2} tok/s (median of {})", a.n_prompt, r.prompt_tok_s.len());
     println!("decode:   tg{} {tg:8.2} tok/s (median of {})", a.n_gen, r.decode_tok_s.len());
     println!("weights:  {} read per decoded token", human(r.decode_bytes_per_token as u64));
@@ -415,6 +415,7 @@ fn bench(a: BenchArgs) -> Result<()> {
         let j = serde_json::json!({
             "model": a.model.model.display().to_string(),
             "threads": threads,
+            "isa": titan_kernels::isa().name(),
             "n_prompt": a.n_prompt,
             "n_gen": a.n_gen,
             "prompt_tok_s": pp,
@@ -536,6 +537,7 @@ fn trace(a: TraceArgs) -> Result<()> {
         "repeat_penalty": opts.sampler.repeat_penalty,
         "seed": opts.sampler.seed,
         "threads": rayon::current_num_threads(),
+        "isa": titan_kernels::isa().name(),
     });
     let mut t = titan_engine::trace::Trace::new(identity, options);
     let g = model.generate_traced(&prompt, &opts, Some(&mut t), |_| {})?;

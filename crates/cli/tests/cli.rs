@@ -293,3 +293,31 @@ fn a_store_of_another_model_or_a_damaged_store_is_refused() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("titan convert"), "{}", stderr(&o));
 }
+
+/// Every SIMD path the CPU has gives the same trace, byte for byte, as the scalar path, on a model of
+/// each architecture and on K-quants (each run is its own process, with TITAN_ISA forcing the path).
+#[test]
+fn every_simd_path_traces_identically_to_scalar() {
+    let dir = tempfile::tempdir().unwrap();
+    for model in ["qwen3moe/q4_0.gguf", "olmoe/q8_0.gguf", "qwen2moe/f16.gguf", "mixtral/q4_0.gguf", "qwen3moe-k/q4_k_m.gguf", "qwen3moe-k/q5_k_m.gguf"] {
+        let m = fixture(model);
+        let trace = |isa: &str| {
+            let out = dir.path().join(format!("{}-{isa}.trace", model.replace('/', "_")));
+            let o = Command::new(env!("CARGO_BIN_EXE_titan"))
+                .env("TITAN_ISA", isa)
+                .args(["trace", "-m", m.to_str().unwrap(), "-p", "Hello SIMD world, 日本語", "-n", "6", "--temp", "0.8", "--threads", "2", "-o", out.to_str().unwrap()])
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", stderr(&o));
+            out
+        };
+        let scalar = trace("scalar");
+        for isa in titan_kernels::available_isas().into_iter().filter(|&i| i != titan_kernels::Isa::Scalar) {
+            let other = trace(isa.name());
+            let o = titan(&["trace-diff", scalar.to_str().unwrap(), other.to_str().unwrap()]);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert_eq!(o.status.code(), Some(0), "{model}: scalar vs {}: {out}", isa.name());
+            println!("{model}: scalar vs {}: {}", isa.name(), out.trim());
+        }
+    }
+}
