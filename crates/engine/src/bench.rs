@@ -54,8 +54,11 @@ fn prompt(n: usize, vocab: usize) -> Vec<u32> {
 pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
     let vocab = model.config.n_vocab;
     let tokens = prompt(o.prompt_tokens.max(1), vocab);
-    // Warm-up: touch every weight page once and start the thread pool, as llama-bench does.
-    model.weights.file.advise_willneed();
+    // Warm-up: start the thread pool and run a few tokens, as llama-bench does; resident weights are also
+    // read ahead (streamed experts are not: reading the whole file is exactly what the store avoids).
+    if model.experts.cache().is_none() {
+        model.weights.file.advise_willneed();
+    }
     let mut cache = model.new_cache(tokens.len().max(o.gen_tokens) + 1);
     model.forward(&tokens[..tokens.len().min(8)], 0, &mut cache, Outputs::Last)?;
 
