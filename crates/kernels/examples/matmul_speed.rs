@@ -1,6 +1,7 @@
 //! Matmul throughput at MoE shapes, per instruction set and thread count, against the memory floor.
 //!
-//! `cargo run --release -p titan-kernels --example matmul_speed [-- --quick]`
+//! `cargo run --release -p titan-kernels --example matmul_speed [-- --quick] [--isa NAME]`
+//! (`--isa avx512` measures that instruction set only.)
 //!
 //! - Memory read bandwidth: a sum over a 1 GiB buffer, 1 and 2 threads (the decode floor).
 //! - Decode (matvec, one activation row): GB/s of weights streamed. Weights are cycled through a 1 GiB
@@ -64,7 +65,17 @@ const TYPES: [GgmlType; 4] = [
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let only_isa = args
+        .iter()
+        .position(|a| a == "--isa")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let isas: Vec<Isa> = available_isas()
+        .into_iter()
+        .filter(|i| only_isa.as_deref().is_none_or(|n| i.name().eq_ignore_ascii_case(n)))
+        .collect();
     let min_time = Duration::from_millis(if quick { 100 } else { 300 });
     let pools: Vec<rayon::ThreadPool> = [1, 2]
         .iter()
@@ -101,7 +112,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     &pool_data[k * bytes..(k + 1) * bytes],
                 )
             };
-            for isa in available_isas() {
+            for &isa in &isas {
                 set_isa(isa)?;
                 let mut cells = Vec::new();
                 for pool in &pools {
@@ -151,7 +162,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let views: Vec<WeightView> = (0..copies)
             .map(|k| WeightView::new(ty, rows, cols, &pool_data[k * bytes..(k + 1) * bytes]))
             .collect::<Result<_, _>>()?;
-        for isa in available_isas() {
+        for &isa in &isas {
             set_isa(isa)?;
             let mut outs = vec![vec![0f32; rows]; 16];
             let mut next = 0;
