@@ -9,6 +9,7 @@ cold, as after a reboot. Measured per engine:
     (`titan run … -n 1`, `llama-completion … -n 1 -no-cnv`);
   - decode tok/s: `titan bench -p 0 -n GEN` per expert budget (with the cache's hit rate and bytes read),
     `llama-bench -p 0 -n GEN` (mmap, as users run it).
+With --memory-limit SIZE both engines run in a memory cgroup: a machine with SIZE of RAM, page cache included.
 Python standard library only. Builds nothing: run bench/compare.py once (or cargo build --release and
 bench/build_llama_cpp.sh) first.
 """
@@ -24,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TITAN = os.path.join(ROOT, "target", "release", "titan")
 LLAMA_BENCH = os.path.join(ROOT, "build", "llama.cpp", "bin", "llama-bench")
 LLAMA_COMPLETION = os.path.join(ROOT, "build", "llama.cpp", "bin", "llama-completion")
+LIMITED = False
 
 
 def drop_caches():
@@ -32,7 +34,24 @@ def drop_caches():
         f.write("3\n")
 
 
+CGROUP = "/sys/fs/cgroup/memory/titan-bench"
+
+
+def limit_memory(limit):
+    """A cgroup (v1 memory controller) that caps the memory of the engines run in it, page cache included:
+    a machine with `limit` bytes of RAM, as far as the engine can tell."""
+    os.makedirs(CGROUP, exist_ok=True)
+    with open(os.path.join(CGROUP, "memory.limit_in_bytes"), "w") as f:
+        f.write(limit)
+
+
+def in_cgroup(cmd):
+    return ["sh", "-c", f'echo $$ > {CGROUP}/tasks && exec "$@"', "sh"] + cmd
+
+
 def timed(cmd):
+    if os.path.isdir(CGROUP) and LIMITED:
+        cmd = in_cgroup(cmd)
     drop_caches()
     t = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -51,13 +70,21 @@ def main():
     ap.add_argument("--direct-io", action="store_true")
     ap.add_argument("--skip-llama", action="store_true")
     ap.add_argument("--json", help="write the raw results here")
+    ap.add_argument("--memory-limit", help="run both engines in a memory cgroup of this size (e.g. 12G): "
+                    "a machine with that much RAM, page cache included (needs root and cgroup v1's memory controller)")
     a = ap.parse_args()
+    global LIMITED
+    LIMITED = bool(a.memory_limit)
+    if LIMITED:
+        limit_memory(a.memory_limit)
 
     store = os.path.splitext(a.model)[0] + ".titan"
     if not os.path.exists(os.path.join(store, "manifest.json")):
         subprocess.run([TITAN, "convert", a.model], check=True)
     size = os.path.getsize(a.model)
     mem = next(int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemTotal:"))
+    if LIMITED:
+        print(f"both engines run in a memory cgroup limited to {a.memory_limit}")
     print(f"model {a.model}: {size / 2**30:.2f} GiB; machine RAM {mem / 2**30:.2f} GiB; {a.threads} threads; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     results = {"model": a.model, "bytes": size, "ram": mem, "titan": [], "llama": {}}

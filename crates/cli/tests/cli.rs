@@ -321,3 +321,20 @@ fn every_simd_path_traces_identically_to_scalar() {
         }
     }
 }
+
+#[test]
+fn a_routing_profile_pins_hot_experts_without_changing_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _store) = model_with_store(dir.path());
+    let profile = dir.path().join("profile.json");
+    let o = titan(&["profile", "-m", m.to_str().unwrap(), "-p", "The quick brown fox", "-n", "16", "-o", profile.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_slice(&std::fs::read(&profile).unwrap()).unwrap();
+    let counts: u64 = p["counts"].as_array().unwrap().iter().flat_map(|l| l.as_array().unwrap()).map(|c| c.as_u64().unwrap()).sum();
+    assert!(counts > 0, "{p}");
+    let args = ["run", "-m", m.to_str().unwrap(), "-p", "Pinned experts", "-n", "12", "--temp", "0"];
+    let resident = titan(&args);
+    let pinned = titan(&[&args[..], &["--expert-budget", "64KiB", "--pin", profile.to_str().unwrap(), "--cache-policy", "lfu", "--prefetch"]].concat());
+    assert!(pinned.status.success(), "{}", stderr(&pinned));
+    assert_eq!(resident.stdout, pinned.stdout);
+}
