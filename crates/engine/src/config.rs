@@ -144,13 +144,13 @@ impl Config {
                 return Err(format!("metadata {name} is 0"));
             }
         }
-        if self.n_head % self.n_head_kv != 0 {
+        if !self.n_head.is_multiple_of(self.n_head_kv) {
             return Err(format!("head_count {} is not a multiple of head_count_kv {}", self.n_head, self.n_head_kv));
         }
         if self.n_expert_used > self.n_expert {
             return Err(format!("expert_used_count {} exceeds expert_count {}", self.n_expert_used, self.n_expert));
         }
-        if self.rope_dims > self.head_dim || self.rope_dims % 2 != 0 {
+        if self.rope_dims > self.head_dim || !self.rope_dims.is_multiple_of(2) {
             return Err(format!("rope.dimension_count {} does not fit head size {}", self.rope_dims, self.head_dim));
         }
         if self.arch == Arch::Qwen2Moe && self.shared_ff == 0 {

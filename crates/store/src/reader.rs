@@ -379,7 +379,7 @@ fn check_records(m: &Manifest, shapes: &[Option<RecordShape>]) -> Result<Vec<Loc
         .zip(
             m.layers
                 .iter()
-                .flat_map(|l| std::iter::repeat(l).take(m.n_expert)),
+                .flat_map(|l| std::iter::repeat_n(l, m.n_expert)),
         )
         .enumerate()
     {

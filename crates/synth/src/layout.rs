@@ -128,7 +128,7 @@ fn tensor_type(p: &Preset, ft: FileType, role: Role, dims: &[u64], layer: Option
     let eight_experts = p.n_expert == 8;
     let more_bits = |l: Option<usize>| ft == FileType::Q4_K_M && use_more_bits(l.unwrap_or(0), p.n_layer);
     let ty = match role {
-        Role::Output if cols % base.block_len() != 0 => Q8_0,
+        Role::Output if !cols.is_multiple_of(base.block_len()) => Q8_0,
         Role::Output if base != Q8_0 => Q6_K,
         // "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"
         Role::Wv | Role::Wk if eight_experts => Q8_0,
@@ -138,7 +138,7 @@ fn tensor_type(p: &Preset, ft: FileType, role: Role, dims: &[u64], layer: Option
         _ => base,
     };
     // llama.cpp's fallback when a row is not whole blocks of the chosen type.
-    if cols % ty.block_len() != 0 {
+    if !cols.is_multiple_of(ty.block_len()) {
         match ty {
             Q4_K => Q5_0,
             Q5_K => Q5_0, // llama.cpp picks Q5_1, which no preset needs; Q5_0 has the same block size

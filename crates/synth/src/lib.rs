@@ -156,10 +156,10 @@ fn validate(p: &Preset) -> Result<(), SynthError> {
     if p.n_layer == 0 || p.n_embd == 0 || p.n_head == 0 || p.n_head_kv == 0 || p.n_expert == 0 || p.n_vocab < 512 {
         return bad("every dimension must be positive and the vocabulary at least 512 tokens".into());
     }
-    if p.n_head % p.n_head_kv != 0 || p.n_expert_used > p.n_expert || p.head_dim % 2 != 0 {
+    if !p.n_head.is_multiple_of(p.n_head_kv) || p.n_expert_used > p.n_expert || !p.head_dim.is_multiple_of(2) {
         return bad("heads, experts or head size are inconsistent".into());
     }
-    if p.n_embd % 256 != 0 || p.q_dim() % 256 != 0 || p.expert_ff % 32 != 0 || p.shared_ff % 32 != 0 {
+    if !p.n_embd.is_multiple_of(256) || !p.q_dim().is_multiple_of(256) || !p.expert_ff.is_multiple_of(32) || !p.shared_ff.is_multiple_of(32) {
         return bad("hidden and attention sizes must be multiples of 256 and feed-forward sizes of 32".into());
     }
     Ok(())

@@ -149,7 +149,7 @@ fn filler(i: usize, bpe: bool) -> String {
     const C: &[u8] = b"bdfgklmnprstvz";
     const V: &[u8] = b"aeiou";
     let syllables = C.len() * V.len();
-    let (space, mut k) = (i % 2 == 0, i / 2);
+    let (space, mut k) = (i.is_multiple_of(2), i / 2);
     let mut word = String::new();
     if space {
         word.push(if bpe { 'Ġ' } else { '\u{2581}' });
