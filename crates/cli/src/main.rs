@@ -407,11 +407,11 @@ fn bench(a: BenchArgs) -> Result<()> {
     println!("prompt:   pp{} {pp:8.2} tok/s (median of {})", a.n_prompt, r.prompt_tok_s.len());
     println!("decode:   tg{} {tg:8.2} tok/s (median of {})", a.n_gen, r.decode_tok_s.len());
     println!("weights:  {} read per decoded token", human(r.decode_bytes_per_token as u64));
-    let shares: Vec<String> = r.decode_phases.iter().map(|(n, s)| format!("{n} {:.0}%", s * 100.0)).collect();
-    println!("phases:   {}", shares.join(", "));
+    let shares = |p: &[(&str, f64)]| p.iter().map(|(n, s)| format!("{n} {:.0}%", s * 100.0)).collect::<Vec<_>>().join(", ");
+    println!("phases:   decode {}; prompt {}", shares(&r.decode_phases), shares(&r.prompt_phases));
     println!("peak RSS: {}", human(r.peak_rss_bytes));
     if a.json {
-        let phases: serde_json::Map<String, serde_json::Value> = r.decode_phases.iter().map(|(n, s)| (n.to_string(), (*s).into())).collect();
+        let to_map = |p: &[(&str, f64)]| -> serde_json::Map<String, serde_json::Value> { p.iter().map(|(n, s)| (n.to_string(), (*s).into())).collect() };
         let j = serde_json::json!({
             "model": a.model.model.display().to_string(),
             "threads": threads,
@@ -424,7 +424,8 @@ fn bench(a: BenchArgs) -> Result<()> {
             "decode_tok_s_runs": r.decode_tok_s,
             "peak_rss_bytes": r.peak_rss_bytes,
             "decode_bytes_per_token": r.decode_bytes_per_token,
-            "decode_phase_share": phases,
+            "decode_phase_share": to_map(&r.decode_phases),
+            "prompt_phase_share": to_map(&r.prompt_phases),
             "expert_cache": model.experts.cache().map(|c| c.stats()),
         });
         println!("{j}");

@@ -25,6 +25,8 @@ pub struct BenchReport {
     pub decode_bytes_per_token: f64,
     /// Share of decode time per phase (attention, router, experts, head).
     pub decode_phases: Vec<(&'static str, f64)>,
+    /// Share of prompt-processing time per phase.
+    pub prompt_phases: Vec<(&'static str, f64)>,
     pub peak_rss_bytes: u64,
 }
 
@@ -63,13 +65,15 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
     model.forward(&tokens[..tokens.len().min(8)], 0, &mut cache, Outputs::Last)?;
 
     let (mut prompt_tok_s, mut decode_tok_s) = (Vec::new(), Vec::new());
-    let mut decode = StatsSnapshot::default();
+    let (mut prompt, mut decode) = (StatsSnapshot::default(), StatsSnapshot::default());
     for _ in 0..o.repetitions.max(1) {
         if o.prompt_tokens > 0 {
             let mut cache = model.new_cache(tokens.len());
+            let before = model.stats.snapshot();
             let t = Instant::now();
             model.forward(&tokens, 0, &mut cache, Outputs::Last)?;
             prompt_tok_s.push(tokens.len() as f64 / t.elapsed().as_secs_f64());
+            prompt.add(&model.stats.snapshot().since(&before));
         }
         if o.gen_tokens > 0 {
             let mut cache = model.new_cache(o.gen_tokens);
@@ -81,21 +85,20 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
                 next = argmax(&logits);
             }
             decode_tok_s.push(o.gen_tokens as f64 / t.elapsed().as_secs_f64());
-            let d = model.stats.snapshot().since(&before);
-            decode.weight_bytes += d.weight_bytes;
-            for i in 0..4 {
-                decode.phase[i] += d.phase[i];
-            }
+            decode.add(&model.stats.snapshot().since(&before));
         }
     }
-    let total: f64 = decode.phase.iter().map(|d| d.as_secs_f64()).sum();
-    let decode_phases = PHASES.iter().map(|p| (p.name(), decode.phase[*p as usize].as_secs_f64() / total.max(1e-12))).collect();
+    let shares = |s: &StatsSnapshot| {
+        let total: f64 = s.phase.iter().map(|d| d.as_secs_f64()).sum();
+        PHASES.iter().map(|p| (p.name(), s.phase[*p as usize].as_secs_f64() / total.max(1e-12))).collect()
+    };
     let decoded = (o.gen_tokens * o.repetitions.max(1)).max(1) as f64;
     Ok(BenchReport {
         prompt_tok_s,
         decode_tok_s,
         decode_bytes_per_token: decode.weight_bytes as f64 / decoded,
-        decode_phases,
+        decode_phases: shares(&decode),
+        prompt_phases: shares(&prompt),
         peak_rss_bytes: peak_rss_bytes(),
     })
 }

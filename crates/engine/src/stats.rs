@@ -65,6 +65,13 @@ impl Stats {
 }
 
 impl StatsSnapshot {
+    pub fn add(&mut self, other: &StatsSnapshot) {
+        self.weight_bytes += other.weight_bytes;
+        for (a, b) in self.phase.iter_mut().zip(&other.phase) {
+            *a += *b;
+        }
+    }
+
     /// The counts between an earlier snapshot and this one.
     pub fn since(&self, earlier: &StatsSnapshot) -> StatsSnapshot {
         let mut s = StatsSnapshot { weight_bytes: self.weight_bytes - earlier.weight_bytes, ..Default::default() };
