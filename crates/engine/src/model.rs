@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use titan_gguf::GgufFile;
-use titan_kernels::{matmul, Activations};
+use titan_kernels::{matmul, matmul_many, Activations, MatmulJob};
 use titan_store::{Budget, CacheOptions, ExpertCache, Policy, Store, StoreOptions};
 use titan_tokenizer::Tokenizer;
 
@@ -16,7 +16,7 @@ use crate::moe::{moe_block, route, Routing};
 use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head};
 use crate::stats::{Phase, Stats};
 use crate::trace::Trace;
-use crate::weights::{Mat, Weights};
+use crate::weights::{Layer, Mat, Weights};
 use crate::{vocab, EngineError, Result};
 
 pub struct Model {
@@ -136,11 +136,8 @@ impl Model {
             stats.time(Phase::Attention, || -> Result<()> {
                 // attn_norm
                 rms_norm_into(&x, &l.attn_norm, c.rms_eps, &mut h);
-                // q, k, v (the normalised input is quantised once for all three)
-                acts.quantize(l.wq.ty.act_type(), &h, n, d)?;
-                self.project(&l.wq, &h, n, &mut acts, &mut q)?;
-                self.project(&l.wk, &h, n, &mut acts, &mut k)?;
-                self.project(&l.wv, &h, n, &mut acts, &mut v)?;
+                // q, k, v: one parallel region, the normalised input quantised once per activation format
+                self.project_qkv(l, &h, n, &mut q, &mut k, &mut v)?;
                 if let (Some(bq), Some(bk), Some(bv)) = (&l.bq, &l.bk, &l.bv) {
                     add_bias(&mut q, bq);
                     add_bias(&mut k, bk);
@@ -244,12 +241,30 @@ impl Model {
         (dense + distinct * expert) as u64
     }
 
-    /// `out = m · h`, reusing `acts` when it already holds `h` in m's activation format.
-    fn project(&self, m: &Mat, h: &[f32], n: usize, acts: &mut Activations, out: &mut [f32]) -> Result<()> {
-        if acts.act_type() != m.ty.act_type() {
-            acts.quantize(m.ty.act_type(), h, n, m.cols)?;
+    /// q, k and v of a layer in one parallel region. The input is quantised once for each distinct
+    /// activation format among the three (llama.cpp's mixes can give them different weight types).
+    fn project_qkv(&self, l: &Layer, h: &[f32], n: usize, q: &mut [f32], k: &mut [f32], v: &mut [f32]) -> Result<()> {
+        let mats = [&l.wq, &l.wk, &l.wv];
+        let mut acts: Vec<Activations> = Vec::new();
+        let mut which = [0usize; 3];
+        for (i, m) in mats.iter().enumerate() {
+            let ty = m.ty.act_type();
+            which[i] = match acts.iter().position(|a| a.act_type() == ty) {
+                Some(p) => p,
+                None => {
+                    let mut a = Activations::new();
+                    a.quantize(ty, h, n, m.cols)?;
+                    acts.push(a);
+                    acts.len() - 1
+                }
+            };
         }
-        matmul(&self.weights.view(m), acts, out)?;
+        let w = &self.weights;
+        matmul_many(&mut [
+            MatmulJob { w: w.view(mats[0]), acts: &acts[which[0]], out: q },
+            MatmulJob { w: w.view(mats[1]), acts: &acts[which[1]], out: k },
+            MatmulJob { w: w.view(mats[2]), acts: &acts[which[2]], out: v },
+        ])?;
         Ok(())
     }
 }
