@@ -338,3 +338,23 @@ fn a_routing_profile_pins_hot_experts_without_changing_the_output() {
     assert!(pinned.status.success(), "{}", stderr(&pinned));
     assert_eq!(resident.stdout, pinned.stdout);
 }
+
+#[test]
+fn a_token_outside_the_vocabulary_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture(MODEL);
+    let o = titan(&["logits", "-m", m.to_str().unwrap(), "--tokens", "1,999999", "-o", dir.path().join("x.npy").to_str().unwrap()]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("token id 999999 is outside the vocabulary") && !err.contains("panicked"), "{err}");
+    assert!(!dir.path().join("x.npy").exists());
+}
+
+#[test]
+fn exceeding_the_context_is_an_error_not_a_crash() {
+    let m = fixture(MODEL);
+    let o = titan(&["run", "-m", m.to_str().unwrap(), "-p", "The quick brown fox jumps", "-n", "50", "--temp", "0", "-c", "12"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("context of 12 tokens exceeded") && !err.contains("panicked"), "{err}");
+}

@@ -82,6 +82,8 @@ impl Model {
                 break;
             }
             if history.len() >= cache.n_ctx() {
+                // Hand over the text generated so far (including a held-back partial character) first.
+                on_text(&stream.finish());
                 return Err(EngineError::ContextFull { ctx: cache.n_ctx(), need: history.len() + 1 });
             }
             logits = self.forward_traced(&[next], history.len() - 1, &mut cache, Outputs::Last, trace.as_deref_mut())?;
