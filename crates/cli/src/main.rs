@@ -379,17 +379,12 @@ fn inspect(a: InspectArgs) -> Result<()> {
     println!("vocabulary:    {} tokens ({})", c.n_vocab, f.get_str("tokenizer.ggml.model")?.unwrap_or("none"));
     println!("context:       {} (training)", c.n_ctx_train);
     let mut types: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
-    let (mut dense, mut expert) = (0u64, 0u64);
     for t in &f.tensors {
         let e = types.entry(t.ty.name()).or_default();
         e.0 += 1;
         e.1 += t.size;
-        if t.name.contains("_exps.") {
-            expert += t.size;
-        } else {
-            dense += t.size;
-        }
     }
+    let (dense, expert) = titan_engine::weights::dense_and_expert_bytes(&f);
     let types: Vec<String> = types.iter().map(|(n, (count, bytes))| format!("{n} ×{count} ({})", human(*bytes))).collect();
     println!("tensor types:  {}", types.join(", "));
     println!("weights:       {} dense, {} experts ({} per expert per layer)", human(dense), human(expert), human(expert / (c.n_layer * c.n_expert) as u64));

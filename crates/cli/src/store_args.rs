@@ -87,7 +87,7 @@ impl StreamArgs {
             None | Some("auto") => {
                 // Free memory less the dense weights (copied into memory at load) and 1 GiB of headroom
                 // for the KV cache, activations and the rest of the system.
-                let dense = titan_gguf::GgufFile::open(model)?.tensors.iter().filter(|t| !t.name.contains("_exps.")).map(|t| t.size).sum::<u64>();
+                let (dense, _) = titan_engine::weights::dense_and_expert_bytes(&titan_gguf::GgufFile::open(model)?);
                 mem_available().context("cannot read MemAvailable from /proc/meminfo; give --expert-budget a size")?.saturating_sub(dense + (1 << 30))
             }
             Some(s) => parse_size(s)?,

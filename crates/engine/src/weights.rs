@@ -141,7 +141,7 @@ impl Weights {
     /// copy keeps the backbone resident, and the experts' part of the GGUF is never touched.
     pub fn make_dense_resident(&mut self) {
         let mut copy = DenseCopy { starts: Vec::new(), bufs: Vec::new() };
-        let mut tensors: Vec<_> = self.file.tensors.iter().filter(|t| !t.name.contains("_exps.")).collect();
+        let mut tensors: Vec<_> = self.file.tensors.iter().filter(|t| !is_expert_tensor(&t.name)).collect();
         tensors.sort_by_key(|t| t.offset);
         for t in tensors {
             copy.starts.push((self.file.data_offset + t.offset) as usize);
@@ -149,13 +149,17 @@ impl Weights {
         }
         self.dense_copy = Some(copy);
     }
+}
 
-    /// Bytes of dense (non-expert) and expert weights.
-    pub fn byte_split(&self) -> (u64, u64) {
-        let expert: u64 = self.file.tensors.iter().filter(|t| t.name.contains("_exps.")).map(|t| t.size).sum();
-        let all: u64 = self.file.tensors.iter().map(|t| t.size).sum();
-        (all - expert, expert)
-    }
+/// Whether a GGUF tensor holds experts (llama.cpp stacks them as `blk.N.ffn_{gate,up,down}_exps.weight`).
+pub fn is_expert_tensor(name: &str) -> bool {
+    name.contains("_exps.")
+}
+
+/// Dense (non-expert) and expert bytes of a GGUF file's tensors.
+pub fn dense_and_expert_bytes(f: &GgufFile) -> (u64, u64) {
+    let expert: u64 = f.tensors.iter().filter(|t| is_expert_tensor(&t.name)).map(|t| t.size).sum();
+    (f.tensors.iter().map(|t| t.size).sum::<u64>() - expert, expert)
 }
 
 /// Dense tensors' bytes, by their start offset in the file.

@@ -26,9 +26,6 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
-    pub fn n_elements(&self) -> u64 {
-        self.dims.iter().product()
-    }
     /// Number of rows when viewed as a matrix of `dims[0]`-long rows.
     pub fn n_rows(&self) -> u64 {
         self.dims[1..].iter().product()
