@@ -126,7 +126,15 @@ impl Model {
         let mut attn = vec![0f32; n * q_dim];
         let mut attn_out = vec![0f32; n * d];
         let mut router_logits = vec![0f32; n * c.n_expert];
-        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        // RoPE angles of each position, once for all layers.
+        let half = c.rope_dims / 2;
+        let (mut cos, mut sin) = (Vec::with_capacity(n * half), Vec::with_capacity(n * half));
+        let (mut c1, mut s1) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            rope_angles(pos0 + i, c.rope_dims, c.rope_base, &mut c1, &mut s1);
+            cos.extend_from_slice(&c1);
+            sin.extend_from_slice(&s1);
+        }
         let stats = &self.stats;
 
         for (il, l) in w.layers.iter().enumerate() {
@@ -151,12 +159,12 @@ impl Model {
                 // rope
                 let halves = c.rope_style == RopeStyle::Halves;
                 for i in 0..n {
-                    rope_angles(pos0 + i, c.rope_dims, c.rope_base, &mut cos, &mut sin);
+                    let (cs, sn) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
                     for head in q[i * q_dim..(i + 1) * q_dim].chunks_exact_mut(c.head_dim) {
-                        rope_head(&mut head[..c.rope_dims], &cos, &sin, halves);
+                        rope_head(&mut head[..c.rope_dims], cs, sn, halves);
                     }
                     for head in k[i * kv_dim..(i + 1) * kv_dim].chunks_exact_mut(c.head_dim) {
-                        rope_head(&mut head[..c.rope_dims], &cos, &sin, halves);
+                        rope_head(&mut head[..c.rope_dims], cs, sn, halves);
                     }
                 }
                 // attention over the cache, then attn_output
