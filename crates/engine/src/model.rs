@@ -180,12 +180,7 @@ impl Model {
             add(&mut x, &attn_out);
 
             // ffn_norm, router, experts
-            let routing = stats.time(Phase::Router, || -> Result<Routing> {
-                rms_norm_into(&x, &l.ffn_norm, c.rms_eps, &mut h);
-                acts.quantize(l.router.ty.act_type(), &h, n, d)?;
-                matmul(&w.view(&l.router), &acts, &mut router_logits)?;
-                Ok(route(&router_logits, c.n_expert, c.n_expert_used, c.norm_topk))
-            })?;
+            let routing = stats.time(Phase::Router, || self.route_layer(l, &x, &mut h, &mut router_logits))?;
             if self.prefetch {
                 self.prefetch_next(il, &x)?;
             }
@@ -219,17 +214,21 @@ impl Model {
         Ok(logits)
     }
 
+    /// The routing of layer `l` for the residual stream `x`: `h` receives the normalised input (the experts'
+    /// input) and `logits` the router logits.
+    fn route_layer(&self, l: &Layer, x: &[f32], h: &mut Vec<f32>, logits: &mut [f32]) -> Result<Routing> {
+        let c = &self.config;
+        rms_norm_into(x, &l.ffn_norm, c.rms_eps, h);
+        titan_kernels::matmul_f32(&self.weights.view(&l.router), h, x.len() / c.n_embd, logits)?;
+        Ok(route(logits, c.n_expert, c.n_expert_used, c.norm_topk))
+    }
+
     /// Issue reads for the experts layer `il + 1` will probably choose: its router applied to the current
     /// residual stream (which the next layer only changes by its attention output).
     fn prefetch_next(&self, il: usize, x: &[f32]) -> Result<()> {
         let (Some(cache), Some(next)) = (self.experts.cache(), self.weights.layers.get(il + 1)) else { return Ok(()) };
-        let c = &self.config;
-        let n = x.len() / c.n_embd;
-        let mut h = Vec::new();
-        rms_norm_into(x, &next.ffn_norm, c.rms_eps, &mut h);
-        let mut logits = vec![0f32; n * c.n_expert];
-        titan_kernels::matmul_f32(&self.weights.view(&next.router), &h, n, &mut logits)?;
-        let mut ids = route(&logits, c.n_expert, c.n_expert_used, c.norm_topk).ids;
+        let mut logits = vec![0f32; x.len() / self.config.n_embd * self.config.n_expert];
+        let mut ids = self.route_layer(next, x, &mut Vec::new(), &mut logits)?.ids;
         ids.sort_unstable();
         ids.dedup();
         cache.prefetch(il + 1, &ids)?;
