@@ -56,6 +56,7 @@
 mod accum;
 mod error;
 mod formats;
+mod grouped;
 mod matmul;
 mod simd;
 #[cfg(test)]
@@ -147,8 +148,8 @@ pub fn quantize_row(act_ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(),
 /// # Panics
 ///
 /// If `n` is not a whole number of blocks or a row is shorter than `n` elements; debug builds also
-/// check that both rows are exactly `n` elements long. (This is the inner loop: the checked entry point
-/// is [`matmul`].)
+/// check that both rows are exactly `n` elements long. (A single dot, for tests and tools: [`matmul`]
+/// is the checked and fast entry point.)
 pub fn vec_dot(w_ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
     let act_ty = w_ty.act_type();
     assert!(
@@ -168,8 +169,16 @@ pub fn vec_dot(w_ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
         "vec_dot: {act_ty} activation row of {n} elements"
     );
     let (w, act) = (&w[..w_bytes], &act[..act_bytes]);
+    let kernel = simd::dot_kernel(isa(), w_ty);
     let mut out = [0f32];
-    simd::dot_kernel(isa(), w_ty).run(w, &[act], &mut out);
+    match kernel.layout {
+        simd::ActLayout::Plain => kernel.run(w, &[act], &mut out),
+        simd::ActLayout::Grouped => {
+            let mut g = vec![0u8; grouped::row_bytes(n / act_ty.block_len())];
+            grouped::regroup(act, &mut g);
+            kernel.run(w, &[&g], &mut out);
+        }
+    }
     out[0]
 }
 

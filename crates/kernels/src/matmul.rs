@@ -3,9 +3,9 @@
 
 use rayon::prelude::*;
 
-use crate::simd::{self, DotKernel, MAX_ROWS};
+use crate::simd::{self, ActLayout, DotKernel, MAX_ROWS};
 use crate::Isa;
-use crate::{checked_row_bytes, dequantize_blocks, isa, GgmlType, KernelError};
+use crate::{checked_row_bytes, dequantize_blocks, grouped, isa, GgmlType, KernelError};
 
 /// Weight bytes handed to one rayon task at a time (at least one row). Decode streams weights at
 /// roughly 10 GB/s per core, so this is a couple of microseconds of work: enough that scheduling does
@@ -100,6 +100,9 @@ pub struct Activations {
     rows: usize,
     cols: usize,
     data: Vec<u8>,
+    /// Q8_0 rows also in the grouped layout (`grouped.rs`) that the SIMD Q4_0 and Q8_0 kernels read;
+    /// empty for other types.
+    grouped: Vec<u8>,
 }
 
 impl Default for Activations {
@@ -116,6 +119,7 @@ impl Activations {
             rows: 0,
             cols: 0,
             data: Vec::new(),
+            grouped: Vec::new(),
         }
     }
 
@@ -150,14 +154,33 @@ impl Activations {
             cols,
         })?;
         self.data.resize(total, 0);
+        let grouped_bytes = if act_ty == GgmlType::Q8_0 {
+            grouped::row_bytes(cols / act_ty.block_len())
+        } else {
+            0
+        };
+        // Cannot overflow: a grouped row is at most 320 / 272 of a plain one.
+        self.grouped.resize(rows * grouped_bytes, 0);
+        let encode = |src: &[f32], dst: &mut [u8], grouped_dst: &mut [u8]| {
+            quantize.run(src, dst);
+            if !grouped_dst.is_empty() {
+                grouped::regroup(dst, grouped_dst);
+            }
+        };
         if rows == 1 {
             // Decode: one row is not worth entering the thread pool for.
-            quantize.run(x, &mut self.data);
+            encode(x, &mut self.data, &mut self.grouped);
+        } else if total > 0 && grouped_bytes > 0 {
+            self.data
+                .par_chunks_mut(row_bytes)
+                .zip(x.par_chunks(cols))
+                .zip(self.grouped.par_chunks_mut(grouped_bytes))
+                .for_each(|((dst, src), g)| encode(src, dst, g));
         } else if total > 0 {
             self.data
                 .par_chunks_mut(row_bytes)
                 .zip(x.par_chunks(cols))
-                .for_each(|(dst, src)| quantize.run(src, dst));
+                .for_each(|(dst, src)| encode(src, dst, &mut []));
         }
         (self.act_ty, self.rows, self.cols) = (act_ty, rows, cols);
         Ok(())
@@ -190,6 +213,17 @@ impl Activations {
         self.cols / self.act_ty.block_len() * self.act_ty.block_bytes()
     }
 
+    /// Row `i` in `layout` (a kernel checked by `MatmulJob::check` asks only for a layout it has).
+    fn row_in(&self, layout: ActLayout, i: usize) -> &[u8] {
+        match layout {
+            ActLayout::Plain => self.row(i),
+            ActLayout::Grouped => {
+                let n = self.grouped.len() / self.rows;
+                &self.grouped[i * n..(i + 1) * n]
+            }
+        }
+    }
+
     /// Makes this hold rows `rows` of `src`, in that order, as byte copies: an MoE layer quantises its
     /// input once and hands each expert the rows routed to it, with exactly the bytes (and so the
     /// results) a fresh quantisation of those rows would give. Reuses this buffer.
@@ -205,8 +239,13 @@ impl Activations {
             );
         }
         self.data.clear();
+        self.grouped.clear();
         for &i in rows {
             self.data.extend_from_slice(src.row(i));
+            if !src.grouped.is_empty() {
+                self.grouped
+                    .extend_from_slice(src.row_in(ActLayout::Grouped, i));
+            }
         }
         (self.act_ty, self.rows, self.cols) = (src.act_ty, rows.len(), src.cols);
     }
@@ -284,82 +323,106 @@ pub(crate) fn matmul_many_on(isa: Isa, jobs: &mut [MatmulJob]) -> Result<(), Ker
     for job in jobs.iter() {
         job.check()?;
     }
-    let setup: Vec<(DotKernel, WeightView, &Activations)> = jobs
-        .iter()
-        .map(|job| (simd::dot_kernel(isa, job.w.ty), job.w, job.acts))
-        .collect();
-
-    // Cut every job into runs of weight rows; a run owns, for each activation row, the slice of
-    // `out` its weight rows fill. `pieces` holds those slices run after run.
-    let mut pieces: Vec<&mut [f32]> = Vec::new();
-    let mut runs: Vec<(usize, usize)> = Vec::new(); // (job, first weight row)
-    for (j, job) in jobs.iter_mut().enumerate() {
-        let (rows, n_act) = (job.w.rows, job.acts.rows());
-        if rows == 0 || n_act == 0 {
-            continue;
-        }
-        let run_len = (TASK_WEIGHT_BYTES / job.w.row_bytes().max(1)).clamp(1, rows);
-        let mut per_act: Vec<_> = job
-            .out
-            .chunks_mut(rows)
-            .map(|o| o.chunks_mut(run_len))
-            .collect();
-        for first in (0..rows).step_by(run_len) {
-            runs.push((j, first));
-            pieces.extend(per_act.iter_mut().filter_map(Iterator::next));
-        }
-    }
-    let mut rest: &mut [&mut [f32]] = &mut pieces;
-    let mut tasks = Vec::with_capacity(runs.len());
-    for (j, first_row) in runs {
-        let (kernel, w, acts) = setup[j];
-        let (out, tail) = std::mem::take(&mut rest).split_at_mut(acts.rows());
-        rest = tail;
-        tasks.push(Task {
-            kernel,
-            w,
-            acts,
-            first_row,
-            out,
-        });
-    }
-    if tasks.len() == 1 {
-        // Not worth entering the thread pool (which costs microseconds from outside it).
-        tasks.into_iter().for_each(Task::run);
-    } else {
-        tasks.into_par_iter().for_each(Task::run);
+    for region in jobs.chunks_mut(JOBS_PER_REGION) {
+        run_region(isa, region);
     }
     Ok(())
 }
 
-/// A run of weight rows of one job, multiplied with all of its activation rows.
-struct Task<'a, 'o> {
+/// Jobs that share one parallel region. Their bookkeeping lives on the stack, so a call allocates
+/// nothing; a call with more jobs (a prefill that reaches many experts) runs several regions, one
+/// after the other, which changes no result.
+const JOBS_PER_REGION: usize = 32;
+
+/// One job of a region, cut into tasks of `run_len` consecutive weight rows.
+#[derive(Clone, Copy)]
+struct Part<'a> {
     kernel: DotKernel,
     w: WeightView<'a>,
     acts: &'a Activations,
-    first_row: usize,
-    /// `out[i][k]` is the output for activation row `i` and weight row `first_row + k`.
-    out: &'o mut [&'o mut [f32]],
+    out: OutPtr,
+    run_len: usize,
+    /// Index of this part's first task within the region.
+    first_task: usize,
 }
 
-impl Task<'_, '_> {
-    fn run(self) {
-        let n_act = self.acts.rows();
+/// The start of a job's output, written by several tasks at once: each writes only the outputs of
+/// its own weight rows, so no element is written twice or read.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+
+// SAFETY: tasks write disjoint elements (see `OutPtr`), and the region ends before the `&mut` the
+// pointer came from is usable again.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// Runs `jobs` (at most [`JOBS_PER_REGION`], all checked) in one parallel region.
+fn run_region(isa: Isa, jobs: &mut [MatmulJob]) {
+    let mut parts: [Option<Part>; JOBS_PER_REGION] = [None; JOBS_PER_REGION];
+    let mut tasks = 0;
+    for (part, job) in parts.iter_mut().zip(jobs.iter_mut()) {
+        let rows = job.w.rows;
+        if rows == 0 || job.acts.rows() == 0 {
+            continue;
+        }
+        let run_len = (TASK_WEIGHT_BYTES / job.w.row_bytes().max(1)).clamp(1, rows);
+        *part = Some(Part {
+            kernel: simd::dot_kernel(isa, job.w.ty),
+            w: job.w,
+            acts: job.acts,
+            out: OutPtr(job.out.as_mut_ptr()),
+            run_len,
+            first_task: tasks,
+        });
+        tasks += rows.div_ceil(run_len);
+    }
+    let parts = &parts[..jobs.len()];
+    let task = |t: usize| {
+        // The last part starting at or before task `t` owns it (parts without work own none).
+        let part = parts
+            .iter()
+            .flatten()
+            .take_while(|p| p.first_task <= t)
+            .last()
+            .expect("task index below the total");
+        let first = (t - part.first_task) * part.run_len;
+        // SAFETY: the tasks of a part cover disjoint runs of its weight rows, and `run_rows` writes
+        // only those rows' outputs, inside the job's checked `out`.
+        unsafe { part.run_rows(first..(first + part.run_len).min(part.w.rows)) };
+    };
+    if tasks == 1 {
+        // Not worth entering the thread pool (which costs microseconds from outside it).
+        task(0);
+    } else {
+        (0..tasks).into_par_iter().for_each(task);
+    }
+}
+
+impl Part<'_> {
+    /// Computes the outputs of weight rows `rows` for every activation row.
+    ///
+    /// # Safety
+    ///
+    /// No other thread may be writing those outputs.
+    unsafe fn run_rows(&self, rows: std::ops::Range<usize>) {
+        let (n_act, n_out) = (self.acts.rows(), self.w.rows);
+        let step = self.kernel.max_rows;
         let mut act_rows: [&[u8]; MAX_ROWS] = [&[]; MAX_ROWS];
         let mut values = [0f32; MAX_ROWS];
-        let run_len = self.out.first().map_or(0, |o| o.len());
-        for k in 0..run_len {
-            // The weight row is read once and, while it is in L1, dotted with up to MAX_ROWS
-            // activation rows per kernel call (each output exactly as if alone).
-            let w_row = self.w.row(self.first_row + k);
-            for i0 in (0..n_act).step_by(MAX_ROWS) {
-                let m = (n_act - i0).min(MAX_ROWS);
-                for (a, i) in act_rows.iter_mut().zip(i0..i0 + m) {
-                    *a = self.acts.row(i);
-                }
-                self.kernel.run(w_row, &act_rows[..m], &mut values[..m]);
-                for (o, &v) in self.out[i0..i0 + m].iter_mut().zip(&values[..m]) {
-                    o[k] = v;
+        // Up to `step` activation rows at a time, each against every weight row of the run: the
+        // activations stay in L1 while the run's weights (TASK_WEIGHT_BYTES) pass by, and each
+        // weight row is unpacked once per kernel call (each output exactly as if alone).
+        for i0 in (0..n_act).step_by(step) {
+            let m = (n_act - i0).min(step);
+            for (a, i) in act_rows.iter_mut().zip(i0..i0 + m) {
+                *a = self.acts.row_in(self.kernel.layout, i);
+            }
+            for r in rows.clone() {
+                self.kernel
+                    .run(self.w.row(r), &act_rows[..m], &mut values[..m]);
+                for (i, &v) in (i0..i0 + m).zip(&values[..m]) {
+                    // SAFETY: `i < n_act` and `r < n_out`, and `check` made `out` n_act × n_out.
+                    unsafe { *self.out.0.add(i * n_out + r) = v };
                 }
             }
         }

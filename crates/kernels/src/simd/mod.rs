@@ -16,9 +16,17 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use crate::{GgmlType, KernelError};
 
 /// Most activation rows one dot-product kernel call handles: the weight block is unpacked once and
-/// multiplied with each of them. Four keeps the per-row accumulators and the unpacked weights in
-/// the 16 vector registers AVX2 has.
-pub(crate) const MAX_ROWS: usize = 4;
+/// multiplied with each of them. Each kernel says how many it takes ([`DotKernel::max_rows`]).
+pub(crate) const MAX_ROWS: usize = 8;
+
+/// How a kernel wants its activation rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActLayout {
+    /// As GGUF blocks of the activation format.
+    Plain,
+    /// Q8_0 regrouped eight blocks at a time (`grouped.rs`).
+    Grouped,
+}
 
 /// An instruction set the kernels can use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -145,7 +153,7 @@ pub fn kernel_isa(ty: GgmlType) -> Isa {
     dot_kernel(isa(), ty).isa
 }
 
-/// Dots one weight row with 1..=[`MAX_ROWS`] activation rows: `out[i] = vec_dot(w, acts[i])`.
+/// Dots one weight row with 1..=`max_rows` activation rows: `out[i] = vec_dot(w, acts[i])`.
 /// Unsafe because ISA-specific kernels need their CPU features; see [`DotKernel`].
 type DotFn = unsafe fn(w: &[u8], acts: &[&[u8]], out: &mut [f32]);
 
@@ -155,16 +163,22 @@ pub(crate) struct DotKernel {
     f: DotFn,
     /// The ISA whose code runs (the requested one, or Scalar where that ISA has no kernel).
     pub(crate) isa: Isa,
+    /// The layout its activation rows must be in.
+    pub(crate) layout: ActLayout,
+    /// The most activation rows one call takes (at most [`MAX_ROWS`]).
+    pub(crate) max_rows: usize,
 }
 
 impl DotKernel {
-    /// `out[i] = vec_dot(w, acts[i])` for each of the `acts.len() == out.len()` rows (1..=MAX_ROWS),
-    /// every row exactly as if it were alone. Rows must be whole blocks of equal length.
+    /// `out[i] = vec_dot(w, acts[i])` for each of the `acts.len() == out.len()` rows
+    /// (1..=`max_rows`), every row exactly as if it were alone. Rows must be whole blocks of equal
+    /// length, in the kernel's [`ActLayout`].
     #[inline]
     pub(crate) fn run(&self, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
         assert!(
-            (1..=MAX_ROWS).contains(&acts.len()) && acts.len() == out.len(),
-            "dot kernel takes 1..={MAX_ROWS} rows"
+            (1..=self.max_rows).contains(&acts.len()) && acts.len() == out.len(),
+            "dot kernel takes 1..={} rows",
+            self.max_rows
         );
         // SAFETY: `dot_kernel` only stores an ISA-specific function after `Isa::is_available`
         // confirmed this CPU has its features; scalar functions have no requirement.
@@ -177,13 +191,15 @@ impl DotKernel {
 pub(crate) fn dot_kernel(isa: Isa, ty: GgmlType) -> DotKernel {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && isa.is_available() {
-        if let Some(f) = x86::dot_fn(isa, ty) {
-            return DotKernel { f, isa };
+        if let Some(kernel) = x86::dot_kernel(isa, ty) {
+            return kernel;
         }
     }
     DotKernel {
         f: scalar_dot_rows(ty),
         isa: Isa::Scalar,
+        layout: ActLayout::Plain,
+        max_rows: MAX_ROWS,
     }
 }
 

@@ -8,18 +8,19 @@
 //! - integer sums are exact, so they are formed in whatever order the registers allow, with care that
 //!   no intermediate saturates (each use of `maddubs` below states its bound);
 //! - each block's f32 term uses the scalar formula with separate `mul` and `add` (never FMA), and is
-//!   added to lane `block % 8` — for 32-element formats by handling 8 blocks at once in one `__m256`,
-//!   for K-quants by reducing the block's integers to scalars and using [`Lanes8`] directly;
+//!   added to lane `block % 8` — for Q4_0 and Q8_0 by handling 8 blocks at once, one per lane, with
+//!   the activations in the grouped layout of `grouped.rs`; for K-quants by reducing the block's
+//!   integers to scalars and using [`Lanes8`] directly;
 //! - the lanes are reduced by [`Lanes8::sum`].
 //!
-//! Every kernel takes one weight row and `R` (1..=`MAX_ROWS`) activation rows, unpacks each weight
+//! Every kernel takes one weight row and `R` (1..=its `max_rows`) activation rows, unpacks each weight
 //! block once and multiplies it with all `R` rows: the prefill path. Each row's arithmetic is exactly
 //! what it would be alone.
 //!
 //! Activation quants are assumed to be in `-127..=127`, which the quantisers produce (`|x · id|`
 //! never exceeds 127 by more than rounding) except in a block whose scale underflows (largest
 //! magnitude below ~1e-37: `1 / d` overflows to infinity); such a block's scale is stored as 0, so
-//! its term is ±0 whatever its integer sum. The Q4_0 and Q8_0 kernels rely on it (`sign_epi8`). The
+//! its term is ±0 whatever its integer sum. The AVX2 Q8_0 kernel relies on it (`sign_epi8`). The
 //! Q6_K kernel takes its `-32` offset from Q8_K's `bsums`, which the quantiser makes the exact sums
 //! of the quants (the scalar twin subtracts 32 per element instead). Rows that break either
 //! property can only be hand-made, and would make the twins disagree.
@@ -27,30 +28,39 @@
 use std::arch::x86_64::*;
 use std::array;
 
-use super::{DotFn, Isa, QuantFn, MAX_ROWS};
+use super::{ActLayout, DotFn, DotKernel, Isa, QuantFn, MAX_ROWS};
 use crate::accum::Lanes8;
 use crate::formats::{f16_at, f16_bytes, q8_0, q8_k};
-use crate::GgmlType;
+use crate::{grouped, GgmlType};
 
 /// The dot-product kernel for `ty` on `isa`, if there is a SIMD one. The caller checks the CPU.
-pub(super) fn dot_fn(isa: Isa, ty: GgmlType) -> Option<DotFn> {
-    let f: DotFn = match (isa, ty) {
-        (Isa::Avx2, GgmlType::Q4_0) => avx2::q4_0,
-        (Isa::Avx2, GgmlType::Q8_0) => avx2::q8_0,
-        (Isa::Avx2, GgmlType::Q4_K) => avx2::q4_k,
-        (Isa::Avx2, GgmlType::Q5_K) => avx2::q5_k,
-        (Isa::Avx2, GgmlType::Q6_K) => avx2::q6_k,
-        (Isa::Avx512, GgmlType::Q4_0) => avx512::q4_0,
-        (Isa::Avx512, GgmlType::Q8_0) => avx512::q8_0,
-        (Isa::Avx512, GgmlType::Q4_K) => avx512::q4_k,
-        (Isa::Avx512, GgmlType::Q5_K) => avx512::q5_k,
-        (Isa::Avx512, GgmlType::Q6_K) => avx512::q6_k,
+pub(super) fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotKernel> {
+    use ActLayout::{Grouped, Plain};
+    // Grouped kernels keep a row's state in one register, so they take the most rows; the others
+    // keep four rows' accumulators and the unpacked weights in AVX2's 16 registers.
+    let (f, layout, max_rows): (DotFn, _, _) = match (isa, ty) {
+        (Isa::Avx2, GgmlType::Q4_0) => (avx2::q4_0, Grouped, 8),
+        (Isa::Avx2, GgmlType::Q8_0) => (avx2::q8_0, Grouped, 8),
+        (Isa::Avx2, GgmlType::Q4_K) => (avx2::q4_k, Plain, 4),
+        (Isa::Avx2, GgmlType::Q5_K) => (avx2::q5_k, Plain, 4),
+        (Isa::Avx2, GgmlType::Q6_K) => (avx2::q6_k, Plain, 4),
+        (Isa::Avx512, GgmlType::Q4_0) => (avx512::q4_0, Grouped, 8),
+        (Isa::Avx512, GgmlType::Q8_0) => (avx512::q8_0, Grouped, 8),
+        (Isa::Avx512, GgmlType::Q4_K) => (avx512::q4_k, Plain, 4),
+        (Isa::Avx512, GgmlType::Q5_K) => (avx512::q5_k, Plain, 4),
+        (Isa::Avx512, GgmlType::Q6_K) => (avx512::q6_k, Plain, 4),
         // Float weights have no integer products: both ISAs run the same AVX2 code.
-        (Isa::Avx2 | Isa::Avx512, GgmlType::F32) => avx2::f32,
-        (Isa::Avx2 | Isa::Avx512, GgmlType::F16) => avx2::f16,
+        (Isa::Avx2 | Isa::Avx512, GgmlType::F32) => (avx2::f32, Plain, 4),
+        (Isa::Avx2 | Isa::Avx512, GgmlType::F16) => (avx2::f16, Plain, 4),
         _ => return None,
     };
-    Some(f)
+    debug_assert!(max_rows <= MAX_ROWS);
+    Some(DotKernel {
+        f,
+        isa,
+        layout,
+        max_rows,
+    })
 }
 
 /// The activation quantiser for `act_ty` on `isa`, if there is a SIMD one. The caller checks the CPU.
@@ -66,6 +76,8 @@ pub(super) fn quant_fn(isa: Isa, act_ty: GgmlType) -> Option<QuantFn> {
 
 /// How groups of 8-bit products are summed into 32-bit lanes.
 trait IntDot {
+    /// Whether [`IntDot::dot`] is exact for any bytes (no pair bound).
+    const WIDE_PRODUCTS: bool;
     /// `acc + Σ u·s` over each group of 4 bytes (`u` unsigned, `s` signed). Exact when every adjacent
     /// pair `u0·s0 + u1·s1` fits in i16 (AVX2's `maddubs` saturates there; VNNI never does).
     unsafe fn dot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
@@ -78,6 +90,8 @@ trait IntDot {
 struct Avx2Dot;
 
 impl IntDot for Avx2Dot {
+    const WIDE_PRODUCTS: bool = false;
+
     #[inline(always)]
     unsafe fn dot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         let pairs = _mm256_maddubs_epi16(u, s);
@@ -95,6 +109,8 @@ impl IntDot for Avx2Dot {
 struct VnniDot;
 
 impl IntDot for VnniDot {
+    const WIDE_PRODUCTS: bool = true;
+
     #[inline(always)]
     unsafe fn dot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(acc, u, s)
@@ -106,12 +122,13 @@ impl IntDot for VnniDot {
     }
 }
 
-/// One entry point per (ISA, format): enables the ISA's features and picks the row count.
+/// One entry point per (ISA, format): enables the ISA's features and picks the row count (up to the
+/// `max_rows` that `dot_kernel` declares for it; `DotKernel::run` has checked the count).
 macro_rules! entry_points {
     ($features:literal, $dot:ty) => {
         use super::*;
 
-        macro_rules! entry {
+        macro_rules! entry4 {
             ($name:ident, $body:ident) => {
                 #[target_feature(enable = $features)]
                 pub(super) unsafe fn $name(w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
@@ -119,17 +136,37 @@ macro_rules! entry_points {
                         1 => $body::<$dot, 1>(w, rows(acts), out),
                         2 => $body::<$dot, 2>(w, rows(acts), out),
                         3 => $body::<$dot, 3>(w, rows(acts), out),
-                        _ => $body::<$dot, MAX_ROWS>(w, rows(acts), out),
+                        4 => $body::<$dot, 4>(w, rows(acts), out),
+                        n => unreachable!("{n} rows"),
                     }
                 }
             };
         }
 
-        entry!(q4_0, q4_0_rows);
-        entry!(q8_0, q8_0_rows);
-        entry!(q4_k, q4_k_rows);
-        entry!(q5_k, q5_k_rows);
-        entry!(q6_k, q6_k_rows);
+        macro_rules! entry8 {
+            ($name:ident, $body:ident) => {
+                #[target_feature(enable = $features)]
+                pub(super) unsafe fn $name(w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
+                    match acts.len() {
+                        1 => $body::<$dot, 1>(w, rows(acts), out),
+                        2 => $body::<$dot, 2>(w, rows(acts), out),
+                        3 => $body::<$dot, 3>(w, rows(acts), out),
+                        4 => $body::<$dot, 4>(w, rows(acts), out),
+                        5 => $body::<$dot, 5>(w, rows(acts), out),
+                        6 => $body::<$dot, 6>(w, rows(acts), out),
+                        7 => $body::<$dot, 7>(w, rows(acts), out),
+                        8 => $body::<$dot, 8>(w, rows(acts), out),
+                        n => unreachable!("{n} rows"),
+                    }
+                }
+            };
+        }
+
+        entry8!(q4_0, q4_0_rows);
+        entry8!(q8_0, q8_0_rows);
+        entry4!(q4_k, q4_k_rows);
+        entry4!(q5_k, q5_k_rows);
+        entry4!(q6_k, q6_k_rows);
     };
 }
 
@@ -142,7 +179,8 @@ mod avx2 {
             1 => float_rows::<1, false>(w, rows(acts), out),
             2 => float_rows::<2, false>(w, rows(acts), out),
             3 => float_rows::<3, false>(w, rows(acts), out),
-            _ => float_rows::<MAX_ROWS, false>(w, rows(acts), out),
+            4 => float_rows::<4, false>(w, rows(acts), out),
+            n => unreachable!("{n} rows"),
         }
     }
 
@@ -152,7 +190,8 @@ mod avx2 {
             1 => float_rows::<1, true>(w, rows(acts), out),
             2 => float_rows::<2, true>(w, rows(acts), out),
             3 => float_rows::<3, true>(w, rows(acts), out),
-            _ => float_rows::<MAX_ROWS, true>(w, rows(acts), out),
+            4 => float_rows::<4, true>(w, rows(acts), out),
+            n => unreachable!("{n} rows"),
         }
     }
 }
@@ -184,23 +223,12 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 /// The f16 at `p + k · stride` for `k = 0..8`, widened to f32 (exact, as the scalar `f16_at`).
 #[inline(always)]
 unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
-    // One gather of the dwords at the scales (each group's memory extends past the last scale by at
-    // least 2 bytes), then their low halves packed into 128 bits: a few shuffle-port uops, where
-    // inserting eight 16-bit values one by one costs sixteen and is the decode bottleneck.
-    let offsets = _mm256_mullo_epi32(
-        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        _mm256_set1_epi32(stride as i32),
-    );
-    let dwords = _mm256_i32gather_epi32::<1>(p as *const i32, offsets);
-    let low_halves = _mm256_shuffle_epi8(
-        dwords,
-        _mm256_setr_epi8(
-            0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, //
-            0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
-        ),
-    );
-    let packed = _mm256_permute4x64_epi64::<0b00_00_10_00>(low_halves);
-    _mm256_cvtph_ps(_mm256_castsi256_si128(packed))
+    // Packed into two 64-bit integers by scalar loads and shifts, which run beside the vector work:
+    // `vpgatherdd` (several times slower under the gather-data-sampling mitigation) and a 512-bit
+    // word permute (which idles half the 256-bit vector units) both measured slower.
+    let word = |k: usize| u64::from((p.add(k * stride) as *const u16).read_unaligned());
+    let quad = |k: usize| word(k) | word(k + 1) << 16 | word(k + 2) << 32 | word(k + 3) << 48;
+    _mm256_cvtph_ps(_mm_set_epi64x(quad(4) as i64, quad(0) as i64))
 }
 
 /// Asks for the weights `PREFETCH_DISTANCE` bytes past `[p, p + len)`. Decode streams weights from
@@ -227,145 +255,177 @@ unsafe fn lanes_sum(v: __m256) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 32-element formats with an f16 scale in their first two bytes, times Q8_0 activations.
+// Q4_0 and Q8_0 weights times Q8_0 activations in the grouped layout (`grouped.rs`): eight blocks at
+// a time, block `k` in lane `k` of every register, so each block's exact sum comes out in its own lane
+// and its f32 term goes straight to lane `block % 8` — no horizontal reduction anywhere.
 
-/// A weight format of 32-element blocks multiplied with Q8_0 (Q4_0, Q8_0).
-trait Block32 {
+/// A weight format of 32-element blocks whose f16 scale comes first (Q4_0, Q8_0).
+trait Grouped {
     const BYTES: usize;
-    /// What every activation row reuses of one weight block.
-    type Prep: Copy;
-    unsafe fn prep<D: IntDot>(block: *const u8) -> Self::Prep;
-    /// Eight i32 lanes summing to the block's exact `Σ w·a`, for activation quants `a`.
-    unsafe fn dot<D: IntDot>(p: Self::Prep, a: __m256i) -> __m256i;
+    /// What every activation row reuses of eight weight blocks.
+    type Prep;
+    /// The eight blocks at `w`, quants transposed into the grouped register layout.
+    unsafe fn prep<D: IntDot>(w: *const u8) -> Self::Prep;
+    /// Lane `k`: block `k`'s exact `Σ w·a` with the activation group at `a`.
+    unsafe fn sums<D: IntDot>(p: &Self::Prep, a: *const u8) -> __m256i;
+}
+
+/// Register `m` holds, in lane `k`, bytes `at + 4m .. at + 4m + 4` of block `k` (blocks `stride`
+/// apart from `w`): a 4 × 4 transpose of 32-bit words in each 128-bit half, blocks 0..4 in the low
+/// half and 4..8 in the high one.
+#[inline(always)]
+unsafe fn transpose_quads(w: *const u8, stride: usize, at: usize) -> [__m256i; 4] {
+    let piece = |k: usize| _mm_loadu_si128(w.add(k * stride + at) as *const __m128i);
+    let y: [__m256i; 4] = array::from_fn(|k| _mm256_setr_m128i(piece(k), piece(k + 4)));
+    let t0 = _mm256_unpacklo_epi32(y[0], y[1]);
+    let t1 = _mm256_unpackhi_epi32(y[0], y[1]);
+    let t2 = _mm256_unpacklo_epi32(y[2], y[3]);
+    let t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+    [
+        _mm256_unpacklo_epi64(t0, t2),
+        _mm256_unpackhi_epi64(t0, t2),
+        _mm256_unpacklo_epi64(t1, t3),
+        _mm256_unpackhi_epi64(t1, t3),
+    ]
+}
+
+/// Each lane's sum of activation quants times `2^SHIFT`, negated: the offset an unsigned weight
+/// encoding (`q + 2^SHIFT`) puts into the products.
+#[inline(always)]
+unsafe fn offset_sums<const SHIFT: i32>(a: *const u8) -> __m256i {
+    // |Σa| <= 32 · 128, so even 128 · Σa is far inside i32.
+    _mm256_sub_epi32(
+        _mm256_setzero_si256(),
+        _mm256_slli_epi32::<SHIFT>(load(a.add(32))),
+    )
 }
 
 struct Q4_0;
 
-impl Block32 for Q4_0 {
+impl Grouped for Q4_0 {
     const BYTES: usize = 18;
-    /// (|quants|, quants -8..=7), in element order.
-    type Prep = (__m256i, __m256i);
+    /// Nibbles 0..=15 (the quants + 8), register `2m + h` as in `grouped.rs`.
+    type Prep = [__m256i; 8];
 
     #[inline(always)]
-    unsafe fn prep<D: IntDot>(block: *const u8) -> Self::Prep {
-        // The 16 bytes in both halves (a load, not a shuffle), the upper half shifted to the high
-        // nibbles: elements 0..16 then 16..32.
-        let qs = _mm256_broadcastsi128_si256(_mm_loadu_si128(block.add(2) as *const __m128i));
-        let nibbles = _mm256_and_si256(
-            _mm256_srlv_epi64(qs, _mm256_setr_epi64x(0, 0, 4, 4)),
-            _mm256_set1_epi8(0x0F),
-        );
-        let w = _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
-        (_mm256_abs_epi8(w), w)
+    unsafe fn prep<D: IntDot>(w: *const u8) -> Self::Prep {
+        let quads = transpose_quads(w, Self::BYTES, 2);
+        let m4 = _mm256_set1_epi8(0x0F);
+        array::from_fn(|j| {
+            let q = quads[j / 2];
+            if j % 2 == 0 {
+                _mm256_and_si256(q, m4)
+            } else {
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4)
+            }
+        })
     }
 
     #[inline(always)]
-    unsafe fn dot<D: IntDot>((abs_w, w): Self::Prep, a: __m256i) -> __m256i {
-        // |w| · (a · sign w) = w · a, as for Q8_0 (pairs <= 8 · 127 · 2).
-        D::dot(_mm256_setzero_si256(), abs_w, _mm256_sign_epi8(a, w))
+    unsafe fn sums<D: IntDot>(p: &Self::Prep, a: *const u8) -> __m256i {
+        // Σ (n - 8)·a = Σ n·a - 8·Σa; nibble pairs <= 15 · 128 · 2 suit `maddubs` too.
+        let mut acc = offset_sums::<3>(a);
+        for (j, &n) in p.iter().enumerate() {
+            acc = D::dot(acc, n, load(a.add(grouped::QUANTS_AT + 32 * j)));
+        }
+        acc
     }
 }
 
 struct Q8_0;
 
-impl Block32 for Q8_0 {
+impl Grouped for Q8_0 {
     const BYTES: usize = q8_0::BLOCK_BYTES;
-    /// (|quants| read unsigned, quants).
-    type Prep = (__m256i, __m256i);
+    /// With VNNI: (quants + 128 as unsigned bytes, unused). Without: (|quants|, quants), because
+    /// `maddubs` would saturate on 255 · 127 pairs.
+    type Prep = ([__m256i; 8], [__m256i; 8]);
 
     #[inline(always)]
-    unsafe fn prep<D: IntDot>(block: *const u8) -> Self::Prep {
-        let w = load(block.add(2));
-        (_mm256_abs_epi8(w), w)
+    unsafe fn prep<D: IntDot>(w: *const u8) -> Self::Prep {
+        let halves = [
+            transpose_quads(w, Self::BYTES, 2),
+            transpose_quads(w, Self::BYTES, 18),
+        ];
+        let q: [__m256i; 8] = array::from_fn(|j| halves[j % 2][j / 2]);
+        if D::WIDE_PRODUCTS {
+            let flip = _mm256_set1_epi8(-128);
+            (q.map(|v| _mm256_xor_si256(v, flip)), q)
+        } else {
+            (q.map(|v| _mm256_abs_epi8(v)), q)
+        }
     }
 
     #[inline(always)]
-    unsafe fn dot<D: IntDot>((abs_w, w): Self::Prep, a: __m256i) -> __m256i {
-        // |w| · (a · sign w) = w · a. |w| <= 128 and |a| <= 127 keep pairs <= 32512; `sign_epi8`
-        // would wrap an activation of -128, which no quantiser produces.
-        D::dot(_mm256_setzero_si256(), abs_w, _mm256_sign_epi8(a, w))
+    unsafe fn sums<D: IntDot>((u, w): &Self::Prep, a: *const u8) -> __m256i {
+        let act = |j: usize| load(a.add(grouped::QUANTS_AT + 32 * j));
+        if D::WIDE_PRODUCTS {
+            // Σ (q + 128)·a - 128·Σa.
+            let mut acc = offset_sums::<7>(a);
+            for (j, &uj) in u.iter().enumerate() {
+                acc = D::dot(acc, uj, act(j));
+            }
+            acc
+        } else {
+            // |w| · (a · sign w) = w · a; |w| <= 128 and |a| <= 127 keep pairs <= 32512 (`sign_epi8`
+            // would wrap an activation of -128, which no quantiser produces).
+            let mut acc = _mm256_setzero_si256();
+            for j in 0..8 {
+                acc = D::dot(acc, u[j], _mm256_sign_epi8(act(j), w[j]));
+            }
+            acc
+        }
     }
 }
 
-/// Eight consecutive blocks: block `k`'s term `(d_w · d_a) · f32(sumi)` is added to lane `k` of each
-/// row's accumulator (the caller keeps the first block's index a multiple of 8, so lane `k` is lane
-/// `block % 8`).
-// `quad`, `pair` and `j` are positions in the group's reduction tree, indexing several per-row
-// arrays at once; iterators would hide that.
-#[allow(clippy::needless_range_loop)]
+/// One group: block `k`'s term `(d_w · d_a) · f32(sumi)` is added to lane `k` of each row's
+/// accumulator (groups start at multiples of 8 blocks, so lane `k` is lane `block % 8`).
 #[inline(always)]
-unsafe fn block32_group<D: IntDot, K: Block32, const R: usize>(
+unsafe fn grouped_step<D: IntDot, K: Grouped, const R: usize>(
     w: *const u8,
     a: [*const u8; R],
     acc: &mut [__m256; R],
 ) {
-    const AB: usize = q8_0::BLOCK_BYTES;
-    let zero = _mm256_setzero_si256();
-    // Per row, the eight blocks' integer vectors are folded pairwise as they are produced (hadd), so
-    // that only a few stay live; lane k of the final vector is block k's exact sum.
-    let mut g = [[zero; 2]; R];
-    for quad in 0..2 {
-        let mut h = [[zero; 2]; R];
-        for pair in 0..2 {
-            let mut v = [[zero; 2]; R];
-            for j in 0..2 {
-                let k = 4 * quad + 2 * pair + j;
-                let p = K::prep::<D>(w.add(k * K::BYTES));
-                for (vr, ar) in v.iter_mut().zip(a) {
-                    vr[j] = K::dot::<D>(p, load(ar.add(k * AB + 2)));
-                }
-            }
-            for r in 0..R {
-                h[r][pair] = _mm256_hadd_epi32(v[r][0], v[r][1]);
-            }
-        }
-        for r in 0..R {
-            g[r][quad] = _mm256_hadd_epi32(h[r][0], h[r][1]);
-        }
-    }
+    let p = K::prep::<D>(w);
     let d_w = f16x8(w, K::BYTES);
-    for r in 0..R {
-        let [g0, g1] = g[r];
-        let sumi = _mm256_add_epi32(
-            _mm256_permute2x128_si256::<0x20>(g0, g1),
-            _mm256_permute2x128_si256::<0x31>(g0, g1),
-        );
-        let d = _mm256_mul_ps(d_w, f16x8(a[r], AB));
-        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)));
+    for (acc, a) in acc.iter_mut().zip(a) {
+        let sumi = K::sums::<D>(&p, a);
+        let d = _mm256_mul_ps(d_w, _mm256_loadu_ps(a as *const f32));
+        *acc = _mm256_add_ps(*acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)));
     }
 }
 
 #[inline(always)]
-unsafe fn block32_rows<D: IntDot, K: Block32, const R: usize>(
+unsafe fn grouped_rows<D: IntDot, K: Grouped, const R: usize>(
     w: &[u8],
     acts: [&[u8]; R],
     out: &mut [f32],
 ) {
-    const AB: usize = q8_0::BLOCK_BYTES;
+    const GB: usize = grouped::GROUP_BYTES;
     let nb = w.len() / K::BYTES;
     for a in acts {
-        assert!(a.len() >= nb * AB, "activation row shorter than weight row");
+        assert!(
+            a.len() >= grouped::row_bytes(nb),
+            "activation row shorter than weight row"
+        );
     }
     let mut acc = [_mm256_setzero_ps(); R];
-    let groups = nb / 8;
-    for gi in 0..groups {
-        prefetch_ahead(w.as_ptr().add(gi * 8 * K::BYTES), 8 * K::BYTES);
-        let a = array::from_fn(|r| acts[r].as_ptr().add(gi * 8 * AB));
-        block32_group::<D, K, R>(w.as_ptr().add(gi * 8 * K::BYTES), a, &mut acc);
+    let full = nb / 8;
+    for g in 0..full {
+        let wg = w.as_ptr().add(g * 8 * K::BYTES);
+        prefetch_ahead(wg, 8 * K::BYTES);
+        let a = array::from_fn(|r| acts[r].as_ptr().add(g * GB));
+        grouped_step::<D, K, R>(wg, a, &mut acc);
     }
     let tail = nb % 8;
     if tail > 0 {
-        // Pad to a whole group with zero blocks: their scales are 0, so their terms are ±0.0, and
-        // adding ±0.0 leaves a lane unchanged (lanes start at +0.0 and so are never -0.0).
-        let (w0, a0) = (groups * 8 * K::BYTES, groups * 8 * AB);
-        let mut w_pad = [0u8; 8 * AB];
+        // Pad the weights to a whole group with zero blocks, as the activations already are: their
+        // scales are 0, so their terms are ±0.0, and adding ±0.0 leaves a lane unchanged (lanes start
+        // at +0.0 and so are never -0.0).
+        let w0 = full * 8 * K::BYTES;
+        let mut w_pad = [0u8; 8 * q8_0::BLOCK_BYTES];
         w_pad[..tail * K::BYTES].copy_from_slice(&w[w0..w0 + tail * K::BYTES]);
-        let mut a_pad = [[0u8; 8 * AB]; R];
-        for (pad, a) in a_pad.iter_mut().zip(acts) {
-            pad[..tail * AB].copy_from_slice(&a[a0..a0 + tail * AB]);
-        }
-        let a = array::from_fn(|r| a_pad[r].as_ptr());
-        block32_group::<D, K, R>(w_pad.as_ptr(), a, &mut acc);
+        let a = array::from_fn(|r| acts[r].as_ptr().add(full * GB));
+        grouped_step::<D, K, R>(w_pad.as_ptr(), a, &mut acc);
     }
     for (o, acc) in out.iter_mut().zip(acc) {
         *o = lanes_sum(acc);
@@ -374,12 +434,12 @@ unsafe fn block32_rows<D: IntDot, K: Block32, const R: usize>(
 
 #[inline(always)]
 unsafe fn q4_0_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
-    block32_rows::<D, Q4_0, R>(w, acts, out)
+    grouped_rows::<D, Q4_0, R>(w, acts, out)
 }
 
 #[inline(always)]
 unsafe fn q8_0_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
-    block32_rows::<D, Q8_0, R>(w, acts, out)
+    grouped_rows::<D, Q8_0, R>(w, acts, out)
 }
 
 // ---------------------------------------------------------------------------------------------

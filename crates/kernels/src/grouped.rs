@@ -1,0 +1,103 @@
+//! Q8_0 activations regrouped for the SIMD Q4_0 and Q8_0 kernels.
+//!
+//! A SIMD register multiplies 4 bytes per 32-bit lane, so a 32-element block spans eight lanes, and the
+//! block's sum would have to be gathered from them (a horizontal reduction per block and activation
+//! row: most of the arithmetic in a prefill matmul). Instead, eight consecutive blocks are laid out
+//! *across* the lanes: register `j` holds four quants of block `k` in lane `k`, so eight
+//! multiply-accumulates leave block `k`'s exact sum in lane `k` with no reduction at all. The weights
+//! are transposed the same way in registers (once per weight block, shared by every activation row);
+//! the activations are transposed here, once per row, when they are quantised.
+//!
+//! A group (8 blocks, 256 elements) takes [`GROUP_BYTES`]:
+//!
+//! - `[0, 32)`: the blocks' scales as f32 (each the block's f16 scale widened, exactly);
+//! - `[32, 64)`: each block's sum of quants as i32 (the kernels use unsigned weight bytes and take
+//!   `offset · Σa` back out);
+//! - `[64, 320)`: eight registers of 32 bytes; register `j = 2m + h` holds, in lane `k`, the quants of
+//!   elements `16h + 4m .. 16h + 4m + 4` of block `k` — the elements a Q4_0 byte quad `m` holds in its
+//!   low (`h = 0`) and high (`h = 1`) nibbles, and the two 16-byte halves of a Q8_0 block.
+//!
+//! A row's last group is padded with zero blocks (scale 0, quants 0), whose terms are ±0 and leave the
+//! accumulators as they are. The bytes hold exactly the information of the plain Q8_0 row, so the
+//! kernels reading them produce the plain scalar twin's bits.
+
+use crate::formats::q8_0;
+
+/// Blocks per group: the eight lanes of a 256-bit register of i32.
+pub(crate) const GROUP_BLOCKS: usize = 8;
+/// Bytes per group.
+pub(crate) const GROUP_BYTES: usize = 64 + GROUP_BLOCKS * q8_0::BLOCK_LEN;
+/// Offset of the quant registers within a group.
+pub(crate) const QUANTS_AT: usize = 64;
+
+/// Bytes of a regrouped row of `blocks` Q8_0 blocks.
+pub(crate) fn row_bytes(blocks: usize) -> usize {
+    blocks.div_ceil(GROUP_BLOCKS) * GROUP_BYTES
+}
+
+/// Writes the regrouped form of the plain Q8_0 row `plain` into `dst` (`row_bytes` of its blocks).
+pub(crate) fn regroup(plain: &[u8], dst: &mut [u8]) {
+    dst.fill(0);
+    for (b, block) in plain.chunks_exact(q8_0::BLOCK_BYTES).enumerate() {
+        let (group, k) = (b / GROUP_BLOCKS, b % GROUP_BLOCKS);
+        let g = &mut dst[group * GROUP_BYTES..(group + 1) * GROUP_BYTES];
+        let quants = q8_0::quants(block);
+        g[4 * k..4 * k + 4].copy_from_slice(&q8_0::scale(block).to_le_bytes());
+        let sum: i32 = quants.iter().map(|&q| i32::from(q as i8)).sum();
+        g[32 + 4 * k..32 + 4 * k + 4].copy_from_slice(&sum.to_le_bytes());
+        for (e, quad) in quants.chunks_exact(4).enumerate() {
+            // Elements 4e.. are quad m = e % 4 of half h = e / 4.
+            let j = 2 * (e % 4) + e / 4;
+            let at = QUANTS_AT + 32 * j + 4 * k;
+            g[at..at + 4].copy_from_slice(quad);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::f16_bytes;
+
+    #[test]
+    fn each_block_sits_in_its_own_lane_of_every_register() {
+        // 9 blocks: one full group and one block of the next. Block b's quant i is (b * 32 + i) % 127.
+        let mut plain = Vec::new();
+        for b in 0..9 {
+            plain.extend_from_slice(&f16_bytes(0.5 + b as f32));
+            plain.extend((0..32).map(|i| ((b * 32 + i) % 127) as u8));
+        }
+        let mut g = vec![0xAAu8; row_bytes(9)];
+        assert_eq!(g.len(), 2 * GROUP_BYTES);
+        regroup(&plain, &mut g);
+        for b in 0..9 {
+            let (grp, k) = (b / 8, b % 8);
+            let base = grp * GROUP_BYTES;
+            let at = |off: usize| base + off + 4 * k;
+            let scale = f32::from_le_bytes(g[at(0)..at(0) + 4].try_into().unwrap());
+            assert_eq!(scale, 0.5 + b as f32);
+            let quant = |i: usize| ((b * 32 + i) % 127) as i32;
+            let sum = i32::from_le_bytes(g[at(32)..at(32) + 4].try_into().unwrap());
+            assert_eq!(sum, (0..32).map(quant).sum::<i32>());
+            // Element 16h + 4m + t is byte t of lane k of register 2m + h.
+            for h in 0..2 {
+                for m in 0..4 {
+                    for t in 0..4 {
+                        let byte = g[at(QUANTS_AT + 32 * (2 * m + h)) + t];
+                        assert_eq!(i32::from(byte), quant(16 * h + 4 * m + t), "block {b}");
+                    }
+                }
+            }
+        }
+        // The padding blocks of the second group are all zero.
+        let pad = &g[GROUP_BYTES..];
+        for k in 1..8 {
+            assert_eq!(pad[4 * k..4 * k + 4], [0; 4]);
+            assert_eq!(pad[32 + 4 * k..32 + 4 * k + 4], [0; 4]);
+            for j in 0..8 {
+                let at = QUANTS_AT + 32 * j + 4 * k;
+                assert_eq!(pad[at..at + 4], [0; 4]);
+            }
+        }
+    }
+}
