@@ -38,6 +38,14 @@
 //! yields the scalar twin's bits: it follows the rules above with exact integer sums, the same
 //! per-block f32 formula, separate multiply and add, and the same lanes.
 //!
+//! On aarch64, [`Isa::Neon`] has kernels for the same formats and quantisers. It needs the ARMv8.2
+//! dot product `sdot` (Apple M1, Graviton2, Cortex-A76 and later); older cores run scalar. An
+//! 8-lane accumulator is two 4-lane registers (lanes 0..4 and 4..8), reduced in the tree above
+//! (`accum.rs`) rather than in `vaddvq`'s order, and no kernel uses `fmla`. The kernels are tested
+//! like the x86 ones (`simd/tests.rs` runs every available ISA against scalar, bit for bit), on an
+//! x86 machine under emulation: `tools/test_aarch64.sh` cross-builds the tests and runs them in
+//! `qemu-aarch64 -cpu max`, and fails if the emulated CPU does not offer NEON with `sdot`.
+//!
 //! # Rounding of activations
 //!
 //! Activation quantisation follows llama.cpp's reference functions, so TITAN feeds the dot products

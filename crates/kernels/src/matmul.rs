@@ -406,7 +406,7 @@ impl Part<'_> {
     /// No other thread may be writing those outputs.
     unsafe fn run_rows(&self, rows: std::ops::Range<usize>) {
         let (n_act, n_out) = (self.acts.rows(), self.w.rows);
-        let step = self.kernel.max_rows;
+        let (step, row_bytes) = (self.kernel.max_rows, self.w.row_bytes());
         let mut act_rows: [&[u8]; MAX_ROWS] = [&[]; MAX_ROWS];
         let mut values = [0f32; MAX_ROWS];
         // Up to `step` activation rows at a time, each against every weight row of the run: the
@@ -418,8 +418,8 @@ impl Part<'_> {
                 *a = self.acts.row_in(self.kernel.layout, i);
             }
             for r in rows.clone() {
-                self.kernel
-                    .run(self.w.row(r), &act_rows[..m], &mut values[..m]);
+                let w_row = &self.w.data[r * row_bytes..(r + 1) * row_bytes];
+                self.kernel.run(w_row, &act_rows[..m], &mut values[..m]);
                 for (i, &v) in (i0..i0 + m).zip(&values[..m]) {
                     // SAFETY: `i < n_act` and `r < n_out`, and `check` made `out` n_act × n_out.
                     unsafe { *self.out.0.add(i * n_out + r) = v };

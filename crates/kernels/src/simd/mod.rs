@@ -1,13 +1,16 @@
 //! Run-time choice of instruction set, and the kernel tables it selects from.
 //!
 //! The CPU is probed once; the best instruction set it supports is used unless the environment
-//! variable `TITAN_ISA` (`scalar`, `avx2`, `avx512`, read at first use) or [`set_isa`] says otherwise.
-//! Every SIMD kernel has a scalar twin in `formats/` and returns the same bits (see the crate root's
-//! determinism contract); a format without a kernel for the chosen ISA runs its scalar twin.
+//! variable `TITAN_ISA` (`scalar`, `avx2`, `avx512`, `neon`, read at first use) or [`set_isa`] says
+//! otherwise. Every SIMD kernel has a scalar twin in `formats/` and returns the same bits (see the
+//! crate root's determinism contract); a format without a kernel for the chosen ISA runs its scalar
+//! twin. x86-64 kernels live in `x86.rs`, aarch64 ones in `neon.rs`.
 //!
 //! The only way to obtain an ISA-specific function is [`dot_kernel`] / [`quant_kernel`], which check
 //! that the CPU has the features first; the returned handles are therefore safe to call.
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -39,11 +42,14 @@ pub enum Isa {
     /// with the integer dot products done by `vpdpbusd` / `vpdpwssd` and 32 vector registers. CPUs with
     /// AVX-512 but no VNNI (Skylake-X) use [`Isa::Avx2`].
     Avx512,
+    /// aarch64 NEON with the ARMv8.2 dot product `sdot` (Apple M1, Graviton2, Cortex-A76 and later).
+    /// Cores without it (Cortex-A72, Graviton1, Raspberry Pi 4) use [`Isa::Scalar`].
+    Neon,
 }
 
 impl Isa {
-    /// Every ISA, slowest first.
-    const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+    /// Every ISA, slowest first among those of one architecture (a CPU has ISAs of one only).
+    const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon];
 
     /// The name `TITAN_ISA` takes.
     pub fn name(self) -> &'static str {
@@ -51,6 +57,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
         }
     }
 
@@ -68,7 +75,11 @@ impl Isa {
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
             }
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => {
+                std::arch::is_aarch64_feature_detected!("neon")
+                    && std::arch::is_aarch64_feature_detected!("dotprod")
+            }
             _ => false,
         }
     }
@@ -195,6 +206,12 @@ pub(crate) fn dot_kernel(isa: Isa, ty: GgmlType) -> DotKernel {
             return kernel;
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa != Isa::Scalar && isa.is_available() {
+        if let Some(kernel) = neon::dot_kernel(isa, ty) {
+            return kernel;
+        }
+    }
     DotKernel {
         f: scalar_dot_rows(ty),
         isa: Isa::Scalar,
@@ -235,6 +252,12 @@ pub(crate) fn quant_kernel(isa: Isa, act_ty: GgmlType) -> Result<QuantKernel, Ke
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && isa.is_available() {
         if let Some(f) = x86::quant_fn(isa, act_ty) {
+            return Ok(QuantKernel { f });
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa != Isa::Scalar && isa.is_available() {
+        if let Some(f) = neon::quant_fn(isa, act_ty) {
             return Ok(QuantKernel { f });
         }
     }

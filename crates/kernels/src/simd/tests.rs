@@ -13,6 +13,26 @@ fn simd_isas() -> Vec<Isa> {
         .collect()
 }
 
+#[test]
+fn required_isas_are_available() {
+    // The SIMD tests pass vacuously without SIMD: `TITAN_TEST_REQUIRE_ISA=neon` (set by
+    // `tools/test_aarch64.sh`, or by CI on a known machine; a comma-separated list) makes them fail
+    // instead when the emulator or CPU does not offer the ISA the run is meant to cover.
+    let names = std::env::var("TITAN_TEST_REQUIRE_ISA").unwrap_or_default();
+    eprintln!("available ISAs: {:?}", available_isas());
+    for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let isa = Isa::ALL
+            .into_iter()
+            .find(|i| i.name().eq_ignore_ascii_case(name))
+            .unwrap_or_else(|| panic!("TITAN_TEST_REQUIRE_ISA names {name:?}, which is no ISA"));
+        assert!(
+            isa.is_available(),
+            "TITAN_TEST_REQUIRE_ISA asks for {isa}, but this CPU has only {:?}",
+            available_isas()
+        );
+    }
+}
+
 /// Row lengths in blocks: below, at and above the 8 accumulation lanes, and not multiples of them.
 const BLOCK_COUNTS: [usize; 9] = [1, 2, 3, 7, 8, 9, 13, 16, 41];
 

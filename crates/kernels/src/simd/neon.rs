@@ -1,0 +1,644 @@
+//! aarch64 kernels: NEON with the ARMv8.2 dot-product extension (`sdot`: Apple M1 and later,
+//! Graviton2 and later, Cortex-A76 and later).
+//!
+//! The same plan as `x86.rs`, on two 128-bit registers where x86 uses one 256-bit register, and each
+//! body reproduces its scalar twin in `formats/` bit for bit:
+//!
+//! - integer sums are exact: `sdot` multiplies signed bytes by signed bytes and adds each group of
+//!   four into an i32 lane with no intermediate narrower than 32 bits, so unlike x86's `maddubs` it
+//!   has no pair bound, needs no unsigned weight encoding, and takes quants straight with their
+//!   offsets (Q4_0's `-8`, Q6_K's `-32`) applied — Q8_K's `bsums` are used only where the scalar twin
+//!   uses them (Q4_K/Q5_K mins);
+//! - each block's f32 term uses the scalar formula with separate `fmul` and `fadd` (never `fmla`),
+//!   operands in the scalar code's order, and is added to lane `block % 8` — for Q4_0 and Q8_0 by
+//!   handling 8 blocks at once in the grouped layout of `grouped.rs` (blocks 0..4 in one register,
+//!   4..8 in the other); for K-quants by reducing the block's integers to scalars and using
+//!   [`Lanes8`] directly;
+//! - the lanes are reduced by [`Lanes8::sum`] (lane `k` of the low register is lane `k`, of the high
+//!   register lane `k + 4`), not by `vaddvq`, whose pairwise order differs.
+//!
+//! Every kernel takes one weight row and `R` (1..=its `max_rows`) activation rows, unpacks each weight
+//! block once and multiplies it with all `R` rows; each row's arithmetic is exactly what it would be
+//! alone.
+//!
+//! Two instructions go through `asm!` because their intrinsics are not stable Rust: `sdot`
+//! (`vdotq_s32`) and the f16 → f32 widening `fcvtl` (`vcvt_f32_f16`, whose `float16x4_t` is
+//! unstable). `fcvtl` is exact and quiets a NaN keeping its payload, as the scalar `f16_at` does.
+//!
+//! The kernels assume nothing about the activation quants' range (any i8 is exact). On AArch64,
+//! vector and scalar float instructions obey the same control register (unlike 32-bit NEON, which
+//! always flushed subnormals), so the twins treat subnormals, rounding and NaNs alike.
+
+use std::arch::aarch64::*;
+use std::arch::asm;
+use std::array;
+
+use super::{ActLayout, DotFn, DotKernel, Isa, QuantFn, MAX_ROWS};
+use crate::accum::Lanes8;
+use crate::formats::{f16_at, f16_bytes, q8_0, q8_k};
+use crate::{grouped, GgmlType};
+
+/// The dot-product kernel for `ty` on `isa`, if there is a NEON one. The caller checks the CPU.
+pub(super) fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotKernel> {
+    use ActLayout::{Grouped, Plain};
+    if isa != Isa::Neon {
+        return None;
+    }
+    // As on x86: grouped kernels keep a row's state in few registers and take the most rows.
+    let (f, layout, max_rows): (DotFn, _, _) = match ty {
+        GgmlType::Q4_0 => (q4_0, Grouped, 8),
+        GgmlType::Q8_0 => (q8_0, Grouped, 8),
+        GgmlType::Q4_K => (q4_k, Plain, 4),
+        GgmlType::Q5_K => (q5_k, Plain, 4),
+        GgmlType::Q6_K => (q6_k, Plain, 4),
+        GgmlType::F32 => (f32, Plain, 4),
+        GgmlType::F16 => (f16, Plain, 4),
+        _ => return None,
+    };
+    debug_assert!(max_rows <= MAX_ROWS);
+    Some(DotKernel {
+        f,
+        isa,
+        layout,
+        max_rows,
+    })
+}
+
+/// The activation quantiser for `act_ty` on `isa`, if there is a NEON one. The caller checks the CPU.
+pub(super) fn quant_fn(isa: Isa, act_ty: GgmlType) -> Option<QuantFn> {
+    let f: QuantFn = match (isa, act_ty) {
+        (Isa::Neon, GgmlType::Q8_0) => quantize_q8_0,
+        (Isa::Neon, GgmlType::Q8_K) => quantize_q8_k,
+        _ => return None,
+    };
+    Some(f)
+}
+
+/// One entry point per format: enables the features and picks the row count (up to the `max_rows`
+/// that `dot_kernel` declares for it; `DotKernel::run` has checked the count).
+macro_rules! entry {
+    ($name:ident, $body:ident, $($r:literal)+) => {
+        #[target_feature(enable = "neon,dotprod")]
+        unsafe fn $name(w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
+            match acts.len() {
+                $($r => $body::<$r>(w, rows(acts), out),)+
+                n => unreachable!("{n} rows"),
+            }
+        }
+    };
+}
+
+entry!(q4_0, q4_0_rows, 1 2 3 4 5 6 7 8);
+entry!(q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
+entry!(q4_k, q4_k_rows, 1 2 3 4);
+entry!(q5_k, q5_k_rows, 1 2 3 4);
+entry!(q6_k, q6_k_rows, 1 2 3 4);
+entry!(f32, f32_rows, 1 2 3 4);
+entry!(f16, f16_rows, 1 2 3 4);
+
+/// The first `R` activation rows as an array (the entry points pass exactly `R`).
+#[inline(always)]
+fn rows<'a, const R: usize>(acts: &[&'a [u8]]) -> [&'a [u8]; R] {
+    array::from_fn(|i| acts[i])
+}
+
+// Loads go through `vld1q_u8`: GGUF data and activation rows are only byte-aligned, and the typed
+// `vld1q_*` intrinsics take typed pointers.
+
+#[inline(always)]
+unsafe fn load_s8(p: *const u8) -> int8x16_t {
+    vreinterpretq_s8_u8(vld1q_u8(p))
+}
+
+#[inline(always)]
+unsafe fn load_f32(p: *const u8) -> float32x4_t {
+    vreinterpretq_f32_u8(vld1q_u8(p))
+}
+
+/// `acc + Σ a·b` over each group of four signed bytes: exact for any bytes. (A function with the
+/// features rather than `#[inline(always)]`, so that the assembler accepts `sdot` even where it is not
+/// inlined, as in debug builds; optimised builds inline it into the kernels, which have the same
+/// features.)
+#[inline]
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    asm!(
+        "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+        acc = inout(vreg) acc,
+        a = in(vreg) a,
+        b = in(vreg) b,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    acc
+}
+
+/// The f16 values in `h`'s lower four lanes, widened to f32 (exact).
+#[inline(always)]
+unsafe fn widen_low(h: uint16x8_t) -> float32x4_t {
+    let r: float32x4_t;
+    asm!(
+        "fcvtl {r:v}.4s, {h:v}.4h",
+        r = lateout(vreg) r,
+        h = in(vreg) h,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    r
+}
+
+/// The f16 values in `h`'s upper four lanes, widened to f32 (exact).
+#[inline(always)]
+unsafe fn widen_high(h: uint16x8_t) -> float32x4_t {
+    let r: float32x4_t;
+    asm!(
+        "fcvtl2 {r:v}.4s, {h:v}.8h",
+        r = lateout(vreg) r,
+        h = in(vreg) h,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    r
+}
+
+/// The f16 at `p + k · stride` for `k = 0..8`, widened to f32: lanes 0..4 and 4..8.
+#[inline(always)]
+unsafe fn f16x8(p: *const u8, stride: usize) -> [float32x4_t; 2] {
+    // Packed by scalar loads and shifts (the blocks are `stride` bytes apart and only byte-aligned).
+    let word = |k: usize| u64::from((p.add(k * stride) as *const u16).read_unaligned());
+    let quad = |k: usize| word(k) | word(k + 1) << 16 | word(k + 2) << 32 | word(k + 3) << 48;
+    let h = vcombine_u16(vcreate_u16(quad(0)), vcreate_u16(quad(4)));
+    [widen_low(h), widen_high(h)]
+}
+
+/// Stores the low (lanes 0..4) and high (4..8) accumulators and reduces them in the documented tree.
+#[inline(always)]
+unsafe fn lanes8([lo, hi]: [float32x4_t; 2]) -> Lanes8 {
+    let mut l = [0f32; 8];
+    vst1q_f32(l.as_mut_ptr(), lo);
+    vst1q_f32(l.as_mut_ptr().add(4), hi);
+    Lanes8(l)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q4_0 and Q8_0 weights times Q8_0 activations in the grouped layout (`grouped.rs`): eight blocks at
+// a time, block `k` in 32-bit lane `k % 4` of register `k / 4` of every pair, so each block's exact
+// sum comes out in its own lane and its f32 term goes straight to lane `block % 8`.
+
+/// Register `m` holds, in lane `k`, 32-bit word `m` of `x[k]`: a 4 × 4 transpose of words.
+#[inline(always)]
+unsafe fn transpose_words(x: [uint8x16_t; 4]) -> [int8x16_t; 4] {
+    let x = x.map(|v| vreinterpretq_u32_u8(v));
+    // t0 = (x0[0], x1[0], x0[2], x1[2]), t1 = (x0[1], x1[1], x0[3], x1[3]); t2, t3 likewise for x2, x3.
+    let t0 = vreinterpretq_u64_u32(vtrn1q_u32(x[0], x[1]));
+    let t1 = vreinterpretq_u64_u32(vtrn2q_u32(x[0], x[1]));
+    let t2 = vreinterpretq_u64_u32(vtrn1q_u32(x[2], x[3]));
+    let t3 = vreinterpretq_u64_u32(vtrn2q_u32(x[2], x[3]));
+    [
+        vreinterpretq_s8_u64(vtrn1q_u64(t0, t2)),
+        vreinterpretq_s8_u64(vtrn1q_u64(t1, t3)),
+        vreinterpretq_s8_u64(vtrn2q_u64(t0, t2)),
+        vreinterpretq_s8_u64(vtrn2q_u64(t1, t3)),
+    ]
+}
+
+/// Register `m` of each half holds, in lane `k`, bytes `at + 4m .. at + 4m + 4` of block `k` (blocks
+/// `stride` apart from `w`; half 0 is blocks 0..4, half 1 blocks 4..8).
+#[inline(always)]
+unsafe fn transpose_quads(w: *const u8, stride: usize, at: usize) -> [[int8x16_t; 2]; 4] {
+    let half = |h: usize| {
+        transpose_words(array::from_fn(|k| {
+            vld1q_u8(w.add((4 * h + k) * stride + at))
+        }))
+    };
+    let (lo, hi) = (half(0), half(1));
+    array::from_fn(|m| [lo[m], hi[m]])
+}
+
+/// A weight format of 32-element blocks whose f16 scale comes first (Q4_0, Q8_0).
+trait Grouped {
+    const BYTES: usize;
+    /// The eight blocks at `w` as signed quants in the grouped register layout: register `j` of
+    /// `grouped.rs`, as its halves for blocks 0..4 and 4..8.
+    unsafe fn prep(w: *const u8) -> [[int8x16_t; 2]; 8];
+}
+
+struct Q4_0;
+
+impl Grouped for Q4_0 {
+    const BYTES: usize = 18;
+
+    #[inline(always)]
+    unsafe fn prep(w: *const u8) -> [[int8x16_t; 2]; 8] {
+        // Byte quad m holds elements 4m.. in its low nibbles (register 2m) and 16 + 4m.. in its high
+        // ones (register 2m + 1); the quant is the nibble - 8.
+        let quads = transpose_quads(w, Self::BYTES, 2);
+        let (m4, eight) = (vdupq_n_u8(0x0F), vdupq_n_s8(8));
+        array::from_fn(|j| {
+            quads[j / 2].map(|q| {
+                let q = vreinterpretq_u8_s8(q);
+                let nibbles = if j % 2 == 0 {
+                    vandq_u8(q, m4)
+                } else {
+                    vshrq_n_u8::<4>(q)
+                };
+                vsubq_s8(vreinterpretq_s8_u8(nibbles), eight)
+            })
+        })
+    }
+}
+
+struct Q8_0;
+
+impl Grouped for Q8_0 {
+    const BYTES: usize = q8_0::BLOCK_BYTES;
+
+    #[inline(always)]
+    unsafe fn prep(w: *const u8) -> [[int8x16_t; 2]; 8] {
+        // Half h of a block (bytes 2 + 16h ..) gives registers 2m + h.
+        let halves = [
+            transpose_quads(w, Self::BYTES, 2),
+            transpose_quads(w, Self::BYTES, 18),
+        ];
+        array::from_fn(|j| halves[j % 2][j / 2])
+    }
+}
+
+/// One group: block `k`'s term `(d_w · d_a) · f32(sumi)` is added to lane `k` of each row's
+/// accumulators (groups start at multiples of 8 blocks, so lane `k` is lane `block % 8`).
+#[inline(always)]
+unsafe fn grouped_step<K: Grouped, const R: usize>(
+    w: *const u8,
+    a: [*const u8; R],
+    acc: &mut [[float32x4_t; 2]; R],
+) {
+    let p = K::prep(w);
+    let d_w = f16x8(w, K::BYTES);
+    for (acc, a) in acc.iter_mut().zip(a) {
+        for h in 0..2 {
+            // Two chains of `sdot`, for one row's latency; integer sums are exact in any order.
+            let mut s = [vdupq_n_s32(0); 2];
+            for (j, pj) in p.iter().enumerate() {
+                let aj = load_s8(a.add(grouped::QUANTS_AT + 32 * j + 16 * h));
+                s[j % 2] = sdot(s[j % 2], pj[h], aj);
+            }
+            let sumi = vaddq_s32(s[0], s[1]);
+            let d = vmulq_f32(d_w[h], load_f32(a.add(16 * h)));
+            acc[h] = vaddq_f32(acc[h], vmulq_f32(d, vcvtq_f32_s32(sumi)));
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn grouped_rows<K: Grouped, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    const GB: usize = grouped::GROUP_BYTES;
+    let nb = w.len() / K::BYTES;
+    for a in acts {
+        assert!(
+            a.len() >= grouped::row_bytes(nb),
+            "activation row shorter than weight row"
+        );
+    }
+    let zero = vdupq_n_f32(0.0);
+    let mut acc = [[zero; 2]; R];
+    let full = nb / 8;
+    for g in 0..full {
+        let wg = w.as_ptr().add(g * 8 * K::BYTES);
+        let a = array::from_fn(|r| acts[r].as_ptr().add(g * GB));
+        grouped_step::<K, R>(wg, a, &mut acc);
+    }
+    let tail = nb % 8;
+    if tail > 0 {
+        // Pad the weights to a whole group with zero blocks, as the activations already are: their
+        // scales are 0, so their terms are ±0.0, and adding ±0.0 leaves a lane unchanged (lanes start
+        // at +0.0 and so are never -0.0).
+        let w0 = full * 8 * K::BYTES;
+        let mut w_pad = [0u8; 8 * q8_0::BLOCK_BYTES];
+        w_pad[..tail * K::BYTES].copy_from_slice(&w[w0..w0 + tail * K::BYTES]);
+        let a = array::from_fn(|r| acts[r].as_ptr().add(full * GB));
+        grouped_step::<K, R>(w_pad.as_ptr(), a, &mut acc);
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        *o = lanes8(acc).sum();
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_0_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    grouped_rows::<Q4_0, R>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn q8_0_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    grouped_rows::<Q8_0, R>(w, acts, out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// K-quants times Q8_K: per block, exact integers reduced to scalars, then the scalar float formula.
+
+const Q8K_QS: usize = 4;
+const Q8K_BSUMS: usize = 4 + 256;
+
+/// Q4_K/Q5_K's 12 packed bytes as (8 scales, 8 mins), unpacked 32 bits at a time as ggml's SIMD
+/// kernels do; equal to [`crate::formats::q4_k::scale_min`] for each sub-block.
+#[inline(always)]
+fn scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let u = |i: usize| u32::from_le_bytes(array::from_fn(|k| packed[4 * i + k]));
+    let (u0, u1, u2) = (u(0), u(1), u(2));
+    let (low6, low4, top2) = (0x3F3F_3F3F, 0x0F0F_0F0F, 0x0303_0303);
+    let words = [
+        u0 & low6,                                      // scales 0..4
+        (u2 & low4) | (((u0 >> 6) & top2) << 4),        // scales 4..8
+        u1 & low6,                                      // mins 0..4
+        ((u2 >> 4) & low4) | (((u1 >> 6) & top2) << 4), // mins 4..8
+    ];
+    let bytes: [u8; 16] = array::from_fn(|i| words[i / 4].to_le_bytes()[i % 4]);
+    (
+        array::from_fn(|s| bytes[s]),
+        array::from_fn(|s| bytes[8 + s]),
+    )
+}
+
+/// `Σ_s min_s · (bsums_2s + bsums_2s+1)` for Q4_K/Q5_K, `mins` holding min_s in i16 lane s.
+#[inline(always)]
+unsafe fn mins_dot(ab: *const u8, mins: int16x8_t) -> i32 {
+    let bsums = [
+        vreinterpretq_s16_u8(vld1q_u8(ab.add(Q8K_BSUMS))),
+        vreinterpretq_s16_u8(vld1q_u8(ab.add(Q8K_BSUMS + 16))),
+    ];
+    // |bsum| <= 16 · 128, so pair sums fit in i16.
+    let pairs = vpaddq_s16(bsums[0], bsums[1]);
+    let prod = vaddq_s32(
+        vmull_s16(vget_low_s16(pairs), vget_low_s16(mins)),
+        vmull_high_s16(pairs, mins),
+    );
+    vaddvq_s32(prod)
+}
+
+/// Q4_K and Q5_K share scales, mins and the float formula; they differ in Q5_K's fifth bits.
+#[inline(always)]
+unsafe fn q45_k_rows<const R: usize, const BYTES: usize, const Q5: bool>(
+    w: &[u8],
+    acts: [&[u8]; R],
+    out: &mut [f32],
+) {
+    const AB: usize = q8_k::BLOCK_BYTES;
+    let nb = w.len() / BYTES;
+    for a in acts {
+        assert!(a.len() >= nb * AB, "activation row shorter than weight row");
+    }
+    let m4 = vdupq_n_u8(0x0F);
+    let (one, two) = (vdupq_n_u8(1), vdupq_n_u8(2));
+    let zero = vdupq_n_s32(0);
+    let mut lanes = [Lanes8::default(); R];
+    for (b, wb) in w.chunks_exact(BYTES).enumerate() {
+        let (scales, mins) = scales_mins(&wb[4..16]);
+        let mins = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(mins.as_ptr())));
+        let a: [*const u8; R] = array::from_fn(|r| acts[r].as_ptr().add(b * AB));
+        let mut acc = [zero; R];
+        let p = wb.as_ptr();
+        // Q5_K's fifth bits: bit s of qh[l] for sub-block s, element l; shifted down 2 per pair of
+        // sub-blocks.
+        let mut qh = if Q5 {
+            [vld1q_u8(p.add(16)), vld1q_u8(p.add(32))]
+        } else {
+            [vdupq_n_u8(0); 2]
+        };
+        let qs = p.add(if Q5 { 48 } else { 16 });
+        for j in 0..4 {
+            // Sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles), elements 0..16 and 16..32.
+            let q = [vld1q_u8(qs.add(32 * j)), vld1q_u8(qs.add(32 * j + 16))];
+            let mut lo = q.map(|q| vandq_u8(q, m4));
+            let mut hi = q.map(|q| vshrq_n_u8::<4>(q));
+            if Q5 {
+                for h in 0..2 {
+                    lo[h] = vorrq_u8(lo[h], vshlq_n_u8::<4>(vandq_u8(qh[h], one)));
+                    hi[h] = vorrq_u8(hi[h], vshlq_n_u8::<3>(vandq_u8(qh[h], two)));
+                    qh[h] = vshrq_n_u8::<2>(qh[h]);
+                }
+            }
+            let (lo, hi) = (
+                lo.map(|v| vreinterpretq_s8_u8(v)),
+                hi.map(|v| vreinterpretq_s8_u8(v)),
+            );
+            let (s0, s1) = (i32::from(scales[2 * j]), i32::from(scales[2 * j + 1]));
+            for r in 0..R {
+                // Quants <= 31, |a| <= 128: a lane of one sub-block <= 8 · 3968; times a 6-bit
+                // scale, far inside i32.
+                let aq = a[r].add(Q8K_QS + 64 * j);
+                let sub0 = sdot(sdot(zero, lo[0], load_s8(aq)), lo[1], load_s8(aq.add(16)));
+                let sub1 = sdot(
+                    sdot(zero, hi[0], load_s8(aq.add(32))),
+                    hi[1],
+                    load_s8(aq.add(48)),
+                );
+                acc[r] = vmlaq_n_s32(acc[r], sub0, s0);
+                acc[r] = vmlaq_n_s32(acc[r], sub1, s1);
+            }
+        }
+        let (d, dmin) = (f16_at(wb, 0), f16_at(wb, 2));
+        for r in 0..R {
+            let (sumi, summ) = (vaddvq_s32(acc[r]), mins_dot(a[r], mins));
+            let d_a = (a[r] as *const f32).read_unaligned();
+            lanes[r].add(b, (d * d_a) * sumi as f32 - (dmin * d_a) * summ as f32);
+        }
+    }
+    for (o, l) in out.iter_mut().zip(lanes) {
+        *o = l.sum();
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_k_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    q45_k_rows::<R, 144, false>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn q5_k_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    q45_k_rows::<R, 176, true>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn q6_k_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    const WB: usize = 210;
+    const AB: usize = q8_k::BLOCK_BYTES;
+    let nb = w.len() / WB;
+    for a in acts {
+        assert!(a.len() >= nb * AB, "activation row shorter than weight row");
+    }
+    let (m4, m30, off) = (vdupq_n_u8(0x0F), vdupq_n_u8(0x30), vdupq_n_s8(32));
+    let zero = vdupq_n_s32(0);
+    let mut lanes = [Lanes8::default(); R];
+    for (b, wb) in w.chunks_exact(WB).enumerate() {
+        let p = wb.as_ptr();
+        let scale = |s: usize| i32::from(wb[192 + s] as i8);
+        let a: [*const u8; R] = array::from_fn(|r| acts[r].as_ptr().add(b * AB));
+        let mut acc = [zero; R];
+        for n in 0..2 {
+            for h in 0..2 {
+                // Elements 128n + 32k + 16h + (0..16): sub-block 8n + 2k + h.
+                let ql0 = vld1q_u8(p.add(64 * n + 16 * h));
+                let ql1 = vld1q_u8(p.add(64 * n + 32 + 16 * h));
+                let qh = vld1q_u8(p.add(128 + 32 * n + 16 * h));
+                let bits = [
+                    vorrq_u8(vandq_u8(ql0, m4), vandq_u8(vshlq_n_u8::<4>(qh), m30)),
+                    vorrq_u8(vandq_u8(ql1, m4), vandq_u8(vshlq_n_u8::<2>(qh), m30)),
+                    vorrq_u8(vshrq_n_u8::<4>(ql0), vandq_u8(qh, m30)),
+                    vorrq_u8(vshrq_n_u8::<4>(ql1), vandq_u8(vshrq_n_u8::<2>(qh), m30)),
+                ];
+                let q = bits.map(|v| vsubq_s8(vreinterpretq_s8_u8(v), off));
+                for (k, &qk) in q.iter().enumerate() {
+                    let s = 8 * n + 2 * k + h;
+                    for r in 0..R {
+                        // |q| <= 32, |a| <= 128: a lane <= 4 · 4096; times an i8 scale, far inside i32.
+                        let aq = load_s8(a[r].add(Q8K_QS + 128 * n + 32 * k + 16 * h));
+                        acc[r] = vmlaq_n_s32(acc[r], sdot(zero, qk, aq), scale(s));
+                    }
+                }
+            }
+        }
+        let d = f16_at(wb, 208);
+        for r in 0..R {
+            let d_a = (a[r] as *const f32).read_unaligned();
+            lanes[r].add(b, (d * d_a) * vaddvq_s32(acc[r]) as f32);
+        }
+    }
+    for (o, l) in out.iter_mut().zip(lanes) {
+        *o = l.sum();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Float weights times F32 activations: product i goes to lane i % 8, which is lane i % 4 of the low
+// accumulator (i % 8 < 4) or of the high one.
+
+#[inline(always)]
+unsafe fn float_rows<const R: usize, const HALF: bool>(
+    w: &[u8],
+    acts: [&[u8]; R],
+    out: &mut [f32],
+) {
+    let wb = if HALF { 2 } else { 4 };
+    let n = w.len() / wb;
+    for a in acts {
+        assert!(a.len() >= 4 * n, "activation row shorter than weight row");
+    }
+    let zero = vdupq_n_f32(0.0);
+    let mut acc = [[zero; 2]; R];
+    let full = n / 8;
+    for i in 0..full {
+        let wv = if HALF {
+            let h = vreinterpretq_u16_u8(vld1q_u8(w.as_ptr().add(16 * i)));
+            [widen_low(h), widen_high(h)]
+        } else {
+            let p = w.as_ptr().add(32 * i);
+            [load_f32(p), load_f32(p.add(16))]
+        };
+        for r in 0..R {
+            let p = acts[r].as_ptr().add(32 * i);
+            let av = [load_f32(p), load_f32(p.add(16))];
+            for h in 0..2 {
+                acc[r][h] = vaddq_f32(acc[r][h], vmulq_f32(wv[h], av[h]));
+            }
+        }
+    }
+    for r in 0..R {
+        let mut lanes = lanes8(acc[r]);
+        for i in 8 * full..n {
+            let wi = if HALF {
+                f16_at(w, 2 * i)
+            } else {
+                crate::formats::f32_at(w, 4 * i)
+            };
+            lanes.add(i, wi * crate::formats::f32_at(acts[r], 4 * i));
+        }
+        out[r] = lanes.sum();
+    }
+}
+
+#[inline(always)]
+unsafe fn f32_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    float_rows::<R, false>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn f16_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    float_rows::<R, true>(w, acts, out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantisers: the same bytes as `q8_0::quantize` and `q8_k::quantize`.
+
+/// `max(|x|)`, ignoring NaNs as the scalar `f32::max` / `>` loops do (`fmaxnm` returns the number
+/// when one operand is a quiet NaN; the maximum of non-NaN values does not depend on the order).
+#[inline(always)]
+unsafe fn abs_max(v: &[float32x4_t]) -> f32 {
+    let mut m = vdupq_n_f32(0.0);
+    for &x in v {
+        m = vmaxnmq_f32(m, vabsq_f32(x));
+    }
+    vmaxnmvq_f32(m)
+}
+
+/// Sixteen rounded values, as i32 saturated by the conversion, to i8 as Rust's saturating `as`
+/// does (the conversions already took NaN to 0); in element order.
+#[inline(always)]
+unsafe fn to_i8x16(i: [int32x4_t; 4]) -> int8x16_t {
+    let lo = vcombine_s16(vqmovn_s32(i[0]), vqmovn_s32(i[1]));
+    let hi = vcombine_s16(vqmovn_s32(i[2]), vqmovn_s32(i[3]));
+    vcombine_s8(vqmovn_s16(lo), vqmovn_s16(hi))
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
+    for (x, block) in src
+        .chunks_exact(q8_0::BLOCK_LEN)
+        .zip(dst.chunks_exact_mut(q8_0::BLOCK_BYTES))
+    {
+        let v: [float32x4_t; 8] = array::from_fn(|k| vld1q_f32(x.as_ptr().add(4 * k)));
+        let amax = abs_max(&v);
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        block[..2].copy_from_slice(&f16_bytes(d));
+        for h in 0..2 {
+            // `fcvtas`: round half away from zero (`f32::round`), saturating, NaN to 0.
+            let q = to_i8x16(array::from_fn(|k| {
+                vcvtaq_s32_f32(vmulq_n_f32(v[4 * h + k], id))
+            }));
+            vst1q_s8(block.as_mut_ptr().add(2 + 16 * h) as *mut i8, q);
+        }
+    }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
+    for (x, block) in src
+        .chunks_exact(q8_k::BLOCK_LEN)
+        .zip(dst.chunks_exact_mut(q8_k::BLOCK_BYTES))
+    {
+        let v: [float32x4_t; 64] = array::from_fn(|k| vld1q_f32(x.as_ptr().add(4 * k)));
+        let amax = abs_max(&v);
+        block.fill(0);
+        if amax == 0.0 {
+            continue;
+        }
+        // The reference keeps the first element of largest magnitude, with its sign.
+        let target = vdupq_n_f32(amax);
+        let first = v
+            .iter()
+            .position(|&x| vmaxvq_u32(vceqq_f32(vabsq_f32(x), target)) != 0)
+            .and_then(|k| (4 * k..4 * k + 4).find(|&i| x[i].abs() == amax))
+            .unwrap_or(0);
+        let iscale = -127.0 / x[first];
+        for c in 0..16 {
+            // `fcvtns`: round half to even (`round_ties_even`), saturating, NaN to 0.
+            let q = to_i8x16(array::from_fn(|k| {
+                vcvtnq_s32_f32(vmulq_n_f32(v[4 * c + k], iscale))
+            }));
+            vst1q_s8(block.as_mut_ptr().add(Q8K_QS + 16 * c) as *mut i8, q);
+            // Sixteen quants sum to at most 16 · 128 in magnitude: exact in i16.
+            let sum = vaddlvq_s8(q);
+            let at = Q8K_BSUMS + 2 * c;
+            block[at..at + 2].copy_from_slice(&sum.to_le_bytes());
+        }
+        block[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+}
