@@ -341,8 +341,8 @@ fn run(a: RunArgs) -> Result<()> {
 fn logits(a: LogitsArgs) -> Result<()> {
     let model = load(&a.model)?;
     let tokens = a.prompt.tokens(&model)?;
-    let mut cache = model.new_cache(tokens.len());
-    let logits = model.forward(&tokens, 0, &mut cache, Outputs::All)?;
+    let mut seq = model.new_sequence(tokens.len());
+    let logits = model.forward(&tokens, 0, &mut seq, Outputs::All)?;
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(&a.output).with_context(|| format!("creating {}", a.output.display()))?,
     );

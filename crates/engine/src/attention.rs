@@ -40,28 +40,40 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
-/// `q`: n rows of n_head × head_dim for positions pos0..pos0+n; `out`: same shape.
+/// `q`: n rows of n_head × head_dim for positions pos0..pos0+n; `out`: same shape; `scores`: working space.
 /// Parallel over (row, head) pairs; each pair is computed by one thread in one fixed order.
-pub fn attend(cache: &KvCache, layer: usize, s: &AttnShape, pos0: usize, q: &[f32], out: &mut [f32]) {
+pub fn attend(cache: &KvCache, layer: usize, s: &AttnShape, pos0: usize, q: &[f32], out: &mut [f32], scores: &mut Vec<f32>) {
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (s.head_dim as f32).sqrt();
     let (keys, values) = (&cache.k[layer], &cache.v[layer]);
-    out.par_chunks_mut(s.head_dim).zip(q.par_chunks(s.head_dim)).enumerate().for_each_init(Vec::new, |scores, (idx, (oh, qh))| {
-        let (i, h) = (idx / s.n_head, idx % s.n_head);
-        let n_pos = pos0 + i + 1;
-        let kv_off = (h / group) * s.head_dim;
-        scores.clear();
-        for t in 0..n_pos {
-            let k = &keys[t * cache.kv_dim + kv_off..][..s.head_dim];
-            let dot: f32 = qh.iter().zip(k).fold(0.0, |acc, (a, b)| acc + a * b);
-            scores.push(dot * scale);
-        }
-        softmax(scores);
-        oh.fill(0.0);
-        for (t, &p) in scores.iter().enumerate() {
-            let v = &values[t * cache.kv_dim + kv_off..][..s.head_dim];
-            for (o, &vv) in oh.iter_mut().zip(v) {
-                *o += p * vv;
+    // The pairs are shared out in order among a few tasks per thread, each with scores for the whole
+    // context: the working space is sized once per sequence (and thread count), whatever the batch.
+    let pairs = out.len() / s.head_dim;
+    if pairs == 0 {
+        return;
+    }
+    let tasks = pairs.min(4 * rayon::current_num_threads());
+    let per_task = pairs.div_ceil(tasks);
+    scores.resize(tasks * cache.n_ctx, 0.0);
+    let chunk = per_task * s.head_dim;
+    out.par_chunks_mut(chunk).zip(q.par_chunks(chunk)).zip(scores.par_chunks_mut(cache.n_ctx)).enumerate().for_each(|(task, ((o, q), scores))| {
+        for (j, (oh, qh)) in o.chunks_exact_mut(s.head_dim).zip(q.chunks_exact(s.head_dim)).enumerate() {
+            let idx = task * per_task + j;
+            let (i, h) = (idx / s.n_head, idx % s.n_head);
+            let kv_off = (h / group) * s.head_dim;
+            let scores = &mut scores[..pos0 + i + 1];
+            for (t, sc) in scores.iter_mut().enumerate() {
+                let k = &keys[t * cache.kv_dim + kv_off..][..s.head_dim];
+                let dot: f32 = qh.iter().zip(k).fold(0.0, |acc, (a, b)| acc + a * b);
+                *sc = dot * scale;
+            }
+            softmax(scores);
+            oh.fill(0.0);
+            for (t, &p) in scores.iter().enumerate() {
+                let v = &values[t * cache.kv_dim + kv_off..][..s.head_dim];
+                for (o, &vv) in oh.iter_mut().zip(v) {
+                    *o += p * vv;
+                }
             }
         }
     });

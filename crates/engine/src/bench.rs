@@ -61,28 +61,27 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
     if model.experts.cache().is_none() {
         model.weights.file.advise_willneed();
     }
-    let mut cache = model.new_cache(tokens.len().max(o.gen_tokens) + 1);
-    model.forward(&tokens[..tokens.len().min(8)], 0, &mut cache, Outputs::Last)?;
+    let mut seq = model.new_sequence(tokens.len().max(o.gen_tokens) + 1);
+    model.forward(&tokens[..tokens.len().min(8)], 0, &mut seq, Outputs::Last)?;
 
     let (mut prompt_tok_s, mut decode_tok_s) = (Vec::new(), Vec::new());
     let (mut prompt, mut decode) = (StatsSnapshot::default(), StatsSnapshot::default());
     for _ in 0..o.repetitions.max(1) {
         if o.prompt_tokens > 0 {
-            let mut cache = model.new_cache(tokens.len());
+            let mut seq = model.new_sequence(tokens.len());
             let before = model.stats.snapshot();
             let t = Instant::now();
-            model.forward(&tokens, 0, &mut cache, Outputs::Last)?;
+            model.forward(&tokens, 0, &mut seq, Outputs::Last)?;
             prompt_tok_s.push(tokens.len() as f64 / t.elapsed().as_secs_f64());
             prompt.add(&model.stats.snapshot().since(&before));
         }
         if o.gen_tokens > 0 {
-            let mut cache = model.new_cache(o.gen_tokens);
+            let mut seq = model.new_sequence(o.gen_tokens);
             let before = model.stats.snapshot();
             let mut next = tokens[0];
             let t = Instant::now();
             for pos in 0..o.gen_tokens {
-                let logits = model.forward(&[next], pos, &mut cache, Outputs::Last)?;
-                next = argmax(&logits);
+                next = argmax(model.forward(&[next], pos, &mut seq, Outputs::Last)?);
             }
             decode_tok_s.push(o.gen_tokens as f64 / t.elapsed().as_secs_f64());
             decode.add(&model.stats.snapshot().since(&before));

@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use crate::attention::KvCache;
 use crate::model::{Model, Outputs};
 use crate::sampler::{Sampler, SamplerOptions};
 use crate::trace::Trace;
@@ -53,20 +52,20 @@ impl Model {
         if prompt.len() >= opts.n_ctx {
             return Err(EngineError::ContextFull { ctx: opts.n_ctx, need });
         }
-        let mut cache: KvCache = self.new_cache(opts.n_ctx.min(need));
+        let mut seq = self.new_sequence(opts.n_ctx.min(need));
         let mut sampler = Sampler::new(opts.sampler.clone());
         let mut history = prompt.to_vec();
         let mut stream = self.tokenizer.stream();
 
         let t0 = Instant::now();
-        let mut logits = self.forward_traced(prompt, 0, &mut cache, Outputs::Last, trace.as_deref_mut())?;
+        let mut logits = self.forward_traced(prompt, 0, &mut seq, Outputs::Last, trace.as_deref_mut())?;
         let prompt_time = t0.elapsed();
 
         let t1 = Instant::now();
         let mut out = Vec::new();
         let mut stop = StopReason::MaxTokens;
         while out.len() < opts.max_tokens {
-            let next = sampler.sample(&logits, &history);
+            let next = sampler.sample(logits, &history);
             if let Some(t) = trace.as_deref_mut() {
                 t.token(next);
                 t.next_step();
@@ -81,12 +80,12 @@ impl Model {
             if out.len() == opts.max_tokens {
                 break;
             }
-            if history.len() >= cache.n_ctx() {
+            if history.len() >= seq.n_ctx() {
                 // Hand over the text generated so far (including a held-back partial character) first.
                 on_text(&stream.finish());
-                return Err(EngineError::ContextFull { ctx: cache.n_ctx(), need: history.len() + 1 });
+                return Err(EngineError::ContextFull { ctx: seq.n_ctx(), need: history.len() + 1 });
             }
-            logits = self.forward_traced(&[next], history.len() - 1, &mut cache, Outputs::Last, trace.as_deref_mut())?;
+            logits = self.forward_traced(&[next], history.len() - 1, &mut seq, Outputs::Last, trace.as_deref_mut())?;
         }
         on_text(&stream.finish());
         Ok(Generation { prompt_tokens: prompt.len(), tokens: out, stop, prompt_time, gen_time: t1.elapsed() })

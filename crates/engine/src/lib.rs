@@ -14,13 +14,14 @@ pub mod model;
 pub mod moe;
 pub mod ops;
 pub mod sampler;
+mod scratch;
 pub mod stats;
 pub mod vocab;
 pub mod weights;
 
 pub use config::{Arch, Config};
 pub use generate::{GenerateOptions, Generation, StopReason};
-pub use model::{LoadOptions, Model, Outputs, StreamOptions};
+pub use model::{LoadOptions, Model, Outputs, Sequence, StreamOptions};
 pub use sampler::{Sampler, SamplerOptions};
 
 #[derive(Debug, thiserror::Error)]

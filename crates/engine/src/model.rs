@@ -12,8 +12,9 @@ use titan_tokenizer::Tokenizer;
 use crate::attention::{attend, AttnShape, KvCache};
 use crate::config::{Config, RopeStyle};
 use crate::experts::ExpertSource;
-use crate::moe::{moe_block, route, Routing};
+use crate::moe::{moe_block, MoeScratch, Routing};
 use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head};
+use crate::scratch::slots;
 use crate::stats::{Phase, Stats};
 use crate::trace::Trace;
 use crate::weights::{Layer, Mat, Weights};
@@ -81,30 +82,31 @@ impl Model {
         Ok(Model { config, weights, tokenizer, experts, prefetch, stats: Stats::default() })
     }
 
-    pub fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(self.config.n_layer, n_ctx, self.config.kv_dim())
+    /// A new sequence of up to `n_ctx` positions.
+    pub fn new_sequence(&self, n_ctx: usize) -> Sequence {
+        Sequence { kv: KvCache::new(self.config.n_layer, n_ctx, self.config.kv_dim()), scratch: Scratch::default() }
     }
 
-    /// Run `tokens` at positions pos0.. through the model, appending their keys and values to `cache`.
-    /// Returns logits (n_vocab per requested position, in order).
-    pub fn forward(&self, tokens: &[u32], pos0: usize, cache: &mut KvCache, outputs: Outputs) -> Result<Vec<f32>> {
-        self.forward_traced(tokens, pos0, cache, outputs, None)
+    /// Run `tokens` at positions pos0.. of `seq` through the model, appending their keys and values to its
+    /// cache. Returns logits (n_vocab per requested position, in order), valid until `seq`'s next call.
+    pub fn forward<'s>(&self, tokens: &[u32], pos0: usize, seq: &'s mut Sequence, outputs: Outputs) -> Result<&'s [f32]> {
+        self.forward_traced(tokens, pos0, seq, outputs, None)
     }
 
     /// [`Model::forward`], recording each named step into `trace` when one is given (one branch per
     /// step when it is not).
-    pub fn forward_traced(
+    pub fn forward_traced<'s>(
         &self,
         tokens: &[u32],
         pos0: usize,
-        cache: &mut KvCache,
+        seq: &'s mut Sequence,
         outputs: Outputs,
         mut trace: Option<&mut Trace>,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<&'s [f32]> {
         let c = &self.config;
         let n = tokens.len();
-        if pos0 + n > cache.n_ctx() {
-            return Err(EngineError::ContextFull { ctx: cache.n_ctx(), need: pos0 + n });
+        if pos0 + n > seq.n_ctx() {
+            return Err(EngineError::ContextFull { ctx: seq.n_ctx(), need: pos0 + n });
         }
         let (d, q_dim, kv_dim) = (c.n_embd, c.q_dim(), c.kv_dim());
         let w = &self.weights;
@@ -112,49 +114,41 @@ impl Model {
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
             return Err(EngineError::BadToken { id: t, vocab: c.n_vocab });
         }
+        let cache = &mut seq.kv;
+        seq.scratch.size_for(c, n);
+        let Scratch { x, h, q, k, v, attn, attn_out, cos, sin, qkv_acts, acts, scores, route, next, moe, logits } = &mut seq.scratch;
         // token_embd: one (dequantised) row per token.
-        let mut x = vec![0f32; n * d];
         let embd = w.view(&w.token_embd);
         for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
             embd.dequantize_row(t as usize, row);
         }
 
         let shape = AttnShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
-        let mut h = Vec::new();
-        let mut acts = Activations::new();
-        let (mut q, mut k, mut v) = (vec![0f32; n * q_dim], vec![0f32; n * kv_dim], vec![0f32; n * kv_dim]);
-        let mut attn = vec![0f32; n * q_dim];
-        let mut attn_out = vec![0f32; n * d];
-        let mut router_logits = vec![0f32; n * c.n_expert];
         // RoPE angles of each position, once for all layers.
         let half = c.rope_dims / 2;
-        let (mut cos, mut sin) = (Vec::with_capacity(n * half), Vec::with_capacity(n * half));
-        let (mut c1, mut s1) = (Vec::new(), Vec::new());
-        for i in 0..n {
-            rope_angles(pos0 + i, c.rope_dims, c.rope_base, &mut c1, &mut s1);
-            cos.extend_from_slice(&c1);
-            sin.extend_from_slice(&s1);
+        for (i, (cs, sn)) in cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)).enumerate() {
+            rope_angles(pos0 + i, c.rope_dims, c.rope_base, cs, sn);
         }
         let stats = &self.stats;
 
         for (il, l) in w.layers.iter().enumerate() {
             if let Some(t) = trace.as_deref_mut() {
-                t.tensor(Some(il), "layer_in", &[n, d], &x);
+                t.tensor(Some(il), "layer_in", &[n, d], x);
             }
             stats.time(Phase::Attention, || -> Result<()> {
                 // attn_norm
-                rms_norm_into(&x, &l.attn_norm, c.rms_eps, &mut h);
+                rms_norm_into(x, &l.attn_norm, c.rms_eps, h);
                 // q, k, v: one parallel region, the normalised input quantised once per activation format
-                self.project_qkv(l, &h, n, &mut q, &mut k, &mut v)?;
+                self.project_qkv(l, h, qkv_acts, q, k, v)?;
                 if let (Some(bq), Some(bk), Some(bv)) = (&l.bq, &l.bk, &l.bv) {
-                    add_bias(&mut q, bq);
-                    add_bias(&mut k, bk);
-                    add_bias(&mut v, bv);
+                    add_bias(q, bq);
+                    add_bias(k, bk);
+                    add_bias(v, bv);
                 }
                 // q_norm, k_norm: per head (weight of head_dim) or over all heads (weight of q_dim), by the weight's length
                 if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                    rms_norm(&mut q, qn, c.rms_eps);
-                    rms_norm(&mut k, kn, c.rms_eps);
+                    rms_norm(q, qn, c.rms_eps);
+                    rms_norm(k, kn, c.rms_eps);
                 }
                 // rope
                 let halves = c.rope_style == RopeStyle::Halves;
@@ -168,32 +162,33 @@ impl Model {
                     }
                 }
                 // attention over the cache, then attn_output
-                cache.store(il, pos0, &k, &v);
-                attend(cache, il, &shape, pos0, &q, &mut attn);
-                acts.quantize(l.wo.ty.act_type(), &attn, n, q_dim)?;
-                matmul(&w.view(&l.wo), &acts, &mut attn_out)?;
+                cache.store(il, pos0, k, v);
+                attend(cache, il, &shape, pos0, q, attn, scores);
+                acts.quantize(l.wo.ty.act_type(), attn, n, q_dim)?;
+                matmul(&w.view(&l.wo), acts, attn_out)?;
                 Ok(())
             })?;
             if let Some(t) = trace.as_deref_mut() {
-                t.tensor(Some(il), "attn_out", &[n, d], &attn_out);
+                t.tensor(Some(il), "attn_out", &[n, d], attn_out);
             }
-            add(&mut x, &attn_out);
+            add(x, attn_out);
 
             // ffn_norm, router, experts
-            let routing = stats.time(Phase::Router, || self.route_layer(l, &x, &mut h, &mut router_logits))?;
+            stats.time(Phase::Router, || self.route_layer(l, x, route))?;
             if self.prefetch {
-                self.prefetch_next(il, &x)?;
+                self.prefetch_next(il, x, next)?;
             }
-            let moe_out = stats.time(Phase::Experts, || moe_block(w, &self.experts, c, il, &h, n, &routing))?;
-            stats.add_bytes(self.layer_bytes(il, &routing));
+            let experts_run = stats.time(Phase::Experts, || moe_block(w, &self.experts, c, il, &route.h, &route.routing, moe))?;
+            stats.add_bytes(self.layer_bytes(il, experts_run));
+            let moe_out = moe.out();
             if let Some(t) = trace.as_deref_mut() {
-                let k = routing.k;
-                t.tensor(Some(il), "router_logits", &[n, c.n_expert], &router_logits);
+                let (k, routing) = (route.routing.k, &route.routing);
+                t.tensor(Some(il), "router_logits", &[n, c.n_expert], &route.logits);
                 t.decision(Some(il), "topk_ids", &[n, k], &routing.ids);
                 t.tensor(Some(il), "topk_weights", &[n, k], &routing.weights);
-                t.tensor(Some(il), "moe_out", &[n, d], &moe_out);
+                t.tensor(Some(il), "moe_out", &[n, d], moe_out);
             }
-            add(&mut x, &moe_out);
+            add(x, moe_out);
         }
 
         // output_norm and the LM head, for the requested positions only.
@@ -201,68 +196,71 @@ impl Model {
             Outputs::All => (0, n),
             Outputs::Last => (n - 1, 1),
         };
-        let mut logits = vec![0f32; rows * c.n_vocab];
+        logits.resize(rows * c.n_vocab, 0.0);
         stats.time(Phase::Head, || -> Result<()> {
-            rms_norm_into(&x[first * d..], &w.output_norm, c.rms_eps, &mut h);
-            titan_kernels::matmul_f32(&w.view(&w.output), &h, rows, &mut logits)?;
+            rms_norm_into(&x[first * d..], &w.output_norm, c.rms_eps, h);
+            acts.quantize(w.output.ty.act_type(), h, rows, d)?;
+            matmul(&w.view(&w.output), acts, logits)?;
             Ok(())
         })?;
         stats.add_bytes((w.output.bytes() + n * w.token_embd.row_bytes()) as u64);
         if let Some(t) = trace {
-            t.tensor(None, "logits", &[rows, c.n_vocab], &logits);
+            t.tensor(None, "logits", &[rows, c.n_vocab], logits);
         }
         Ok(logits)
     }
 
-    /// The routing of layer `l` for the residual stream `x`: `h` receives the normalised input (the experts'
-    /// input) and `logits` the router logits.
-    fn route_layer(&self, l: &Layer, x: &[f32], h: &mut Vec<f32>, logits: &mut [f32]) -> Result<Routing> {
+    /// The routing of layer `l` for the residual stream `x`, into `r`.
+    fn route_layer(&self, l: &Layer, x: &[f32], r: &mut Route) -> Result<()> {
         let c = &self.config;
-        rms_norm_into(x, &l.ffn_norm, c.rms_eps, h);
-        titan_kernels::matmul_f32(&self.weights.view(&l.router), h, x.len() / c.n_embd, logits)?;
-        Ok(route(logits, c.n_expert, c.n_expert_used, c.norm_topk))
-    }
-
-    /// Issue reads for the experts layer `il + 1` will probably choose: its router applied to the current
-    /// residual stream (which the next layer only changes by its attention output).
-    fn prefetch_next(&self, il: usize, x: &[f32]) -> Result<()> {
-        let (Some(cache), Some(next)) = (self.experts.cache(), self.weights.layers.get(il + 1)) else { return Ok(()) };
-        let mut logits = vec![0f32; x.len() / self.config.n_embd * self.config.n_expert];
-        let mut ids = self.route_layer(next, x, &mut Vec::new(), &mut logits)?.ids;
-        ids.sort_unstable();
-        ids.dedup();
-        cache.prefetch(il + 1, &ids)?;
+        let rows = x.len() / c.n_embd;
+        rms_norm_into(x, &l.ffn_norm, c.rms_eps, &mut r.h);
+        r.acts.quantize(l.router.ty.act_type(), &r.h, rows, c.n_embd)?;
+        r.logits.resize(rows * c.n_expert, 0.0);
+        matmul(&self.weights.view(&l.router), &r.acts, &mut r.logits)?;
+        r.routing.route(&r.logits, c.n_expert, c.n_expert_used, c.norm_topk);
         Ok(())
     }
 
-    /// Weight bytes one layer reads for a batch: its dense matrices once, each distinct chosen expert once.
-    fn layer_bytes(&self, il: usize, routing: &Routing) -> u64 {
+    /// Issue reads for the experts layer `il + 1` will probably choose: its router applied to the current
+    /// residual stream (which the next layer only changes by its attention output), routed into `r`.
+    fn prefetch_next(&self, il: usize, x: &[f32], r: &mut Route) -> Result<()> {
+        let (Some(cache), Some(next)) = (self.experts.cache(), self.weights.layers.get(il + 1)) else { return Ok(()) };
+        self.route_layer(next, x, r)?;
+        let ids = &mut r.routing.ids;
+        ids.sort_unstable();
+        ids.dedup();
+        cache.prefetch(il + 1, ids)?;
+        Ok(())
+    }
+
+    /// Weight bytes one layer reads for a batch: its dense matrices once, each of the `experts` distinct
+    /// chosen experts once.
+    fn layer_bytes(&self, il: usize, experts: usize) -> u64 {
         let l = &self.weights.layers[il];
         let mut dense = [l.wq, l.wk, l.wv, l.wo, l.router].iter().map(Mat::bytes).sum::<usize>();
         if let Some(sh) = &l.shared {
             dense += sh.gate.bytes() + sh.up.bytes() + sh.down.bytes();
         }
         let expert = l.gate_exps.mat.bytes() + l.up_exps.mat.bytes() + l.down_exps.mat.bytes();
-        let mut seen = vec![false; self.config.n_expert];
-        let distinct = routing.ids.iter().filter(|&&e| !std::mem::replace(&mut seen[e as usize], true)).count();
-        (dense + distinct * expert) as u64
+        (dense + experts * expert) as u64
     }
 
     /// q, k and v of a layer in one parallel region. The input is quantised once for each distinct
-    /// activation format among the three (llama.cpp's mixes can give them different weight types).
-    fn project_qkv(&self, l: &Layer, h: &[f32], n: usize, q: &mut [f32], k: &mut [f32], v: &mut [f32]) -> Result<()> {
+    /// activation format among the three (llama.cpp's mixes can give them different weight types), into
+    /// the first entries of `acts`.
+    fn project_qkv(&self, l: &Layer, h: &[f32], acts: &mut Vec<Activations>, q: &mut [f32], k: &mut [f32], v: &mut [f32]) -> Result<()> {
         let mats = [&l.wq, &l.wk, &l.wv];
-        let mut acts: Vec<Activations> = Vec::new();
         let mut which = [0usize; 3];
+        let mut formats = 0;
         for (i, m) in mats.iter().enumerate() {
             let ty = m.ty.act_type();
-            which[i] = match acts.iter().position(|a| a.act_type() == ty) {
+            which[i] = match acts[..formats].iter().position(|a| a.act_type() == ty) {
                 Some(p) => p,
                 None => {
-                    let mut a = Activations::new();
-                    a.quantize(ty, h, n, m.cols)?;
-                    acts.push(a);
-                    acts.len() - 1
+                    slots(acts, formats + 1)[formats].quantize(ty, h, h.len() / m.cols, m.cols)?;
+                    formats += 1;
+                    formats - 1
                 }
             };
         }
@@ -274,4 +272,68 @@ impl Model {
         ])?;
         Ok(())
     }
+}
+
+/// One sequence's state between forward calls: its KV cache, and the forward pass's working buffers,
+/// sized for the largest batch so far and reused, so that decoding a token allocates nothing.
+pub struct Sequence {
+    kv: KvCache,
+    scratch: Scratch,
+}
+
+impl Sequence {
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx()
+    }
+}
+
+/// The working buffers of [`Model::forward`] (each step's output, named as in the forward pass).
+#[derive(Default)]
+struct Scratch {
+    /// The residual stream.
+    x: Vec<f32>,
+    /// The normalised residual stream, input of attention and of the head.
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    attn_out: Vec<f32>,
+    /// RoPE angles of each position of the batch.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    /// The input of q, k and v, quantised once per activation format.
+    qkv_acts: Vec<Activations>,
+    /// The quantised input of attn_output and of the head.
+    acts: Activations,
+    /// Attention's working space.
+    scores: Vec<f32>,
+    /// The layer's routing.
+    route: Route,
+    /// The next layer's predicted routing (prefetch only).
+    next: Route,
+    moe: MoeScratch,
+    logits: Vec<f32>,
+}
+
+impl Scratch {
+    /// Size the per-row buffers for a batch of `n` rows (shrinking keeps the allocation).
+    fn size_for(&mut self, c: &Config, n: usize) {
+        let (d, q_dim, kv_dim, half) = (c.n_embd, c.q_dim(), c.kv_dim(), c.rope_dims / 2);
+        let sizes = [(&mut self.x, d), (&mut self.q, q_dim), (&mut self.k, kv_dim), (&mut self.v, kv_dim), (&mut self.attn, q_dim), (&mut self.attn_out, d), (&mut self.cos, half), (&mut self.sin, half)];
+        for (buf, per_row) in sizes {
+            buf.resize(n * per_row, 0.0);
+        }
+    }
+}
+
+/// A layer's routing of a batch and what it is computed from.
+#[derive(Default)]
+struct Route {
+    /// The normalised residual stream (ffn_norm), also the experts' input.
+    h: Vec<f32>,
+    /// `h` quantised for the router.
+    acts: Activations,
+    logits: Vec<f32>,
+    routing: Routing,
 }

@@ -4,82 +4,125 @@
 use titan_kernels::Activations;
 
 use crate::config::Config;
-use crate::experts::{swiglu_many, ExpertSource, ExpertWeights};
+use crate::experts::{swiglu_many, ExpertSource, ExpertWeights, FfnScratch};
 use crate::ops::sigmoid;
+use crate::scratch::slots;
 use crate::weights::{SharedExpert, Weights};
 use crate::Result;
 
 /// The routing decision for a batch: per row, `k` (expert id, weight) pairs in ascending expert-id order.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug, Default)]
 pub struct Routing {
     pub k: usize,
     pub ids: Vec<u32>,
     pub weights: Vec<f32>,
+    /// Working space of [`Routing::route`]: one row's probabilities, and the experts in rank order.
+    probs: Vec<f32>,
+    order: Vec<u32>,
 }
 
-/// Route each row of `logits` (`n_expert` router logits per row).
-pub fn route(logits: &[f32], n_expert: usize, k: usize, norm_topk: bool) -> Routing {
-    let rows = logits.len() / n_expert;
-    let mut ids = Vec::with_capacity(rows * k);
-    let mut weights = Vec::with_capacity(rows * k);
-    let mut probs = vec![0f32; n_expert];
-    let mut order: Vec<u32> = Vec::with_capacity(n_expert);
-    for row in logits.chunks_exact(n_expert) {
-        probs.copy_from_slice(row);
-        crate::ops::softmax(&mut probs);
-        order.clear();
-        order.extend(0..n_expert as u32);
-        // Highest probability first; equal probabilities by ascending id, so the choice is total and stable.
-        order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
-        let chosen = &mut order[..k];
-        let scale = if norm_topk { 1.0 / chosen.iter().fold(0f32, |s, &e| s + probs[e as usize]) } else { 1.0 };
-        chosen.sort_unstable();
-        for &e in chosen.iter() {
-            ids.push(e);
-            weights.push(probs[e as usize] * scale);
+impl Routing {
+    /// Route each row of `logits` (`n_expert` router logits per row), replacing the previous decision.
+    pub fn route(&mut self, logits: &[f32], n_expert: usize, k: usize, norm_topk: bool) {
+        let Routing { ids, weights, probs, order, .. } = self;
+        self.k = k;
+        ids.clear();
+        weights.clear();
+        probs.resize(n_expert, 0.0);
+        for row in logits.chunks_exact(n_expert) {
+            probs.copy_from_slice(row);
+            crate::ops::softmax(probs);
+            order.clear();
+            order.extend(0..n_expert as u32);
+            // Highest probability first; equal probabilities by ascending id, so the choice is total and stable.
+            order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
+            let chosen = &mut order[..k];
+            let scale = if norm_topk { 1.0 / chosen.iter().fold(0f32, |s, &e| s + probs[e as usize]) } else { 1.0 };
+            chosen.sort_unstable();
+            for &e in chosen.iter() {
+                ids.push(e);
+                weights.push(probs[e as usize] * scale);
+            }
         }
     }
-    Routing { k, ids, weights }
 }
 
-/// The MoE block for `rows` rows of `x` (already normalised) routed by `routing`: the chosen experts,
-/// combined canonically, plus the shared expert if any.
-pub fn moe_block(w: &Weights, experts: &ExpertSource, c: &Config, layer: usize, x: &[f32], rows: usize, routing: &Routing) -> Result<Vec<f32>> {
-    let d = c.n_embd;
+/// The working buffers of [`moe_block`], kept between calls.
+#[derive(Default)]
+pub struct MoeScratch {
+    /// The slots (row · k + j) by expert, then by slot.
+    by_expert: Vec<usize>,
+    /// The experts the batch reaches, ascending: expert `ids[i]` has slots `by_expert[runs[i]..runs[i + 1]]`.
+    ids: Vec<u32>,
+    runs: Vec<usize>,
+    /// The layer's input, quantised once (and again for the shared expert).
+    input: Activations,
+    /// Per expert of a batch, the rows routed to it.
+    acts: Vec<Activations>,
+    /// One expert's rows: their indices, and their values when quantised apart.
+    row_idx: Vec<usize>,
+    rows_f32: Vec<f32>,
+    /// contributions[slot] = the expert's output for (row, slot).
+    contributions: Vec<f32>,
+    /// Always empty: the allocation of the resident batch's list (see [`ExpertSource::for_each_batch`]).
+    views: Vec<ExpertWeights<'static>>,
+    ffn: FfnScratch,
+    out: Vec<f32>,
+}
 
-    // Group rows by expert so each expert's weights are read once per batch.
-    let mut slots_of: Vec<Vec<usize>> = vec![Vec::new(); c.n_expert];
-    for (slot, &e) in routing.ids.iter().enumerate() {
-        slots_of[e as usize].push(slot);
+impl MoeScratch {
+    /// The output of the last [`moe_block`].
+    pub fn out(&self) -> &[f32] {
+        &self.out
     }
-    let ids: Vec<u32> = (0..c.n_expert as u32).filter(|&e| !slots_of[e as usize].is_empty()).collect();
+}
+
+/// The MoE block for the rows of `x` (already normalised) routed by `routing`, into [`MoeScratch::out`]:
+/// the chosen experts, combined canonically, plus the shared expert if any. Returns how many distinct
+/// experts ran.
+pub fn moe_block(w: &Weights, experts: &ExpertSource, c: &Config, layer: usize, x: &[f32], routing: &Routing, s: &mut MoeScratch) -> Result<usize> {
+    let (d, k) = (c.n_embd, routing.k);
+    let rows = x.len() / d;
+    let MoeScratch { by_expert, ids, runs, input, acts, row_idx, rows_f32, contributions, views, ffn, out } = s;
+
+    // Group rows by expert so each expert's weights are read once per batch. (An unstable sort on a
+    // unique key: sorts in place, and the order is still fully determined.)
+    by_expert.clear();
+    by_expert.extend(0..routing.ids.len());
+    by_expert.sort_unstable_by_key(|&slot| (routing.ids[slot], slot));
+    ids.clear();
+    runs.clear();
+    for (i, &slot) in by_expert.iter().enumerate() {
+        if ids.last() != Some(&routing.ids[slot]) {
+            ids.push(routing.ids[slot]);
+            runs.push(i);
+        }
+    }
+    runs.push(by_expert.len());
+    let slots_of = |i: usize| &by_expert[runs[i]..runs[i + 1]];
 
     // The layer's input is quantised once; each expert gets its rows as byte copies of those rows.
-    let l = &w.layers[layer];
-    let in_ty = l.gate_exps.mat.ty.act_type();
-    let mut input = Activations::new();
+    let in_ty = w.layers[layer].gate_exps.mat.ty.act_type();
     input.quantize(in_ty, x, rows, d)?;
 
-    // contributions[slot] = the expert's output for (row, slot), slot = row * k + j.
-    let mut contributions = vec![0f32; rows * routing.k * d];
-    experts.for_each_batch(w, layer, &ids, |batch| {
-        let mut acts = Vec::with_capacity(batch.len());
-        for (i, ew) in batch {
-            let row_idx: Vec<usize> = slots_of[ids[*i] as usize].iter().map(|&slot| slot / routing.k).collect();
-            let mut a = Activations::new();
+    contributions.resize(rows * k * d, 0.0);
+    experts.for_each_batch(w, layer, ids, views, |first, batch| {
+        let acts = slots(acts, batch.len());
+        for ((i, ew), a) in (first..).zip(batch).zip(acts.iter_mut()) {
+            row_idx.clear();
+            row_idx.extend(slots_of(i).iter().map(|&slot| slot / k));
             if ew.gate.ty.act_type() == in_ty && ew.up.ty.act_type() == in_ty {
-                a.gather_from(&input, &row_idx);
+                a.gather_from(input, row_idx);
             } else {
                 // Gate and up of another type than the layer's first expert (rare): quantise these rows for them.
-                let rows_f32: Vec<f32> = row_idx.iter().flat_map(|&r| x[r * d..(r + 1) * d].iter().copied()).collect();
-                a.quantize(ew.gate.ty.act_type(), &rows_f32, row_idx.len(), d)?;
+                rows_f32.clear();
+                rows_f32.extend(row_idx.iter().flat_map(|&r| &x[r * d..(r + 1) * d]));
+                a.quantize(ew.gate.ty.act_type(), rows_f32, row_idx.len(), d)?;
             }
-            acts.push(a);
         }
-        let ffns: Vec<ExpertWeights> = batch.iter().map(|(_, ew)| *ew).collect();
-        let ys = swiglu_many(&ffns, &acts)?;
-        for ((i, _), y) in batch.iter().zip(&ys) {
-            for (yi, &slot) in y.chunks_exact(d).zip(&slots_of[ids[*i] as usize]) {
+        let ys = swiglu_many(batch, acts, ffn)?;
+        for (i, y) in (first..).zip(ys) {
+            for (yi, &slot) in y.chunks_exact(d).zip(slots_of(i)) {
                 contributions[slot * d..(slot + 1) * d].copy_from_slice(yi);
             }
         }
@@ -88,11 +131,12 @@ pub fn moe_block(w: &Weights, experts: &ExpertSource, c: &Config, layer: usize, 
 
     // Canonical combination: Σ w_e · y_e in ascending expert-id order (the slots are already in that order),
     // after every contribution has arrived, one multiply and one add per term.
-    let mut out = vec![0f32; rows * d];
+    out.clear();
+    out.resize(rows * d, 0.0);
     for r in 0..rows {
         let acc = &mut out[r * d..(r + 1) * d];
-        for j in 0..routing.k {
-            let slot = r * routing.k + j;
+        for j in 0..k {
+            let slot = r * k + j;
             let wgt = routing.weights[slot];
             for (a, &y) in acc.iter_mut().zip(&contributions[slot * d..(slot + 1) * d]) {
                 *a += wgt * y;
@@ -101,21 +145,19 @@ pub fn moe_block(w: &Weights, experts: &ExpertSource, c: &Config, layer: usize, 
     }
 
     if let Some(sh) = &w.layers[layer].shared {
-        shared_expert(w, sh, x, rows, d, &mut out)?;
+        shared_expert(w, sh, x, d, input, ffn, out)?;
     }
-    Ok(out)
+    Ok(ids.len())
 }
 
-/// Qwen2-MoE's shared expert: out += sigmoid(x · gate_inp) · ffn(x).
-fn shared_expert(w: &Weights, sh: &SharedExpert, x: &[f32], rows: usize, d: usize, out: &mut [f32]) -> Result<()> {
-    let mut acts = Activations::new();
-    acts.quantize(sh.gate.ty.act_type(), x, rows, d)?;
-    let ffn = ExpertWeights { gate: w.view(&sh.gate), up: w.view(&sh.up), down: w.view(&sh.down) };
-    let y = swiglu_many(&[ffn], &[acts])?.remove(0);
-    for r in 0..rows {
-        let xr = &x[r * d..(r + 1) * d];
+/// Qwen2-MoE's shared expert: out += sigmoid(x · gate_inp) · ffn(x). `acts` receives x quantised for it.
+fn shared_expert(w: &Weights, sh: &SharedExpert, x: &[f32], d: usize, acts: &mut Activations, ffn: &mut FfnScratch, out: &mut [f32]) -> Result<()> {
+    acts.quantize(sh.gate.ty.act_type(), x, x.len() / d, d)?;
+    let weights = ExpertWeights { gate: w.view(&sh.gate), up: w.view(&sh.up), down: w.view(&sh.down) };
+    let y = &swiglu_many(&[weights], std::slice::from_ref(acts), ffn)?[0];
+    for ((xr, yr), or) in x.chunks_exact(d).zip(y.chunks_exact(d)).zip(out.chunks_exact_mut(d)) {
         let g = sigmoid(xr.iter().zip(&sh.gate_inp).fold(0f32, |s, (a, b)| s + a * b));
-        for (o, &v) in out[r * d..(r + 1) * d].iter_mut().zip(&y[r * d..(r + 1) * d]) {
+        for (o, &v) in or.iter_mut().zip(yr) {
             *o += v * g;
         }
     }
@@ -129,9 +171,10 @@ mod tests {
     #[test]
     fn top_k_ties_break_by_ascending_id_and_output_is_sorted() {
         // experts 1 and 3 tie for the top; 0 and 2 tie below.
-        let r = route(&[1.0, 2.0, 1.0, 2.0], 4, 3, false);
+        let mut r = Routing::default();
+        r.route(&[1.0, 2.0, 1.0, 2.0], 4, 3, false);
         assert_eq!(r.ids, vec![0, 1, 3]);
-        let r = route(&[5.0, 0.0, 0.0, 1.0], 4, 2, true);
+        r.route(&[5.0, 0.0, 0.0, 1.0], 4, 2, true);
         assert_eq!(r.ids, vec![0, 3]);
         assert!((r.weights[0] + r.weights[1] - 1.0).abs() < 1e-6);
         assert!(r.weights[0] > r.weights[1]);

@@ -57,15 +57,14 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
-/// Rotary position embedding tables for one position: cos and sin of `pos · base^(-2i/dims)` for each pair.
-/// Computed in f64 and rounded once, so every position gets the most accurate angle f32 can hold.
-pub fn rope_angles(pos: usize, dims: usize, base: f32, cos: &mut Vec<f32>, sin: &mut Vec<f32>) {
-    cos.clear();
-    sin.clear();
-    for i in 0..dims / 2 {
+/// Rotary position embedding tables for one position: cos and sin of `pos · base^(-2i/dims)` for each
+/// pair `i` (`dims / 2` of each). Computed in f64 and rounded once, so every position gets the most
+/// accurate angle f32 can hold.
+pub fn rope_angles(pos: usize, dims: usize, base: f32, cos: &mut [f32], sin: &mut [f32]) {
+    for (i, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
         let theta = pos as f64 * (base as f64).powf(-2.0 * i as f64 / dims as f64);
-        cos.push(theta.cos() as f32);
-        sin.push(theta.sin() as f32);
+        *c = theta.cos() as f32;
+        *s = theta.sin() as f32;
     }
 }
 
@@ -104,7 +103,7 @@ mod tests {
 
     #[test]
     fn rope_rotation_preserves_norm_and_pairs() {
-        let (mut c, mut s) = (vec![], vec![]);
+        let (mut c, mut s) = ([0.0; 2], [0.0; 2]);
         rope_angles(7, 4, 10000.0, &mut c, &mut s);
         let mut h = vec![1.0, 0.0, 0.0, 0.0];
         rope_head(&mut h, &c, &s, true);

@@ -42,11 +42,11 @@ fn a_row_alone_equals_the_same_row_in_a_batch() {
         let model = Model::load(fixtures().join(f)).unwrap();
         let tokens = model.tokenizer.encode("Héllo wörld, 日本語 🙂 fn main() {}", true, false);
         let v = model.config.n_vocab;
-        let mut cache = model.new_cache(tokens.len());
-        let batch = model.forward(&tokens, 0, &mut cache, Outputs::All).unwrap();
-        let mut cache = model.new_cache(tokens.len());
+        let mut batch_seq = model.new_sequence(tokens.len());
+        let batch = model.forward(&tokens, 0, &mut batch_seq, Outputs::All).unwrap();
+        let mut seq = model.new_sequence(tokens.len());
         for (i, &t) in tokens.iter().enumerate() {
-            let alone = model.forward(&[t], i, &mut cache, Outputs::Last).unwrap();
+            let alone = model.forward(&[t], i, &mut seq, Outputs::Last).unwrap();
             let same = alone.iter().zip(&batch[i * v..(i + 1) * v]).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{f}: position {i} differs between batch and single-row computation");
         }

@@ -65,8 +65,8 @@ fn cases() -> Vec<Case> {
 }
 
 fn titan_logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
-    let mut cache = model.new_cache(tokens.len());
-    model.forward(tokens, 0, &mut cache, Outputs::All).unwrap()
+    let mut seq = model.new_sequence(tokens.len());
+    model.forward(tokens, 0, &mut seq, Outputs::All).unwrap().to_vec()
 }
 
 #[test]

@@ -35,8 +35,8 @@ fn every_budget_and_io_mode_is_bit_identical_to_resident() {
         convert(&GgufFile::open(&path).unwrap(), &store, &ConvertOptions::default(), &mut |_, _| {}).unwrap();
         let resident = Model::load(&path).unwrap();
         let tokens = resident.tokenizer.encode("Streaming experts from SSD: café 日本語 🙂", true, false);
-        let mut cache = resident.new_cache(tokens.len());
-        let want = resident.forward(&tokens, 0, &mut cache, Outputs::All).unwrap();
+        let mut seq = resident.new_sequence(tokens.len());
+        let want = resident.forward(&tokens, 0, &mut seq, Outputs::All).unwrap();
         let want_trace = trace_of(&resident, &tokens);
 
         let s = Store::open(&store, &resident.weights.file).unwrap();
@@ -44,9 +44,9 @@ fn every_budget_and_io_mode_is_bit_identical_to_resident() {
         for budget in [1, min, all / 3, all] {
             for direct in [false, true] {
                 let m = streamed(&path, &store, budget, direct, budget == all / 3);
-                let mut cache = m.new_cache(tokens.len());
-                let got = m.forward(&tokens, 0, &mut cache, Outputs::All).unwrap();
-                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{f}: budget {budget}, direct {direct}: logits differ");
+                let mut seq = m.new_sequence(tokens.len());
+                let got = m.forward(&tokens, 0, &mut seq, Outputs::All).unwrap();
+                assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "{f}: budget {budget}, direct {direct}: logits differ");
                 let rep = diff(&want_trace, &trace_of(&m, &tokens), None);
                 assert!(rep.identical(), "{f}: budget {budget}, direct {direct}: {rep:?}");
                 let stats = m.experts.cache().unwrap().stats();

@@ -950,7 +950,7 @@ mod tests {
                     for _ in 0..calls {
                         let layer = 1 + (rng.next() % 2) as usize;
                         let experts: Vec<u32> = (0..4).map(|_| (rng.next() % 8) as u32).collect();
-                        if rng.next() % 4 == 0 {
+                        if rng.next().is_multiple_of(4) {
                             c.prefetch(layer, &[(rng.next() % 8) as u32]).unwrap();
                         }
                         let recs = c.get_layer(layer, &experts).unwrap();

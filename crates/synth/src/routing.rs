@@ -102,12 +102,12 @@ pub fn routing_report(model_path: &Path, tokens: usize, seed: u64) -> Result<Rou
         token = (token + 1) % c.n_vocab as u32;
     }
     let mut history = vec![token];
-    let mut cache = model.new_cache(tokens.max(1) + 1);
+    let mut seq = model.new_sequence(tokens.max(1) + 1);
     // ids[layer][step] = that step's top-k experts, ascending
     let mut ids: Vec<Vec<Vec<u32>>> = vec![Vec::with_capacity(tokens); n_layer];
     for pos in 0..tokens.max(1) {
         let mut trace = Trace::default();
-        let mut logits = model.forward_traced(&[token], pos, &mut cache, Outputs::Last, Some(&mut trace))?;
+        let mut logits = model.forward_traced(&[token], pos, &mut seq, Outputs::Last, Some(&mut trace))?.to_vec();
         for r in trace.records.iter().filter(|r| r.name.ends_with(".topk_ids")) {
             let layer: usize = r.name.split('.').nth(1).and_then(|l| l.strip_prefix('l')).and_then(|l| l.parse().ok()).unwrap_or(usize::MAX);
             if let Some(steps) = ids.get_mut(layer) {

@@ -48,8 +48,8 @@ fn every_architecture_loads_and_runs_in_titan() {
             assert_eq!(model.config.n_layer, 2);
             assert_eq!(model.config.n_expert, p.n_expert);
             assert_eq!(model.config.n_vocab, p.n_vocab);
-            let mut cache = model.new_cache(8);
-            let logits = model.forward(&[1, 300, 301, 1000], 0, &mut cache, Outputs::All).unwrap();
+            let mut seq = model.new_sequence(8);
+            let logits = model.forward(&[1, 300, 301, 1000], 0, &mut seq, Outputs::All).unwrap();
             assert_eq!(logits.len(), 4 * p.n_vocab);
             assert!(logits.iter().all(|l| l.is_finite()), "{name} {ty}: non-finite logits");
             let ids = model.tokenizer.encode("hello there", false, false);
