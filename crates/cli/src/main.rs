@@ -346,7 +346,7 @@ fn logits(a: LogitsArgs) -> Result<()> {
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(&a.output).with_context(|| format!("creating {}", a.output.display()))?,
     );
-    npy::write_f32(&mut f, &[tokens.len(), model.config.n_vocab], &logits)
+    npy::write_f32(&mut f, &[tokens.len(), model.config.n_vocab], logits)
         .and_then(|_| f.flush())
         .with_context(|| format!("writing {}", a.output.display()))?;
     eprintln!("wrote {} × {} logits to {}", tokens.len(), model.config.n_vocab, a.output.display());
