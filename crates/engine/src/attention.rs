@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use crate::ops::softmax;
+use crate::ops::{dot, softmax};
 
 /// Keys and values of every layer for one sequence, f32 (llama.cpp defaults to f16 here; f32 keeps the
 /// cache exact, and on MoE models it is a small share of memory at the context sizes TITAN targets).
@@ -64,8 +64,7 @@ pub fn attend(cache: &KvCache, layer: usize, s: &AttnShape, pos0: usize, q: &[f3
             let scores = &mut scores[..pos0 + i + 1];
             for (t, sc) in scores.iter_mut().enumerate() {
                 let k = &keys[t * cache.kv_dim + kv_off..][..s.head_dim];
-                let dot: f32 = qh.iter().zip(k).fold(0.0, |acc, (a, b)| acc + a * b);
-                *sc = dot * scale;
+                *sc = dot(qh, k) * scale;
             }
             softmax(scores);
             oh.fill(0.0);

@@ -5,7 +5,7 @@ use titan_kernels::Activations;
 
 use crate::config::Config;
 use crate::experts::{swiglu_many, ExpertSource, ExpertWeights, FfnScratch};
-use crate::ops::sigmoid;
+use crate::ops::{dot, sigmoid};
 use crate::scratch::slots;
 use crate::weights::{SharedExpert, Weights};
 use crate::Result;
@@ -156,7 +156,7 @@ fn shared_expert(w: &Weights, sh: &SharedExpert, x: &[f32], d: usize, acts: &mut
     let weights = ExpertWeights { gate: w.view(&sh.gate), up: w.view(&sh.up), down: w.view(&sh.down) };
     let y = &swiglu_many(&[weights], std::slice::from_ref(acts), ffn)?[0];
     for ((xr, yr), or) in x.chunks_exact(d).zip(y.chunks_exact(d)).zip(out.chunks_exact_mut(d)) {
-        let g = sigmoid(xr.iter().zip(&sh.gate_inp).fold(0f32, |s, (a, b)| s + a * b));
+        let g = sigmoid(dot(xr, &sh.gate_inp));
         for (o, &v) in or.iter_mut().zip(yr) {
             *o += v * g;
         }
