@@ -180,11 +180,11 @@ pub fn vec_dot(w_ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
     let kernel = simd::dot_kernel(isa(), w_ty);
     let mut out = [0f32];
     match kernel.layout {
-        simd::ActLayout::Plain => kernel.run(w, &[act], &mut out),
+        simd::ActLayout::Plain => kernel.run(w, w.len(), &[act], &mut out),
         simd::ActLayout::Grouped => {
             let mut g = vec![0u8; grouped::row_bytes(n / act_ty.block_len())];
             grouped::regroup(act, &mut g);
-            kernel.run(w, &[&g], &mut out);
+            kernel.run(w, w.len(), &[&g], &mut out);
         }
     }
     out[0]

@@ -405,24 +405,30 @@ impl Part<'_> {
     ///
     /// No other thread may be writing those outputs.
     unsafe fn run_rows(&self, rows: std::ops::Range<usize>) {
+        /// Weight rows per kernel call: their outputs for every activation row fit a stack buffer.
+        const CALL_ROWS: usize = 64;
         let (n_act, n_out) = (self.acts.rows(), self.w.rows);
         let (step, row_bytes) = (self.kernel.max_rows, self.w.row_bytes());
         let mut act_rows: [&[u8]; MAX_ROWS] = [&[]; MAX_ROWS];
-        let mut values = [0f32; MAX_ROWS];
+        let mut values = [0f32; CALL_ROWS * MAX_ROWS];
         // Up to `step` activation rows at a time, each against every weight row of the run: the
         // activations stay in L1 while the run's weights (TASK_WEIGHT_BYTES) pass by, and each
-        // weight row is unpacked once per kernel call (each output exactly as if alone).
+        // weight row is unpacked once per activation chunk (each output exactly as if alone).
         for i0 in (0..n_act).step_by(step) {
             let m = (n_act - i0).min(step);
             for (a, i) in act_rows.iter_mut().zip(i0..i0 + m) {
                 *a = self.acts.row_in(self.kernel.layout, i);
             }
-            for r in rows.clone() {
-                let w_row = &self.w.data[r * row_bytes..(r + 1) * row_bytes];
-                self.kernel.run(w_row, &act_rows[..m], &mut values[..m]);
-                for (i, &v) in (i0..i0 + m).zip(&values[..m]) {
-                    // SAFETY: `i < n_act` and `r < n_out`, and `check` made `out` n_act × n_out.
-                    unsafe { *self.out.0.add(i * n_out + r) = v };
+            for r0 in rows.clone().step_by(CALL_ROWS) {
+                let k = (rows.end - r0).min(CALL_ROWS);
+                let w = &self.w.data[r0 * row_bytes..(r0 + k) * row_bytes];
+                let values = &mut values[..k * m];
+                self.kernel.run(w, row_bytes, &act_rows[..m], values);
+                for (r, per_act) in (r0..r0 + k).zip(values.chunks_exact(m)) {
+                    for (i, &v) in (i0..i0 + m).zip(per_act) {
+                        // SAFETY: `i < n_act` and `r < n_out`, and `check` made `out` n_act × n_out.
+                        unsafe { *self.out.0.add(i * n_out + r) = v };
+                    }
                 }
             }
         }

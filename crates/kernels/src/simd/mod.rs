@@ -164,9 +164,11 @@ pub fn kernel_isa(ty: GgmlType) -> Isa {
     dot_kernel(isa(), ty).isa
 }
 
-/// Dots one weight row with 1..=`max_rows` activation rows: `out[i] = vec_dot(w, acts[i])`.
-/// Unsafe because ISA-specific kernels need their CPU features; see [`DotKernel`].
-type DotFn = unsafe fn(w: &[u8], acts: &[&[u8]], out: &mut [f32]);
+/// Dots each weight row of `w` (whole rows of `row_bytes`) with 1..=`max_rows` activation rows:
+/// `out[k * acts.len() + i] = vec_dot(row k, acts[i])`. Unsafe because ISA-specific kernels need
+/// their CPU features; see [`DotKernel`]. One call takes a run of rows so that the dispatch, the
+/// row-count match and the loop-invariant constants are paid once per run, not once per row.
+type DotFn = unsafe fn(w: &[u8], row_bytes: usize, acts: &[&[u8]], out: &mut [f32]);
 
 /// A dot-product kernel for one weight format, for the ISA it was selected for.
 #[derive(Clone, Copy)]
@@ -181,19 +183,25 @@ pub(crate) struct DotKernel {
 }
 
 impl DotKernel {
-    /// `out[i] = vec_dot(w, acts[i])` for each of the `acts.len() == out.len()` rows
-    /// (1..=`max_rows`), every row exactly as if it were alone. Rows must be whole blocks of equal
-    /// length, in the kernel's [`ActLayout`].
+    /// `out[k * acts.len() + i] = vec_dot(w row k, acts[i])` for each weight row `k` of `w` and
+    /// each of the 1..=`max_rows` activation rows, every output exactly as if it were computed
+    /// alone. Rows must be whole blocks of equal length, activations in the kernel's [`ActLayout`].
     #[inline]
-    pub(crate) fn run(&self, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
+    pub(crate) fn run(&self, w: &[u8], row_bytes: usize, acts: &[&[u8]], out: &mut [f32]) {
         assert!(
-            (1..=self.max_rows).contains(&acts.len()) && acts.len() == out.len(),
+            (1..=self.max_rows).contains(&acts.len()),
             "dot kernel takes 1..={} rows",
             self.max_rows
         );
+        assert!(
+            row_bytes > 0
+                && w.len().is_multiple_of(row_bytes)
+                && out.len() == w.len() / row_bytes * acts.len(),
+            "dot kernel: weights must be whole rows and out one value per (weight row, activation row)"
+        );
         // SAFETY: `dot_kernel` only stores an ISA-specific function after `Isa::is_available`
         // confirmed this CPU has its features; scalar functions have no requirement.
-        unsafe { (self.f)(w, acts, out) }
+        unsafe { (self.f)(w, row_bytes, acts, out) }
     }
 }
 
@@ -271,9 +279,11 @@ fn scalar_dot_rows(ty: GgmlType) -> DotFn {
     };
     macro_rules! rows {
         ($m:ident) => {{
-            fn rows(w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
-                for (o, a) in out.iter_mut().zip(acts) {
-                    *o = $m::vec_dot(w, a);
+            fn rows(w: &[u8], row_bytes: usize, acts: &[&[u8]], out: &mut [f32]) {
+                for (w, out) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(acts.len())) {
+                    for (o, a) in out.iter_mut().zip(acts) {
+                        *o = $m::vec_dot(w, a);
+                    }
                 }
             }
             rows

@@ -74,14 +74,20 @@ pub(super) fn quant_fn(isa: Isa, act_ty: GgmlType) -> Option<QuantFn> {
     Some(f)
 }
 
-/// One entry point per format: enables the features and picks the row count (up to the `max_rows`
-/// that `dot_kernel` declares for it; `DotKernel::run` has checked the count).
+/// One entry point per format: enables the features, picks the row count (up to the `max_rows`
+/// that `dot_kernel` declares for it; `DotKernel::run` has checked the count) and runs every weight
+/// row of the call.
 macro_rules! entry {
     ($name:ident, $body:ident, $($r:literal)+) => {
         #[target_feature(enable = "neon,dotprod")]
-        unsafe fn $name(w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
+        unsafe fn $name(w: &[u8], row_bytes: usize, acts: &[&[u8]], out: &mut [f32]) {
             match acts.len() {
-                $($r => $body::<$r>(w, rows(acts), out),)+
+                $($r => {
+                    let a = rows::<$r>(acts);
+                    for (w, out) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut($r)) {
+                        $body::<$r>(w, a, out);
+                    }
+                })+
                 n => unreachable!("{n} rows"),
             }
         }

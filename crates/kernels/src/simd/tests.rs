@@ -106,6 +106,8 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 #[test]
 fn every_dot_kernel_matches_scalar_for_every_row_count() {
+    // Three weight rows per call, so a call's later rows are checked too.
+    const W_ROWS: usize = 3;
     for isa in simd_isas() {
         for ty in GgmlType::ALL {
             let act_ty = ty.act_type();
@@ -113,7 +115,8 @@ fn every_dot_kernel_matches_scalar_for_every_row_count() {
             let mut rng = Rng::new(u64::from(ty.id()) * 1000 + isa as u64);
             for blocks in BLOCK_COUNTS {
                 let n = blocks * block_len;
-                let w = weights(ty, n, &mut rng);
+                let w: Vec<u8> = (0..W_ROWS).flat_map(|_| weights(ty, n, &mut rng)).collect();
+                let row_bytes = w.len() / W_ROWS;
                 let acts: Vec<Vec<u8>> = (0..MAX_ROWS)
                     .map(|i| {
                         let x = activations(n, &mut rng, (i % 2) as u8);
@@ -121,18 +124,22 @@ fn every_dot_kernel_matches_scalar_for_every_row_count() {
                     })
                     .collect();
                 let act_refs: Vec<&[u8]> = acts.iter().map(|a| a.as_slice()).collect();
-                let mut expected = [0f32; MAX_ROWS];
-                dot_kernel(Isa::Scalar, ty).run(&w, &act_refs, &mut expected);
+                let mut expected = [0f32; W_ROWS * MAX_ROWS];
+                dot_kernel(Isa::Scalar, ty).run(&w, row_bytes, &act_refs, &mut expected);
                 let kernel = dot_kernel(isa, ty);
                 let laid_out: Vec<Vec<u8>> = acts.iter().map(|a| in_layout(kernel, a)).collect();
                 let act_refs: Vec<&[u8]> = laid_out.iter().map(|a| a.as_slice()).collect();
                 for rows in 1..=kernel.max_rows {
-                    let mut got = vec![0f32; rows];
-                    kernel.run(&w, &act_refs[..rows], &mut got);
+                    let mut got = vec![0f32; W_ROWS * rows];
+                    kernel.run(&w, row_bytes, &act_refs[..rows], &mut got);
+                    let want: Vec<f32> = expected
+                        .chunks_exact(MAX_ROWS)
+                        .flat_map(|per_row| per_row[..rows].to_vec())
+                        .collect();
                     assert_eq!(
                         bits(&got),
-                        bits(&expected[..rows]),
-                        "{isa} {ty}, {blocks} blocks, {rows} rows: {got:?} vs {expected:?}"
+                        bits(&want),
+                        "{isa} {ty}, {blocks} blocks, {rows} rows: {got:?} vs {want:?}"
                     );
                 }
             }
@@ -243,7 +250,7 @@ fn matmul_on_every_isa_equals_scalar_vec_dot_for_one_to_seventeen_rows() {
                 for i in 0..n_act {
                     for r in 0..rows {
                         let mut e = [0f32];
-                        dot_kernel(Isa::Scalar, ty).run(w.row(r), &[acts.row(i)], &mut e);
+                        dot_kernel(Isa::Scalar, ty).run(w.row(r), w.row_bytes(), &[acts.row(i)], &mut e);
                         assert_eq!(
                             out[i * rows + r].to_bits(),
                             e[0].to_bits(),

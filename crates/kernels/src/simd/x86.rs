@@ -122,82 +122,47 @@ impl IntDot for VnniDot {
     }
 }
 
-/// One entry point per (ISA, format): enables the ISA's features and picks the row count (up to the
-/// `max_rows` that `dot_kernel` declares for it; `DotKernel::run` has checked the count).
-macro_rules! entry_points {
-    ($features:literal, $dot:ty) => {
-        use super::*;
-
-        macro_rules! entry4 {
-            ($name:ident, $body:ident) => {
-                #[target_feature(enable = $features)]
-                pub(super) unsafe fn $name(w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
-                    match acts.len() {
-                        1 => $body::<$dot, 1>(w, rows(acts), out),
-                        2 => $body::<$dot, 2>(w, rows(acts), out),
-                        3 => $body::<$dot, 3>(w, rows(acts), out),
-                        4 => $body::<$dot, 4>(w, rows(acts), out),
-                        n => unreachable!("{n} rows"),
+/// One entry point per (ISA, format): enables the ISA's features, picks the row count (up to the
+/// `max_rows` that `dot_kernel` declares for it; `DotKernel::run` has checked the count) and runs every
+/// weight row of the call.
+macro_rules! entry {
+    ($features:literal, $dot:ty: $name:ident, $body:ident, $($r:literal)+) => {
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $name(w: &[u8], row_bytes: usize, acts: &[&[u8]], out: &mut [f32]) {
+            match acts.len() {
+                $($r => {
+                    let a = rows::<$r>(acts);
+                    for (w, out) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut($r)) {
+                        $body::<$dot, $r>(w, a, out);
                     }
-                }
-            };
+                })+
+                n => unreachable!("{n} rows"),
+            }
         }
-
-        macro_rules! entry8 {
-            ($name:ident, $body:ident) => {
-                #[target_feature(enable = $features)]
-                pub(super) unsafe fn $name(w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
-                    match acts.len() {
-                        1 => $body::<$dot, 1>(w, rows(acts), out),
-                        2 => $body::<$dot, 2>(w, rows(acts), out),
-                        3 => $body::<$dot, 3>(w, rows(acts), out),
-                        4 => $body::<$dot, 4>(w, rows(acts), out),
-                        5 => $body::<$dot, 5>(w, rows(acts), out),
-                        6 => $body::<$dot, 6>(w, rows(acts), out),
-                        7 => $body::<$dot, 7>(w, rows(acts), out),
-                        8 => $body::<$dot, 8>(w, rows(acts), out),
-                        n => unreachable!("{n} rows"),
-                    }
-                }
-            };
-        }
-
-        entry8!(q4_0, q4_0_rows);
-        entry8!(q8_0, q8_0_rows);
-        entry4!(q4_k, q4_k_rows);
-        entry4!(q5_k, q5_k_rows);
-        entry4!(q6_k, q6_k_rows);
     };
 }
 
 mod avx2 {
-    entry_points!("avx2,f16c", Avx2Dot);
+    use super::*;
 
-    #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn f32(w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
-        match acts.len() {
-            1 => float_rows::<1, false>(w, rows(acts), out),
-            2 => float_rows::<2, false>(w, rows(acts), out),
-            3 => float_rows::<3, false>(w, rows(acts), out),
-            4 => float_rows::<4, false>(w, rows(acts), out),
-            n => unreachable!("{n} rows"),
-        }
-    }
-
-    #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn f16(w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
-        match acts.len() {
-            1 => float_rows::<1, true>(w, rows(acts), out),
-            2 => float_rows::<2, true>(w, rows(acts), out),
-            3 => float_rows::<3, true>(w, rows(acts), out),
-            4 => float_rows::<4, true>(w, rows(acts), out),
-            n => unreachable!("{n} rows"),
-        }
-    }
+    entry!("avx2,f16c", Avx2Dot: q4_0, q4_0_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c", Avx2Dot: q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c", Avx2Dot: q4_k, q4_k_rows, 1 2 3 4);
+    entry!("avx2,f16c", Avx2Dot: q5_k, q5_k_rows, 1 2 3 4);
+    entry!("avx2,f16c", Avx2Dot: q6_k, q6_k_rows, 1 2 3 4);
+    // Float weights have no integer products: AVX-512 runs these too.
+    entry!("avx2,f16c", Avx2Dot: f32, f32_rows, 1 2 3 4);
+    entry!("avx2,f16c", Avx2Dot: f16, f16_rows, 1 2 3 4);
 }
 
 mod avx512 {
-    entry_points!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot);
+    use super::*;
+
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_0, q4_0_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_k, q4_k_rows, 1 2 3 4);
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q5_k, q5_k_rows, 1 2 3 4);
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q6_k, q6_k_rows, 1 2 3 4);
 }
 
 /// The first `R` activation rows as an array (the entry points pass exactly `R`).
@@ -645,6 +610,16 @@ unsafe fn q6_k_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: 
 // ---------------------------------------------------------------------------------------------
 // Float weights times F32 activations: product i goes to lane i % 8, which is exactly lane i % 8 of
 // one `__m256` accumulator per row.
+
+#[inline(always)]
+unsafe fn f32_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    float_rows::<R, false>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn f16_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    float_rows::<R, true>(w, acts, out)
+}
 
 #[inline(always)]
 unsafe fn float_rows<const R: usize, const HALF: bool>(
