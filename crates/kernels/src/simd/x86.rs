@@ -129,7 +129,6 @@ macro_rules! entry {
     ($features:literal, $dot:ty: $name:ident, $body:ident, $($r:literal)+) => {
         #[target_feature(enable = $features)]
         pub(super) unsafe fn $name(w: &[u8], row_bytes: usize, acts: &[&[u8]], out: &mut [f32]) {
-            prefetch_ahead(w.as_ptr(), PREFETCH_DISTANCE.min(w.len()), 0);
             match acts.len() {
                 $($r => {
                     let a = rows::<$r>(acts);
@@ -197,20 +196,17 @@ unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
     _mm256_cvtph_ps(_mm_set_epi64x(quad(4) as i64, quad(0) as i64))
 }
 
-/// How far ahead of the weights being multiplied the kernels ask for more. Decode streams weights from
+/// Asks for the weights `PREFETCH_DISTANCE` bytes past `[p, p + len)`. Decode streams weights from
 /// memory and the hardware prefetcher alone leaves the core waiting on part of each row: on the
 /// 2-core Xeon this was tuned on, one thread's cold matvec went from 5.5 to 7.9 GB/s (Q4_0) and 7.6
-/// to 11.9 GB/s (Q8_0) at 4 KiB ahead (1, 2, 8 and 16 KiB were slower).
-const PREFETCH_DISTANCE: usize = 4096;
-
-/// Asks for `[p + ahead, p + ahead + len)`: `PREFETCH_DISTANCE` ahead of the weights in use, and at
-/// the start of a call (ahead 0) its first `PREFETCH_DISTANCE` bytes, which no earlier row asked for.
-/// Prefetches never fault, so running past the end of the matrix is harmless.
+/// to 11.9 GB/s (Q8_0) at 4 KiB ahead (1, 2, 8 and 16 KiB were slower). Prefetches never fault, so
+/// running past the end of the matrix is harmless.
 #[inline(always)]
-unsafe fn prefetch_ahead(p: *const u8, len: usize, ahead: usize) {
+unsafe fn prefetch_ahead(p: *const u8, len: usize) {
+    const PREFETCH_DISTANCE: usize = 4096;
     let mut off = 0;
     while off < len {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + off) as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_DISTANCE + off) as *const i8);
         off += 64;
     }
 }
@@ -381,7 +377,7 @@ unsafe fn grouped_rows<D: IntDot, K: Grouped, const R: usize>(
     let full = nb / 8;
     for g in 0..full {
         let wg = w.as_ptr().add(g * 8 * K::BYTES);
-        prefetch_ahead(wg, 8 * K::BYTES, PREFETCH_DISTANCE);
+        prefetch_ahead(wg, 8 * K::BYTES);
         let a = array::from_fn(|r| acts[r].as_ptr().add(g * GB));
         grouped_step::<D, K, R>(wg, a, &mut acc);
     }
@@ -483,7 +479,7 @@ unsafe fn q45_k_rows<D: IntDot, const R: usize, const BYTES: usize, const Q5: bo
     let one = _mm256_set1_epi8(1);
     let mut lanes = [Lanes8::default(); R];
     for (b, wb) in w.chunks_exact(BYTES).enumerate() {
-        prefetch_ahead(wb.as_ptr(), BYTES, PREFETCH_DISTANCE);
+        prefetch_ahead(wb.as_ptr(), BYTES);
         let (scales, mins) = scales_mins(&wb[4..16]);
         let scales = _mm256_broadcastsi128_si256(scales);
         let a: [*const u8; R] = array::from_fn(|r| acts[r].as_ptr().add(b * AB));
@@ -550,7 +546,7 @@ unsafe fn q6_k_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: 
     let m30 = _mm256_set1_epi8(0x30);
     let mut lanes = [Lanes8::default(); R];
     for (b, wb) in w.chunks_exact(WB).enumerate() {
-        prefetch_ahead(wb.as_ptr(), WB, PREFETCH_DISTANCE);
+        prefetch_ahead(wb.as_ptr(), WB);
         let p = wb.as_ptr();
         let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
         // Scales 0..8 and 8..16 in both halves, for `lane_pick`.
