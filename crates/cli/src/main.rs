@@ -265,32 +265,56 @@ struct TraceDiffArgs {
 
 fn main() {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Run(a) => run(a),
-        Command::Logits(a) => logits(a),
-        Command::Tokenize(a) => tokenize(a),
-        Command::Inspect(a) => inspect(a),
-        Command::Synth(a) => synth(a),
-        Command::Bench(a) => bench(a),
-        Command::Convert(a) => convert_store(a),
-        Command::Verify(a) => verify_store(a),
-        Command::Profile(a) => profile(a),
-        Command::Trace(a) => trace(a),
-        Command::TraceDiff(a) => std::process::exit(trace_diff(a)),
-    };
+    let result = start_pool(cli.command.threads()).and_then(|()| {
+        // The command runs on a worker of the pool: the forward pass enters parallel regions several
+        // times per layer, and from a worker each is a push onto the worker's own queue, where from
+        // outside the pool it is a hand-over to another thread (slower, and it allocates).
+        rayon::scope(|_| match cli.command {
+            Command::Run(a) => run(a),
+            Command::Logits(a) => logits(a),
+            Command::Tokenize(a) => tokenize(a),
+            Command::Inspect(a) => inspect(a),
+            Command::Synth(a) => synth(a),
+            Command::Bench(a) => bench(a),
+            Command::Convert(a) => convert_store(a),
+            Command::Verify(a) => verify_store(a),
+            Command::Profile(a) => profile(a),
+            Command::Trace(a) => trace(a),
+            Command::TraceDiff(a) => std::process::exit(trace_diff(a)),
+        })
+    });
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn load(a: &ModelArgs) -> Result<Model> {
-    if let Some(n) = a.threads {
+impl Command {
+    /// The `--threads` the command asks for, if it takes one.
+    fn threads(&self) -> Option<usize> {
+        match self {
+            Command::Run(a) => a.model.threads,
+            Command::Logits(a) => a.model.threads,
+            Command::Bench(a) => a.model.threads,
+            Command::Trace(a) => a.model.threads,
+            Command::Profile(a) => a.model.threads,
+            _ => None,
+        }
+    }
+}
+
+/// Sizes rayon's global pool: `threads` workers, or one per core.
+fn start_pool(threads: Option<usize>) -> Result<()> {
+    if let Some(n) = threads {
         if n == 0 {
             bail!("--threads must be at least 1");
         }
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting up the thread pool")?;
     }
+    Ok(())
+}
+
+fn load(a: &ModelArgs) -> Result<Model> {
     let mut model = Model::load_with(&a.model, &a.stream.load_options(&a.model)?)?;
     if let Some(w) = model.experts.cache().and_then(|c| c.warning()) {
         eprintln!("warning: {w}");
