@@ -76,9 +76,7 @@ impl Model {
             }
         };
         let mut weights = Weights::load(file, &config)?;
-        if experts.cache().is_some() {
-            weights.make_dense_resident();
-        }
+        weights.copy_out(experts.cache().is_some());
         Ok(Model { config, weights, tokenizer, experts, prefetch, stats: Stats::default() })
     }
 

@@ -1,10 +1,11 @@
 //! The model's weights as typed views into the GGUF mapping, with every shape checked at load.
 //!
-//! Matrices stay in their GGUF encoding (zero-copy); only the small vectors (norms, biases) are
-//! decoded to f32 once.
+//! Matrices stay in their GGUF encoding: read in place from the mapping, or copied out of it at load —
+//! Q4_0/Q8_0 matrices regrouped for the SIMD kernels, and the dense matrices when experts stream.
+//! Only the small vectors (norms, biases) are decoded to f32 once.
 
 use titan_gguf::{GgufFile, TensorInfo};
-use titan_kernels::{GgmlType, WeightView};
+use titan_kernels::{regroup_weights, regrouped_weights_pay, weights_regroupable, GgmlType, WeightLayout, WeightView};
 
 use crate::config::{Config, QkNorm};
 use crate::{EngineError, Result};
@@ -71,8 +72,8 @@ pub struct Layer {
 
 pub struct Weights {
     pub file: GgufFile,
-    /// Dense tensors copied out of the mapping (see [`Weights::make_dense_resident`]).
-    dense_copy: Option<DenseCopy>,
+    /// Tensors copied out of the mapping (see [`Weights::copy_out`]).
+    copies: Copies,
     pub token_embd: Mat,
     pub output_norm: Vec<f32>,
     /// The LM head; `token_embd` itself when the model ties them.
@@ -125,29 +126,54 @@ impl Weights {
                 shared,
             });
         }
-        Ok(Weights { file, dense_copy: None, token_embd, output_norm, output, layers })
+        Ok(Weights { file, copies: Copies::default(), token_embd, output_norm, output, layers })
     }
 
-    /// A view of a matrix: zero-copy into the mapping, or into the resident copy of the dense weights.
+    /// A view of a matrix: zero-copy into the mapping, or into its copy.
     pub fn view(&self, m: &Mat) -> WeightView<'_> {
-        let copied = self.dense_copy.as_ref().and_then(|c| c.get(m.start, m.bytes()));
-        // Every Mat was derived from a tensor whose bounds the GGUF reader checked.
-        let data = copied.unwrap_or_else(|| self.file.bytes(m.start, m.bytes()).expect("matrix bounds checked at load"));
-        WeightView { ty: m.ty, rows: m.rows, cols: m.cols, data }
+        let (data, layout) = self.copies.get(m.start, m.bytes()).unwrap_or_else(|| {
+            // Every Mat was derived from a tensor whose bounds the GGUF reader checked.
+            (self.file.bytes(m.start, m.bytes()).expect("matrix bounds checked at load"), WeightLayout::Plain)
+        });
+        WeightView { ty: m.ty, rows: m.rows, cols: m.cols, data, layout }
     }
 
-    /// Copy every dense (non-expert) tensor out of the mapping into process memory. With experts streamed
-    /// from a store, the mapping's pages are reclaimable page cache that expert reads would push out; the
-    /// copy keeps the backbone resident, and the experts' part of the GGUF is never touched.
-    pub fn make_dense_resident(&mut self) {
-        let mut copy = DenseCopy { starts: Vec::new(), bufs: Vec::new() };
-        let mut tensors: Vec<_> = self.file.tensors.iter().filter(|t| !is_expert_tensor(&t.name)).collect();
+    /// Copies tensors out of the mapping, once, after loading:
+    ///
+    /// - every Q4_0/Q8_0 matrix the SIMD kernels take regrouped (`titan_kernels::regroup_weights`:
+    ///   scales first and quants pre-transposed, so each kernel call skips that work — the same bits),
+    ///   except the token embedding, which is read row by row;
+    /// - with `dense_resident` (experts streamed from a store), every other dense tensor as it is: the
+    ///   mapping's pages are reclaimable page cache that expert reads would push out, and the copy keeps
+    ///   the backbone resident. Expert tensors are then left alone, never touched.
+    ///
+    /// Each copied range is released from the mapping, so the process holds each tensor once.
+    pub fn copy_out(&mut self, dense_resident: bool) {
+        let mut tensors: Vec<_> = self.file.tensors.iter().filter(|t| !(dense_resident && is_expert_tensor(&t.name))).collect();
         tensors.sort_by_key(|t| t.offset);
+        let mut copies = Copies::default();
         for t in tensors {
-            copy.starts.push((self.file.data_offset + t.offset) as usize);
-            copy.bufs.push(self.file.tensor_data(t).to_vec());
+            let start = (self.file.data_offset + t.offset) as usize;
+            let src = self.file.tensor_data(t);
+            let cols = t.dims.first().map_or(0, |&c| c as usize);
+            let matrix = t.dims.len() >= 2 && t.dims[1] > 1 && t.name != "token_embd.weight";
+            let regroup = matrix && weights_regroupable(t.ty, cols) && regrouped_weights_pay(t.ty);
+            let copy = if regroup {
+                let mut buf = vec![0u8; src.len()];
+                regroup_weights(t.ty, cols, src, &mut buf).then_some((buf, WeightLayout::Regrouped))
+            } else if dense_resident {
+                Some((src.to_vec(), WeightLayout::Plain))
+            } else {
+                None
+            };
+            if let Some((buf, layout)) = copy {
+                copies.starts.push(start);
+                copies.bufs.push(buf);
+                copies.layouts.push(layout);
+                self.file.release(start, src.len());
+            }
         }
-        self.dense_copy = Some(copy);
+        self.copies = copies;
     }
 }
 
@@ -162,16 +188,19 @@ pub fn dense_and_expert_bytes(f: &GgufFile) -> (u64, u64) {
     (f.tensors.iter().map(|t| t.size).sum::<u64>() - expert, expert)
 }
 
-/// Dense tensors' bytes, by their start offset in the file.
-struct DenseCopy {
+/// Tensors copied out of the mapping, by their start offset in the file.
+#[derive(Default)]
+struct Copies {
     starts: Vec<usize>,
     bufs: Vec<Vec<u8>>,
+    layouts: Vec<WeightLayout>,
 }
 
-impl DenseCopy {
-    fn get(&self, start: usize, len: usize) -> Option<&[u8]> {
+impl Copies {
+    fn get(&self, start: usize, len: usize) -> Option<(&[u8], WeightLayout)> {
         let i = self.starts.partition_point(|&s| s <= start).checked_sub(1)?;
-        self.bufs[i].get(start - self.starts[i]..start - self.starts[i] + len)
+        let data = self.bufs[i].get(start - self.starts[i]..start - self.starts[i] + len)?;
+        Some((data, self.layouts[i]))
     }
 }
 

@@ -170,6 +170,16 @@ impl GgufFile {
         self.map.get(start..start.checked_add(len)?)
     }
 
+    /// Tells the kernel this process will not read `[start, start + len)` again (its contents were
+    /// copied elsewhere), so those pages leave the process's resident set; they stay in the page cache,
+    /// and a later read still works (the pages fault back in). Pages the range only partly covers are
+    /// included, which costs a neighbour at most a refault.
+    pub fn release(&self, start: usize, len: usize) {
+        // SAFETY: MADV_DONTNEED on a read-only shared file mapping only drops this process's page
+        // table entries; the file's data is untouched and is read back on the next access.
+        let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
+    }
+
     /// Advise the kernel that the whole mapping will be needed (used before timing runs).
     pub fn advise_willneed(&self) {
         let _ = self.map.advise(memmap2::Advice::WillNeed);

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use titan_kernels::{matmul, Activations, GgmlType, WeightView};
+use titan_kernels::{matmul, regroup_weights, Activations, GgmlType, WeightLayout, WeightView};
 
 fn cpu_ns() -> u64 {
     std::fs::read_to_string("/proc/thread-self/schedstat")
@@ -35,24 +35,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let x: Vec<f32> = (0..n_act * cols).map(|_| (next() % 2000) as f32 / 1000.0 - 1.0).collect();
         let mut acts = Activations::new();
         acts.quantize(ty.act_type(), &x, n_act, cols)?;
-        let w = WeightView::new(ty, rows, cols, &data)?;
-        let mut out = vec![0f32; n_act * rows];
-        let (secs, cpu) = pool.install(|| {
-            matmul(&w, &acts, &mut out).unwrap();
-            let (t0, c0) = (Instant::now(), cpu_ns());
-            let mut calls = 0;
-            while t0.elapsed().as_secs_f64() < 1.0 {
-                matmul(&w, &acts, &mut out).unwrap();
-                calls += 1;
-            }
-            (t0.elapsed().as_secs_f64() / calls as f64, (cpu_ns() - c0) as f64 * 1e-9 / calls as f64)
-        });
-        let flops = 2.0 * (n_act * rows * cols) as f64;
-        println!(
-            "{ty}: {:.1} GFLOP/s per CPU second ({:.1} wall)",
-            flops / cpu / 1e9,
-            flops / secs / 1e9
-        );
+        let plain = WeightView::new(ty, rows, cols, &data)?;
+        // Q4_0 and Q8_0 also as regrouped at load (`regroup_weights`).
+        let mut regrouped = vec![0u8; data.len()];
+        let layouts = if regroup_weights(ty, cols, &data, &mut regrouped) { 2 } else { 1 };
+        for w in [plain, WeightView { data: &regrouped, layout: WeightLayout::Regrouped, ..plain }].iter().take(layouts) {
+            let mut out = vec![0f32; n_act * rows];
+            let (secs, cpu) = pool.install(|| {
+                matmul(w, &acts, &mut out).unwrap();
+                let (t0, c0) = (Instant::now(), cpu_ns());
+                let mut calls = 0;
+                while t0.elapsed().as_secs_f64() < 1.0 {
+                    matmul(w, &acts, &mut out).unwrap();
+                    calls += 1;
+                }
+                (t0.elapsed().as_secs_f64() / calls as f64, (cpu_ns() - c0) as f64 * 1e-9 / calls as f64)
+            });
+            let flops = 2.0 * (n_act * rows * cols) as f64;
+            let name = if w.layout == WeightLayout::Regrouped { format!("{ty}g") } else { ty.to_string() };
+            println!("{name}: {:.1} GFLOP/s per CPU second ({:.1} wall)", flops / cpu / 1e9, flops / secs / 1e9);
+        }
     }
     Ok(())
 }

@@ -22,6 +22,7 @@
 //! kernels reading them produce the plain scalar twin's bits.
 
 use crate::formats::q8_0;
+use crate::GgmlType;
 
 /// Blocks per group: the eight lanes of a 256-bit register of i32.
 pub(crate) const GROUP_BLOCKS: usize = 8;
@@ -51,6 +52,55 @@ pub(crate) fn regroup(plain: &[u8], dst: &mut [u8]) {
             let at = QUANTS_AT + 32 * j + 4 * k;
             g[at..at + 4].copy_from_slice(quad);
         }
+    }
+}
+
+/// Q4_0 or Q8_0 weights laid out for the SIMD kernels, once at load: each row's groups of eight
+/// blocks become the eight f16 scales (16 bytes), then the quants in the registers the kernels
+/// would otherwise build by transposing (`4 · 32` bytes for Q4_0: register `m` holds byte quad `m` of
+/// block `k` in lane `k`; `8 · 32` for Q8_0: register `2m + h` holds quants `16h + 4m ..` of block
+/// `k` in lane `k`, as the activations). A group keeps its size, so a row does too. Only rows of
+/// whole groups are regrouped ([`weights_regroupable`]).
+pub(crate) const WEIGHT_SCALES_BYTES: usize = 16;
+
+/// Whether `ty` rows of `cols` elements can be regrouped.
+pub fn weights_regroupable(ty: GgmlType, cols: usize) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q8_0) && cols.is_multiple_of(GROUP_BLOCKS * q8_0::BLOCK_LEN)
+}
+
+/// Writes the regrouped form of whole `ty` rows `src` into `dst` (the same length). The caller has
+/// checked [`weights_regroupable`] for the row length.
+pub(crate) fn regroup_weights(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
+    let bb = ty.block_bytes();
+    for (g_src, g_dst) in src.chunks_exact(GROUP_BLOCKS * bb).zip(dst.chunks_exact_mut(GROUP_BLOCKS * bb)) {
+        for (k, block) in g_src.chunks_exact(bb).enumerate() {
+            g_dst[2 * k..2 * k + 2].copy_from_slice(&block[..2]);
+            for (quad, bytes) in block[2..].chunks_exact(4).enumerate() {
+                let at = WEIGHT_SCALES_BYTES + 32 * quad_register(ty, quad) + 4 * k;
+                g_dst[at..at + 4].copy_from_slice(bytes);
+            }
+        }
+    }
+}
+
+/// The plain blocks of one regrouped group (`GROUP_BLOCKS` blocks of `ty`) into `dst`.
+pub(crate) fn ungroup_weights(ty: GgmlType, group: &[u8], dst: &mut [u8]) {
+    let bb = ty.block_bytes();
+    for (k, block) in dst.chunks_exact_mut(bb).enumerate() {
+        block[..2].copy_from_slice(&group[2 * k..2 * k + 2]);
+        for quad in 0..(bb - 2) / 4 {
+            let at = WEIGHT_SCALES_BYTES + 32 * quad_register(ty, quad) + 4 * k;
+            block[2 + 4 * quad..2 + 4 * quad + 4].copy_from_slice(&group[at..at + 4]);
+        }
+    }
+}
+
+/// The register that holds byte quad `quad` of a block's quants: Q4_0's four quads in order (each
+/// holds elements `4m ..` and `16 + 4m ..`); Q8_0's eight in the activations' order.
+fn quad_register(ty: GgmlType, quad: usize) -> usize {
+    match ty {
+        GgmlType::Q4_0 => quad,
+        _ => 2 * (quad % 4) + quad / 4,
     }
 }
 

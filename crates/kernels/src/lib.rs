@@ -72,8 +72,11 @@ mod testutil;
 mod types;
 
 pub use error::KernelError;
-pub use matmul::{matmul, matmul_f32, matmul_many, Activations, MatmulJob, WeightView};
-pub use simd::{available_isas, isa, kernel_isa, set_isa, Isa};
+pub use matmul::{
+    matmul, matmul_f32, matmul_many, regroup_weights, Activations, MatmulJob, WeightLayout, WeightView,
+};
+pub use grouped::weights_regroupable;
+pub use simd::{available_isas, isa, kernel_isa, regrouped_weights_pay, set_isa, Isa};
 pub use types::GgmlType;
 
 use formats::{
@@ -177,7 +180,7 @@ pub fn vec_dot(w_ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
         "vec_dot: {act_ty} activation row of {n} elements"
     );
     let (w, act) = (&w[..w_bytes], &act[..act_bytes]);
-    let kernel = simd::dot_kernel(isa(), w_ty);
+    let kernel = simd::dot_kernel(isa(), w_ty, WeightLayout::Plain);
     let mut out = [0f32];
     match kernel.layout {
         simd::ActLayout::Plain => kernel.run(w, w.len(), &[act], &mut out),

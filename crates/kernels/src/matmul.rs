@@ -14,13 +14,41 @@ use crate::{checked_row_bytes, dequantize_blocks, grouped, isa, GgmlType, Kernel
 const TASK_WEIGHT_BYTES: usize = 16 * 1024;
 
 /// A weight matrix in its GGUF encoding: `rows` rows of `cols` elements; row `r` is
-/// `data[r * row_bytes .. (r + 1) * row_bytes]`. Borrowed (zero-copy from an mmap).
+/// `data[r * row_bytes .. (r + 1) * row_bytes]`. Borrowed (zero-copy from an mmap, or a copy regrouped
+/// at load).
 #[derive(Clone, Copy, Debug)]
 pub struct WeightView<'a> {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
+    pub layout: WeightLayout,
+}
+
+/// How a weight row's blocks are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// As in the GGUF file.
+    Plain,
+    /// Q4_0 / Q8_0 regrouped for the SIMD kernels by [`regroup_weights`]: the same bytes per row,
+    /// each group of eight blocks' scales first and quants transposed.
+    Regrouped,
+}
+
+/// `src` (`rows` × `cols` of `ty`, plain) regrouped into `dst` for the SIMD Q4_0/Q8_0 kernels, rows in
+/// parallel; `false` (and `dst` untouched) when the type or row length cannot be regrouped. Results
+/// are the same bits as with the plain rows.
+pub fn regroup_weights(ty: GgmlType, cols: usize, src: &[u8], dst: &mut [u8]) -> bool {
+    let Some(row_bytes) = ty.row_bytes(cols) else {
+        return false;
+    };
+    if !grouped::weights_regroupable(ty, cols) || src.len() != dst.len() || !src.len().is_multiple_of(row_bytes) {
+        return false;
+    }
+    dst.par_chunks_mut(row_bytes)
+        .zip(src.par_chunks(row_bytes))
+        .for_each(|(d, s)| grouped::regroup_weights(ty, s, d));
+    true
 }
 
 impl<'a> WeightView<'a> {
@@ -36,6 +64,7 @@ impl<'a> WeightView<'a> {
             rows,
             cols,
             data,
+            layout: WeightLayout::Plain,
         };
         view.check()?;
         Ok(view)
@@ -81,8 +110,9 @@ impl<'a> WeightView<'a> {
     ///
     /// # Panics
     ///
-    /// If `r >= rows` or `dst.len() != cols`.
+    /// If `r >= rows`, `dst.len() != cols`, or the rows are regrouped (a layout for the kernels only).
     pub fn dequantize_row(&self, r: usize, dst: &mut [f32]) {
+        assert_eq!(self.layout, WeightLayout::Plain, "dequantize_row: regrouped weights are for the kernels only");
         assert_eq!(
             dst.len(),
             self.cols,
@@ -367,7 +397,7 @@ fn run_region(isa: Isa, jobs: &mut [MatmulJob]) {
         }
         let run_len = (TASK_WEIGHT_BYTES / job.w.row_bytes().max(1)).clamp(1, rows);
         *part = Some(Part {
-            kernel: simd::dot_kernel(isa, job.w.ty),
+            kernel: simd::dot_kernel(isa, job.w.ty, job.w.layout),
             w: job.w,
             acts: job.acts,
             out: OutPtr(job.out.as_mut_ptr()),
@@ -622,6 +652,7 @@ mod tests {
             rows: 5,
             cols: 256,
             data: &data,
+            layout: WeightLayout::Plain,
         };
         assert!(matmul(&bad, &acts, &mut [0f32; 10]).is_err());
         let err = matmul_f32(&w, &x[..300], 1, &mut out[..4]).unwrap_err();

@@ -1,7 +1,7 @@
 //! One expert's weights in memory: the record bytes read from `experts.bin`, and typed views of its
 //! gate, up and down matrices.
 
-use titan_kernels::{GgmlType, WeightView};
+use titan_kernels::{GgmlType, WeightLayout, WeightView};
 
 use crate::AlignedBuf;
 
@@ -50,6 +50,7 @@ impl<'a> ExpertTensor<'a> {
             rows: self.rows,
             cols: self.cols,
             data: self.data,
+            layout: WeightLayout::Plain,
         }
     }
 }

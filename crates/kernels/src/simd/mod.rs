@@ -16,7 +16,7 @@ mod x86;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::{GgmlType, KernelError};
+use crate::{GgmlType, KernelError, WeightLayout};
 
 /// Most activation rows one dot-product kernel call handles: the weight block is unpacked once and
 /// multiplied with each of them. Each kernel says how many it takes ([`DotKernel::max_rows`]).
@@ -161,7 +161,7 @@ fn isa_from_env() -> Option<Isa> {
 /// The instruction set that runs dot products of `ty` weights under the current [`isa`]: that ISA,
 /// or [`Isa::Scalar`] for formats it has no kernels for (so a benchmark can say what it measured).
 pub fn kernel_isa(ty: GgmlType) -> Isa {
-    dot_kernel(isa(), ty).isa
+    dot_kernel(isa(), ty, WeightLayout::Plain).isa
 }
 
 /// Dots each weight row of `w` (whole rows of `row_bytes`) with 1..=`max_rows` activation rows:
@@ -205,27 +205,37 @@ impl DotKernel {
     }
 }
 
-/// The dot-product kernel for weights of type `ty` on `isa` (falling back to scalar where `isa` has
-/// none for `ty`, or the CPU lacks `isa`).
-pub(crate) fn dot_kernel(isa: Isa, ty: GgmlType) -> DotKernel {
+/// The dot-product kernel for weights of type `ty` stored in `layout` on `isa` (falling back to
+/// scalar where `isa` has none, or the CPU lacks `isa`).
+pub(crate) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> DotKernel {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && isa.is_available() {
-        if let Some(kernel) = x86::dot_kernel(isa, ty) {
+        if let Some(kernel) = x86::dot_kernel(isa, ty, layout) {
             return kernel;
         }
     }
     #[cfg(target_arch = "aarch64")]
-    if isa != Isa::Scalar && isa.is_available() {
+    if isa != Isa::Scalar && isa.is_available() && layout == WeightLayout::Plain {
         if let Some(kernel) = neon::dot_kernel(isa, ty) {
             return kernel;
         }
     }
+    let f = match layout {
+        WeightLayout::Plain => scalar_dot_rows(ty),
+        WeightLayout::Regrouped => scalar_regrouped_rows(ty),
+    };
     DotKernel {
-        f: scalar_dot_rows(ty),
+        f,
         isa: Isa::Scalar,
         layout: ActLayout::Plain,
         max_rows: MAX_ROWS,
     }
+}
+
+/// Whether the current [`isa`] multiplies regrouped `ty` weights with a SIMD kernel, so that
+/// regrouping them at load pays (elsewhere they would run the slower scalar twin).
+pub fn regrouped_weights_pay(ty: GgmlType) -> bool {
+    dot_kernel(isa(), ty, WeightLayout::Regrouped).isa != Isa::Scalar
 }
 
 /// Quantises whole blocks of activations (`src` and `dst` hold the same number of blocks).
@@ -270,6 +280,44 @@ pub(crate) fn quant_kernel(isa: Isa, act_ty: GgmlType) -> Result<QuantKernel, Ke
         }
     }
     Ok(QuantKernel { f: scalar })
+}
+
+/// The scalar twin of the regrouped-weight kernels: each group is restored to its plain blocks, and
+/// each block's term (a one-block `vec_dot`) goes to lane `block % 8`, as the plain `vec_dot` does.
+/// Only Q4_0 and Q8_0 are ever regrouped (`grouped::weights_regroupable`).
+fn scalar_regrouped_rows(ty: GgmlType) -> DotFn {
+    use crate::accum::Lanes8;
+    use crate::formats::{q4_0, q8_0};
+    use crate::grouped::{ungroup_weights, GROUP_BLOCKS};
+    macro_rules! rows {
+        ($m:ident, $ty:expr) => {{
+            fn rows(w: &[u8], row_bytes: usize, acts: &[&[u8]], out: &mut [f32]) {
+                let (bb, ab) = ($m::BLOCK_BYTES, q8_0::BLOCK_BYTES);
+                let mut plain = [0u8; GROUP_BLOCKS * $m::BLOCK_BYTES];
+                for (w, out) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(acts.len())) {
+                    let mut lanes = [Lanes8::default(); MAX_ROWS];
+                    for (g, group) in w.chunks_exact(plain.len()).enumerate() {
+                        ungroup_weights($ty, group, &mut plain);
+                        for (k, block) in plain.chunks_exact(bb).enumerate() {
+                            let b = g * GROUP_BLOCKS + k;
+                            for (l, a) in lanes.iter_mut().zip(acts) {
+                                l.add(b, $m::vec_dot(block, &a[b * ab..(b + 1) * ab]));
+                            }
+                        }
+                    }
+                    for (o, l) in out.iter_mut().zip(lanes) {
+                        *o = l.sum();
+                    }
+                }
+            }
+            rows
+        }};
+    }
+    match ty {
+        GgmlType::Q4_0 => rows!(q4_0, GgmlType::Q4_0),
+        GgmlType::Q8_0 => rows!(q8_0, GgmlType::Q8_0),
+        other => unreachable!("{other} weights are never regrouped"),
+    }
 }
 
 /// The scalar twin of every dot kernel: one `vec_dot` per activation row.

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::formats::{f16_bytes, QK_K};
-use crate::matmul::{matmul_many_on, Activations, MatmulJob, WeightView};
+use crate::matmul::{matmul_many_on, regroup_weights, Activations, MatmulJob, WeightLayout, WeightView};
 use crate::testutil::{f16_scale_fields, random_row, Rng};
 
 /// The SIMD ISAs available here (the tests pass vacuously on a CPU with none).
@@ -125,8 +125,8 @@ fn every_dot_kernel_matches_scalar_for_every_row_count() {
                     .collect();
                 let act_refs: Vec<&[u8]> = acts.iter().map(|a| a.as_slice()).collect();
                 let mut expected = [0f32; W_ROWS * MAX_ROWS];
-                dot_kernel(Isa::Scalar, ty).run(&w, row_bytes, &act_refs, &mut expected);
-                let kernel = dot_kernel(isa, ty);
+                dot_kernel(Isa::Scalar, ty, WeightLayout::Plain).run(&w, row_bytes, &act_refs, &mut expected);
+                let kernel = dot_kernel(isa, ty, WeightLayout::Plain);
                 let laid_out: Vec<Vec<u8>> = acts.iter().map(|a| in_layout(kernel, a)).collect();
                 let act_refs: Vec<&[u8]> = laid_out.iter().map(|a| a.as_slice()).collect();
                 for rows in 1..=kernel.max_rows {
@@ -145,6 +145,78 @@ fn every_dot_kernel_matches_scalar_for_every_row_count() {
             }
         }
     }
+}
+
+#[test]
+fn regrouped_weights_give_the_plain_scalar_bits_on_every_isa() {
+    // Scalar included: its regrouped twin restores the blocks. Three weight rows per call.
+    const W_ROWS: usize = 3;
+    for isa in available_isas() {
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+            let mut rng = Rng::new(u64::from(ty.id()) * 77 + isa as u64);
+            for groups in [1, 2, 5] {
+                let n = groups * 256;
+                let w: Vec<u8> = (0..W_ROWS).flat_map(|_| weights(ty, n, &mut rng)).collect();
+                let row_bytes = w.len() / W_ROWS;
+                let mut regrouped = vec![0u8; w.len()];
+                assert!(regroup_weights(ty, n, &w, &mut regrouped));
+                assert_ne!(regrouped, w);
+                let acts: Vec<Vec<u8>> = (0..MAX_ROWS)
+                    .map(|i| quantize(GgmlType::Q8_0, Isa::Scalar, &activations(n, &mut rng, (i % 2) as u8)))
+                    .collect();
+                let plain_refs: Vec<&[u8]> = acts.iter().map(|a| a.as_slice()).collect();
+                let mut expected = [0f32; W_ROWS * MAX_ROWS];
+                dot_kernel(Isa::Scalar, ty, WeightLayout::Plain).run(&w, row_bytes, &plain_refs, &mut expected);
+                let kernel = dot_kernel(isa, ty, WeightLayout::Regrouped);
+                // NEON has no regrouped kernels (its scalar twin runs, and the engine does not regroup there).
+                if isa != Isa::Neon {
+                    assert_eq!(kernel.isa, isa, "{ty}");
+                }
+                let laid_out: Vec<Vec<u8>> = acts.iter().map(|a| in_layout(kernel, a)).collect();
+                let act_refs: Vec<&[u8]> = laid_out.iter().map(|a| a.as_slice()).collect();
+                for rows in 1..=kernel.max_rows {
+                    let mut got = vec![0f32; W_ROWS * rows];
+                    kernel.run(&regrouped, row_bytes, &act_refs[..rows], &mut got);
+                    let want: Vec<f32> = expected.chunks_exact(MAX_ROWS).flat_map(|r| r[..rows].to_vec()).collect();
+                    assert_eq!(bits(&got), bits(&want), "{isa} {ty}, {groups} groups, {rows} rows");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_of_regrouped_weights_equals_plain_on_every_isa() {
+    for isa in available_isas() {
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+            let (rows, cols) = (70, 512);
+            let (data, acts) = problem(ty, rows, cols, 11, 5);
+            let plain = WeightView::new(ty, rows, cols, &data).unwrap();
+            let mut regrouped = vec![0u8; data.len()];
+            assert!(regroup_weights(ty, cols, &data, &mut regrouped));
+            let w = WeightView {
+                data: &regrouped,
+                layout: WeightLayout::Regrouped,
+                ..plain
+            };
+            for n_act in [1, 3, 8, 11] {
+                let mut some = Activations::new();
+                some.gather_from(&acts, &(0..n_act).collect::<Vec<_>>());
+                let expected = matmul_on(Isa::Scalar, &plain, &some);
+                assert_eq!(bits(&matmul_on(isa, &w, &some)), bits(&expected), "{isa} {ty}, {n_act} rows");
+            }
+        }
+    }
+}
+
+#[test]
+fn only_whole_groups_of_q4_0_and_q8_0_are_regrouped() {
+    let src = vec![0u8; 18 * 8];
+    let mut dst = vec![0u8; 18 * 8];
+    assert!(!regroup_weights(GgmlType::Q4_0, 128, &src[..72], &mut dst[..72]), "4 blocks: not a whole group");
+    assert!(!regroup_weights(GgmlType::Q4_1, 256, &src, &mut dst));
+    assert!(!regroup_weights(GgmlType::Q4_0, 256, &src, &mut dst[..100]));
+    assert!(regroup_weights(GgmlType::Q4_0, 256, &src, &mut dst));
 }
 
 #[test]
@@ -250,7 +322,7 @@ fn matmul_on_every_isa_equals_scalar_vec_dot_for_one_to_seventeen_rows() {
                 for i in 0..n_act {
                     for r in 0..rows {
                         let mut e = [0f32];
-                        dot_kernel(Isa::Scalar, ty).run(w.row(r), w.row_bytes(), &[acts.row(i)], &mut e);
+                        dot_kernel(Isa::Scalar, ty, WeightLayout::Plain).run(w.row(r), w.row_bytes(), &[acts.row(i)], &mut e);
                         assert_eq!(
                             out[i * rows + r].to_bits(),
                             e[0].to_bits(),
@@ -341,14 +413,14 @@ fn a_chosen_isa_runs_its_own_kernels() {
             GgmlType::F32,
             GgmlType::F16,
         ] {
-            assert_eq!(dot_kernel(isa, ty).isa, isa, "{ty}");
+            assert_eq!(dot_kernel(isa, ty, WeightLayout::Plain).isa, isa, "{ty}");
         }
         // Formats without SIMD kernels fall back to their scalar twin.
-        assert_eq!(dot_kernel(isa, GgmlType::Q2_K).isa, Isa::Scalar);
+        assert_eq!(dot_kernel(isa, GgmlType::Q2_K, WeightLayout::Plain).isa, Isa::Scalar);
     }
     for isa in Isa::ALL.into_iter().filter(|i| !i.is_available()) {
         assert!(set_isa(isa).is_err(), "{isa} is not on this CPU");
-        assert_eq!(dot_kernel(isa, GgmlType::Q4_0).isa, Isa::Scalar);
+        assert_eq!(dot_kernel(isa, GgmlType::Q4_0, WeightLayout::Plain).isa, Isa::Scalar);
     }
     // Re-selecting the current ISA is always allowed (and changes nothing, as every path agrees).
     set_isa(isa()).unwrap();

@@ -29,13 +29,29 @@ use std::arch::x86_64::*;
 use std::array;
 
 use super::{ActLayout, DotFn, DotKernel, Isa, QuantFn, MAX_ROWS};
+use crate::WeightLayout;
 use crate::accum::Lanes8;
 use crate::formats::{f16_at, f16_bytes, q8_0, q8_k};
 use crate::{grouped, GgmlType};
 
 /// The dot-product kernel for `ty` on `isa`, if there is a SIMD one. The caller checks the CPU.
-pub(super) fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotKernel> {
+pub(super) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> Option<DotKernel> {
     use ActLayout::{Grouped, Plain};
+    if layout == WeightLayout::Regrouped {
+        let f: DotFn = match (isa, ty) {
+            (Isa::Avx2, GgmlType::Q4_0) => avx2::q4_0g,
+            (Isa::Avx2, GgmlType::Q8_0) => avx2::q8_0g,
+            (Isa::Avx512, GgmlType::Q4_0) => avx512::q4_0g,
+            (Isa::Avx512, GgmlType::Q8_0) => avx512::q8_0g,
+            _ => return None,
+        };
+        return Some(DotKernel {
+            f,
+            isa,
+            layout: Grouped,
+            max_rows: 8,
+        });
+    }
     // Grouped kernels keep a row's state in one register, so they take the most rows; the others
     // keep four rows' accumulators and the unpacked weights in AVX2's 16 registers.
     let (f, layout, max_rows): (DotFn, _, _) = match (isa, ty) {
@@ -147,6 +163,8 @@ mod avx2 {
 
     entry!("avx2,f16c", Avx2Dot: q4_0, q4_0_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c", Avx2Dot: q4_0g, q4_0g_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c", Avx2Dot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q4_k, q4_k_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q5_k, q5_k_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q6_k, q6_k_rows, 1 2 3 4);
@@ -160,6 +178,8 @@ mod avx512 {
 
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_0, q4_0_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_0g, q4_0g_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_k, q4_k_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q5_k, q5_k_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q6_k, q6_k_rows, 1 2 3 4);
@@ -229,8 +249,9 @@ trait Grouped {
     const BYTES: usize;
     /// What every activation row reuses of eight weight blocks.
     type Prep;
-    /// The eight blocks at `w`, quants transposed into the grouped register layout.
-    unsafe fn prep<D: IntDot>(w: *const u8) -> Self::Prep;
+    /// The eight blocks at `w`, quants in the grouped register layout: transposed here from plain
+    /// blocks, or (`REGROUPED`) loaded as `grouped::regroup_weights` stored them.
+    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8) -> Self::Prep;
     /// Lane `k`: block `k`'s exact `Σ w·a` with the activation group at `a`.
     unsafe fn sums<D: IntDot>(p: &Self::Prep, a: *const u8) -> __m256i;
 }
@@ -273,8 +294,12 @@ impl Grouped for Q4_0 {
     type Prep = [__m256i; 8];
 
     #[inline(always)]
-    unsafe fn prep<D: IntDot>(w: *const u8) -> Self::Prep {
-        let quads = transpose_quads(w, Self::BYTES, 2);
+    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8) -> Self::Prep {
+        let quads = if REGROUPED {
+            array::from_fn(|m| load(w.add(grouped::WEIGHT_SCALES_BYTES + 32 * m)))
+        } else {
+            transpose_quads(w, Self::BYTES, 2)
+        };
         let m4 = _mm256_set1_epi8(0x0F);
         array::from_fn(|j| {
             let q = quads[j / 2];
@@ -306,18 +331,27 @@ impl Grouped for Q8_0 {
     type Prep = ([__m256i; 8], [__m256i; 8]);
 
     #[inline(always)]
-    unsafe fn prep<D: IntDot>(w: *const u8) -> Self::Prep {
-        let halves = [
-            transpose_quads(w, Self::BYTES, 2),
-            transpose_quads(w, Self::BYTES, 18),
-        ];
-        let q: [__m256i; 8] = array::from_fn(|j| halves[j % 2][j / 2]);
-        if D::WIDE_PRODUCTS {
-            let flip = _mm256_set1_epi8(-128);
-            (q.map(|v| _mm256_xor_si256(v, flip)), q)
+    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8) -> Self::Prep {
+        let q: [__m256i; 8] = if REGROUPED {
+            array::from_fn(|j| load(w.add(grouped::WEIGHT_SCALES_BYTES + 32 * j)))
         } else {
-            (q.map(|v| _mm256_abs_epi8(v)), q)
+            let halves = [
+                transpose_quads(w, Self::BYTES, 2),
+                transpose_quads(w, Self::BYTES, 18),
+            ];
+            array::from_fn(|j| halves[j % 2][j / 2])
+        };
+        // Loops, not `array::map`: its closure is not always inlined, and an intrinsic left in a
+        // separate function is a call per register.
+        let mut u = q;
+        for v in &mut u {
+            *v = if D::WIDE_PRODUCTS {
+                _mm256_xor_si256(*v, _mm256_set1_epi8(-128))
+            } else {
+                _mm256_abs_epi8(*v)
+            };
         }
+        (u, q)
     }
 
     #[inline(always)]
@@ -345,13 +379,17 @@ impl Grouped for Q8_0 {
 /// One group: block `k`'s term `(d_w · d_a) · f32(sumi)` is added to lane `k` of each row's
 /// accumulator (groups start at multiples of 8 blocks, so lane `k` is lane `block % 8`).
 #[inline(always)]
-unsafe fn grouped_step<D: IntDot, K: Grouped, const R: usize>(
+unsafe fn grouped_step<D: IntDot, K: Grouped, const R: usize, const REGROUPED: bool>(
     w: *const u8,
     a: [*const u8; R],
     acc: &mut [__m256; R],
 ) {
-    let p = K::prep::<D>(w);
-    let d_w = f16x8(w, K::BYTES);
+    let p = K::prep::<D, REGROUPED>(w);
+    let d_w = if REGROUPED {
+        _mm256_cvtph_ps(_mm_loadu_si128(w as *const __m128i))
+    } else {
+        f16x8(w, K::BYTES)
+    };
     for (acc, a) in acc.iter_mut().zip(a) {
         let sumi = K::sums::<D>(&p, a);
         let d = _mm256_mul_ps(d_w, _mm256_loadu_ps(a as *const f32));
@@ -360,7 +398,7 @@ unsafe fn grouped_step<D: IntDot, K: Grouped, const R: usize>(
 }
 
 #[inline(always)]
-unsafe fn grouped_rows<D: IntDot, K: Grouped, const R: usize>(
+unsafe fn grouped_rows<D: IntDot, K: Grouped, const R: usize, const REGROUPED: bool>(
     w: &[u8],
     acts: [&[u8]; R],
     out: &mut [f32],
@@ -379,9 +417,11 @@ unsafe fn grouped_rows<D: IntDot, K: Grouped, const R: usize>(
         let wg = w.as_ptr().add(g * 8 * K::BYTES);
         prefetch_ahead(wg, 8 * K::BYTES);
         let a = array::from_fn(|r| acts[r].as_ptr().add(g * GB));
-        grouped_step::<D, K, R>(wg, a, &mut acc);
+        grouped_step::<D, K, R, REGROUPED>(wg, a, &mut acc);
     }
     let tail = nb % 8;
+    // Regrouped rows are whole groups (`grouped::weights_regroupable`).
+    debug_assert!(!REGROUPED || tail == 0);
     if tail > 0 {
         // Pad the weights to a whole group with zero blocks, as the activations already are: their
         // scales are 0, so their terms are ±0.0, and adding ±0.0 leaves a lane unchanged (lanes start
@@ -390,7 +430,7 @@ unsafe fn grouped_rows<D: IntDot, K: Grouped, const R: usize>(
         let mut w_pad = [0u8; 8 * q8_0::BLOCK_BYTES];
         w_pad[..tail * K::BYTES].copy_from_slice(&w[w0..w0 + tail * K::BYTES]);
         let a = array::from_fn(|r| acts[r].as_ptr().add(full * GB));
-        grouped_step::<D, K, R>(w_pad.as_ptr(), a, &mut acc);
+        grouped_step::<D, K, R, false>(w_pad.as_ptr(), a, &mut acc);
     }
     for (o, acc) in out.iter_mut().zip(acc) {
         *o = lanes_sum(acc);
@@ -399,12 +439,22 @@ unsafe fn grouped_rows<D: IntDot, K: Grouped, const R: usize>(
 
 #[inline(always)]
 unsafe fn q4_0_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
-    grouped_rows::<D, Q4_0, R>(w, acts, out)
+    grouped_rows::<D, Q4_0, R, false>(w, acts, out)
 }
 
 #[inline(always)]
 unsafe fn q8_0_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
-    grouped_rows::<D, Q8_0, R>(w, acts, out)
+    grouped_rows::<D, Q8_0, R, false>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn q4_0g_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    grouped_rows::<D, Q4_0, R, true>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn q8_0g_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    grouped_rows::<D, Q8_0, R, true>(w, acts, out)
 }
 
 // ---------------------------------------------------------------------------------------------
