@@ -46,6 +46,14 @@
 //! x86 machine under emulation: `tools/test_aarch64.sh` cross-builds the tests and runs them in
 //! `qemu-aarch64 -cpu max`, and fails if the emulated CPU does not offer NEON with `sdot`.
 //!
+//! # Layouts
+//!
+//! The SIMD Q4_0 and Q8_0 kernels read Q8_0 activations in a grouped layout (`grouped.rs`: eight
+//! blocks side by side, block `k` in lane `k`), which [`Activations`] keeps beside the plain rows.
+//! Their weights are plain GGUF rows, transposed into that arrangement in registers, or — where
+//! [`regrouped_weights_pay`] — regrouped once at load by [`regroup_weights`] ([`WeightLayout`]), which
+//! the scalar twin undoes block by block. Layouts move bytes only: every layout gives the same bits.
+//!
 //! # Rounding of activations
 //!
 //! Activation quantisation follows llama.cpp's reference functions, so TITAN feeds the dot products
