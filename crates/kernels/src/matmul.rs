@@ -388,15 +388,16 @@ unsafe impl Sync for OutPtr {}
 
 /// Runs `jobs` (at most [`JOBS_PER_REGION`], all checked) in one parallel region.
 fn run_region(isa: Isa, jobs: &mut [MatmulJob]) {
+    // The jobs with work, in order; each owns the tasks from its `first_task` to the next one's.
     let mut parts: [Option<Part>; JOBS_PER_REGION] = [None; JOBS_PER_REGION];
-    let mut tasks = 0;
-    for (part, job) in parts.iter_mut().zip(jobs.iter_mut()) {
+    let (mut n, mut tasks) = (0, 0);
+    for job in jobs.iter_mut() {
         let rows = job.w.rows;
         if rows == 0 || job.acts.rows() == 0 {
             continue;
         }
         let run_len = (TASK_WEIGHT_BYTES / job.w.row_bytes().max(1)).clamp(1, rows);
-        *part = Some(Part {
+        parts[n] = Some(Part {
             kernel: simd::dot_kernel(isa, job.w.ty, job.w.layout),
             w: job.w,
             acts: job.acts,
@@ -404,17 +405,13 @@ fn run_region(isa: Isa, jobs: &mut [MatmulJob]) {
             run_len,
             first_task: tasks,
         });
+        n += 1;
         tasks += rows.div_ceil(run_len);
     }
-    let parts = &parts[..jobs.len()];
+    let parts = &parts[..n];
     let task = |t: usize| {
-        // The last part starting at or before task `t` owns it (parts without work own none).
-        let part = parts
-            .iter()
-            .flatten()
-            .take_while(|p| p.first_task <= t)
-            .last()
-            .expect("task index below the total");
+        let owner = parts.partition_point(|p| p.as_ref().is_some_and(|p| p.first_task <= t)) - 1;
+        let part = parts[owner].as_ref().expect("parts[..n] are all set");
         let first = (t - part.first_task) * part.run_len;
         // SAFETY: the tasks of a part cover disjoint runs of its weight rows, and `run_rows` writes
         // only those rows' outputs, inside the job's checked `out`.
