@@ -1,10 +1,11 @@
-//! The seam between the forward pass and the experts' weights.
+//! The seam between the forward pass and the experts.
 //!
-//! The MoE layer asks this module for "the chosen experts of layer `l`, applied to their rows" and nothing
-//! else, so where the weights live — in place in the GGUF mapping, or in a bounded cache fed from an
-//! expert store on SSD (and, later, on a peer machine) — never touches the architectures. Whatever serves
-//! an expert, its output for a row is a pure function of (row, expert weights), and the caller combines
-//! the outputs in ascending expert-id order: see the determinism contract in DESIGN.md.
+//! The MoE layer asks one question — "the outputs of experts `ids` of layer `l` on their rows" — through
+//! the [`Experts`] trait, so where an expert is computed never touches the architectures: in place from
+//! the GGUF mapping, from a bounded cache fed by an expert store on SSD ([`ExpertSource`]), or on another
+//! machine (the cluster's source, which mixes remote nodes with a local fallback). Whoever computes an
+//! expert, its output for a row is a pure function of (row, expert weights), and the caller combines the
+//! outputs in ascending expert-id order, in one place (`moe::moe_block`): see docs/determinism.md.
 
 use titan_kernels::{matmul_many, Activations, MatmulJob, WeightView};
 use titan_store::ExpertCache;
@@ -14,7 +15,49 @@ use crate::scratch::{recycle, slots};
 use crate::weights::Weights;
 use crate::{EngineError, Result};
 
-/// Where the experts come from.
+/// One layer's work for the experts: expert `ids[i]` applied to rows `rows_of(i)` of `input`.
+pub struct ExpertJob<'a> {
+    pub layer: usize,
+    /// The layer's normalised input, quantised once for the experts' gate and up projections.
+    pub input: &'a Activations,
+    /// Distinct expert ids, ascending.
+    pub ids: &'a [u32],
+    /// The input rows of every expert, one list after another: expert `ids[i]` takes
+    /// `rows[starts[i]..starts[i + 1]]`.
+    pub rows: &'a [usize],
+    pub starts: &'a [usize],
+}
+
+impl ExpertJob<'_> {
+    pub fn rows_of(&self, i: usize) -> &[usize] {
+        &self.rows[self.starts[i]..self.starts[i + 1]]
+    }
+}
+
+/// Where experts are computed.
+pub trait Experts: Send + Sync {
+    /// Compute every expert of `job` and hand its output to `deliver(i, y)` — `y` holding one
+    /// `n_embd`-long row per row of `job.rows_of(i)`, in that order — once per expert, in any order.
+    /// `w` is the model's weights (a local source reads resident experts from it).
+    fn apply(&self, w: &Weights, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()>;
+
+    /// The expert cache, when experts stream from a store on this machine.
+    fn cache(&self) -> Option<&ExpertCache> {
+        None
+    }
+}
+
+/// The working buffers of [`Experts::apply`], kept between calls.
+#[derive(Default)]
+pub struct ExpertScratch {
+    /// Per expert of a batch, the rows routed to it.
+    acts: Vec<Activations>,
+    /// Always empty: the allocation of the resident batch's list (see [`ExpertSource::for_each_batch`]).
+    views: Vec<ExpertWeights<'static>>,
+    ffn: FfnScratch,
+}
+
+/// Experts computed on this machine.
 pub enum ExpertSource {
     /// Read in place from the GGUF mapping (the whole model fits in memory, or the page cache copes).
     Resident,
@@ -31,12 +74,46 @@ pub struct ExpertWeights<'a> {
     pub down: WeightView<'a>,
 }
 
+impl Experts for ExpertSource {
+    fn apply(&self, w: &Weights, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+        let ExpertScratch { acts, views, ffn } = s;
+        let in_ty = job.input.act_type();
+        self.for_each_batch(w, job.layer, job.ids, views, |first, batch| {
+            let acts = slots(acts, batch.len());
+            for ((i, ew), a) in (first..).zip(batch).zip(acts.iter_mut()) {
+                // Gate and up share the input's quantisation (one tensor type per stacked tensor, and a
+                // store's records keep those types); anything else is a model this cannot compute.
+                for m in [&ew.gate, &ew.up] {
+                    if m.ty.act_type() != in_ty {
+                        return Err(EngineError::Model {
+                            path: w.file.path().display().to_string(),
+                            what: format!("expert {} of layer {}: {} weights need {} activations, the layer's input is {}", job.ids[i], job.layer, m.ty.name(), m.ty.act_type().name(), in_ty.name()),
+                        });
+                    }
+                }
+                a.gather_from(job.input, job.rows_of(i));
+            }
+            for (i, y) in (first..).zip(swiglu_many(batch, acts, ffn)?) {
+                deliver(i, y);
+            }
+            Ok(())
+        })
+    }
+
+    fn cache(&self) -> Option<&ExpertCache> {
+        match self {
+            ExpertSource::Resident => None,
+            ExpertSource::Streamed(c) => Some(c),
+        }
+    }
+}
+
 impl ExpertSource {
     /// Call `f(first, batch)` with the experts `ids[first..first + batch.len()]` of `layer` (distinct), in
     /// batches as they become available: all at once when resident; one by one as their records arrive
     /// when streamed, so computing the first overlaps reading the rest. `views` is kept empty by the
     /// caller and lends its allocation to the resident batch's list.
-    pub fn for_each_batch(
+    fn for_each_batch(
         &self,
         w: &Weights,
         layer: usize,
@@ -69,13 +146,6 @@ impl ExpertSource {
                 })?;
                 failed.map_or(Ok(()), Err)
             }
-        }
-    }
-
-    pub fn cache(&self) -> Option<&ExpertCache> {
-        match self {
-            ExpertSource::Resident => None,
-            ExpertSource::Streamed(c) => Some(c),
         }
     }
 }

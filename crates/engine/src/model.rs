@@ -11,7 +11,7 @@ use titan_tokenizer::Tokenizer;
 
 use crate::attention::{attend, AttnShape, KvCache};
 use crate::config::{Config, RopeStyle};
-use crate::experts::ExpertSource;
+use crate::experts::{ExpertSource, Experts};
 use crate::moe::{moe_block, MoeScratch, Routing};
 use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head};
 use crate::scratch::slots;
@@ -24,7 +24,9 @@ pub struct Model {
     pub config: Config,
     pub weights: Weights,
     pub tokenizer: Tokenizer,
-    pub experts: ExpertSource,
+    /// Where the experts are computed: on this machine ([`ExpertSource`]), or anywhere a replacement
+    /// puts them (the cluster's source), through the one seam.
+    pub experts: Box<dyn Experts>,
     /// Prefetch the next layer's likely experts (streamed experts only).
     prefetch: bool,
     /// Time per phase and weight bytes read, over every forward pass so far.
@@ -77,7 +79,7 @@ impl Model {
         };
         let mut weights = Weights::load(file, &config)?;
         weights.copy_out(experts.cache().is_some());
-        Ok(Model { config, weights, tokenizer, experts, prefetch, stats: Stats::default() })
+        Ok(Model { config, weights, tokenizer, experts: Box::new(experts), prefetch, stats: Stats::default() })
     }
 
     /// A new sequence of up to `n_ctx` positions.
@@ -176,7 +178,7 @@ impl Model {
             if self.prefetch {
                 self.prefetch_next(il, x, next)?;
             }
-            let experts_run = stats.time(Phase::Experts, || moe_block(w, &self.experts, c, il, &route.h, &route.routing, moe))?;
+            let experts_run = stats.time(Phase::Experts, || moe_block(w, self.experts.as_ref(), c, il, &route.h, &route.routing, moe))?;
             stats.add_bytes(self.layer_bytes(il, experts_run));
             let moe_out = moe.out();
             if let Some(t) = trace.as_deref_mut() {

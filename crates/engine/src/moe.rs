@@ -4,9 +4,8 @@
 use titan_kernels::Activations;
 
 use crate::config::Config;
-use crate::experts::{swiglu_many, ExpertSource, ExpertWeights, FfnScratch};
+use crate::experts::{swiglu_many, ExpertJob, ExpertScratch, ExpertWeights, Experts, FfnScratch};
 use crate::ops::{dot, sigmoid};
-use crate::scratch::slots;
 use crate::weights::{SharedExpert, Weights};
 use crate::Result;
 
@@ -55,17 +54,14 @@ pub struct MoeScratch {
     /// The experts the batch reaches, ascending: expert `ids[i]` has slots `by_expert[runs[i]..runs[i + 1]]`.
     ids: Vec<u32>,
     runs: Vec<usize>,
+    /// The row of each slot of `by_expert`.
+    rows: Vec<usize>,
     /// The layer's input, quantised once (and again for the shared expert).
     input: Activations,
-    /// Per expert of a batch, the rows routed to it.
-    acts: Vec<Activations>,
-    /// One expert's rows: their indices, and their values when quantised apart.
-    row_idx: Vec<usize>,
-    rows_f32: Vec<f32>,
     /// contributions[slot] = the expert's output for (row, slot).
     contributions: Vec<f32>,
-    /// Always empty: the allocation of the resident batch's list (see [`ExpertSource::for_each_batch`]).
-    views: Vec<ExpertWeights<'static>>,
+    experts: ExpertScratch,
+    /// The shared expert's working buffers.
     ffn: FfnScratch,
     out: Vec<f32>,
 }
@@ -78,12 +74,12 @@ impl MoeScratch {
 }
 
 /// The MoE block for the rows of `x` (already normalised) routed by `routing`, into [`MoeScratch::out`]:
-/// the chosen experts, combined canonically, plus the shared expert if any. Returns how many distinct
-/// experts ran.
-pub fn moe_block(w: &Weights, experts: &ExpertSource, c: &Config, layer: usize, x: &[f32], routing: &Routing, s: &mut MoeScratch) -> Result<usize> {
+/// the chosen experts, wherever `experts` computes them, combined canonically, plus the shared expert if
+/// any. Returns how many distinct experts ran.
+pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x: &[f32], routing: &Routing, s: &mut MoeScratch) -> Result<usize> {
     let (d, k) = (c.n_embd, routing.k);
     let rows = x.len() / d;
-    let MoeScratch { by_expert, ids, runs, input, acts, row_idx, rows_f32, contributions, views, ffn, out } = s;
+    let MoeScratch { by_expert, ids, runs, rows: slot_rows, input, contributions, experts: scratch, ffn, out } = s;
 
     // Group rows by expert so each expert's weights are read once per batch. (An unstable sort on a
     // unique key: sorts in place, and the order is still fully determined.)
@@ -99,34 +95,18 @@ pub fn moe_block(w: &Weights, experts: &ExpertSource, c: &Config, layer: usize, 
         }
     }
     runs.push(by_expert.len());
-    let slots_of = |i: usize| &by_expert[runs[i]..runs[i + 1]];
+    slot_rows.clear();
+    slot_rows.extend(by_expert.iter().map(|&slot| slot / k));
 
     // The layer's input is quantised once; each expert gets its rows as byte copies of those rows.
-    let in_ty = w.layers[layer].gate_exps.mat.ty.act_type();
-    input.quantize(in_ty, x, rows, d)?;
+    input.quantize(w.layers[layer].gate_exps.mat.ty.act_type(), x, rows, d)?;
 
     contributions.resize(rows * k * d, 0.0);
-    experts.for_each_batch(w, layer, ids, views, |first, batch| {
-        let acts = slots(acts, batch.len());
-        for ((i, ew), a) in (first..).zip(batch).zip(acts.iter_mut()) {
-            row_idx.clear();
-            row_idx.extend(slots_of(i).iter().map(|&slot| slot / k));
-            if ew.gate.ty.act_type() == in_ty && ew.up.ty.act_type() == in_ty {
-                a.gather_from(input, row_idx);
-            } else {
-                // Gate and up of another type than the layer's first expert (rare): quantise these rows for them.
-                rows_f32.clear();
-                rows_f32.extend(row_idx.iter().flat_map(|&r| &x[r * d..(r + 1) * d]));
-                a.quantize(ew.gate.ty.act_type(), rows_f32, row_idx.len(), d)?;
-            }
+    let job = ExpertJob { layer, input, ids, rows: slot_rows, starts: runs };
+    experts.apply(w, &job, scratch, &mut |i, y| {
+        for (yi, &slot) in y.chunks_exact(d).zip(&by_expert[runs[i]..runs[i + 1]]) {
+            contributions[slot * d..(slot + 1) * d].copy_from_slice(yi);
         }
-        let ys = swiglu_many(batch, acts, ffn)?;
-        for (i, y) in (first..).zip(ys) {
-            for (yi, &slot) in y.chunks_exact(d).zip(slots_of(i)) {
-                contributions[slot * d..(slot + 1) * d].copy_from_slice(yi);
-            }
-        }
-        Ok(())
     })?;
 
     // Canonical combination: Σ w_e · y_e in ascending expert-id order (the slots are already in that order),

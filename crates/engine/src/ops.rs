@@ -35,12 +35,21 @@ pub fn add(x: &mut [f32], y: &[f32]) {
     }
 }
 
+// Transcendental functions come from the pure-Rust `libm` crate, never the platform's libm: glibc,
+// musl, Apple's libm and others may round `exp`, `pow`, `sin` and `cos` differently in the last place,
+// and a cluster of x86 and ARM, Linux and macOS nodes must compute the same bits (docs/determinism.md).
+
+/// e^x, the same bits on every platform.
+pub fn exp(x: f32) -> f32 {
+    libm::expf(x)
+}
+
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + exp(-x))
 }
 
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + exp(-x))
 }
 
 /// `Σ a_i · b_i` with product `i` added to lane `i % 8` and the lanes reduced in the kernels' tree
@@ -66,7 +75,7 @@ pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;
     for v in x.iter_mut() {
-        *v = (*v - max).exp();
+        *v = exp(*v - max);
         sum += *v;
     }
     let inv = 1.0 / sum;
@@ -80,9 +89,9 @@ pub fn softmax(x: &mut [f32]) {
 /// accurate angle f32 can hold.
 pub fn rope_angles(pos: usize, dims: usize, base: f32, cos: &mut [f32], sin: &mut [f32]) {
     for (i, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
-        let theta = pos as f64 * (base as f64).powf(-2.0 * i as f64 / dims as f64);
-        *c = theta.cos() as f32;
-        *s = theta.sin() as f32;
+        let theta = pos as f64 * libm::pow(base as f64, -2.0 * i as f64 / dims as f64);
+        *c = libm::cos(theta) as f32;
+        *s = libm::sin(theta) as f32;
     }
 }
 
@@ -130,5 +139,24 @@ mod tests {
         let mut h = vec![1.0, 0.0, 0.0, 0.0];
         rope_head(&mut h, &c, &s, false);
         assert!((h[0] - 7f32.cos()).abs() < 1e-6 && (h[1] - 7f32.sin()).abs() < 1e-6 && h[2] == 0.0);
+    }
+
+    #[test]
+    fn transcendentals_match_known_values() {
+        // Reference values: the results rounded to f32 / f64 (from Python's math module). The portable
+        // functions must be within an ULP of them; being pure Rust, they are then the same bits everywhere.
+        let ulps32 = |a: f32, b: f32| (a.to_bits() as i64 - b.to_bits() as i64).abs();
+        for (x, want) in [(0.0f32, 1.0f32), (1.0, 2.7182817), (-1.0, 0.36787945), (10.0, 22026.465), (-20.0, 2.0611537e-9), (0.5, 1.6487212)] {
+            assert!(ulps32(exp(x), want) <= 1, "exp({x}) = {} want {want}", exp(x));
+        }
+        assert_eq!(exp(-200.0), 0.0);
+        assert!(exp(100.0).is_infinite());
+        assert!((silu(1.0) - 0.7310586).abs() < 1e-7 && (sigmoid(0.0) - 0.5).abs() == 0.0);
+        let ulps64 = |a: f64, b: f64| (a.to_bits() as i64 - b.to_bits() as i64).abs();
+        assert!(ulps64(libm::pow(10000.0, -0.5), 0.01) <= 1);
+        assert!(ulps64(libm::pow(1e6, -2.0 * 3.0 / 128.0), 0.5232991146814947) <= 1);
+        assert!(ulps64(libm::sin(7.0), 0.6569865987187891) <= 1);
+        assert!(ulps64(libm::cos(7.0), 0.7539022543433046) <= 1);
+        assert!(ulps64(libm::sin(4095.0), -0.9978212103769744) <= 1);
     }
 }

@@ -81,7 +81,7 @@ impl Sampler {
         // Probabilities (at temperature 1) for the top-p and min-p filters.
         let max = c[0].1;
         let probs: Vec<f32> = {
-            let e: Vec<f32> = c.iter().map(|&(_, l)| (l - max).exp()).collect();
+            let e: Vec<f32> = c.iter().map(|&(_, l)| crate::ops::exp(l - max)).collect();
             let s: f32 = e.iter().sum();
             e.into_iter().map(|x| x / s).collect()
         };
@@ -103,7 +103,7 @@ impl Sampler {
             c.truncate(keep.max(1));
         }
         // Temperature, softmax over the survivors, one draw.
-        let weights: Vec<f32> = c.iter().map(|&(_, l)| ((l - max) / o.temperature).exp()).collect();
+        let weights: Vec<f32> = c.iter().map(|&(_, l)| crate::ops::exp((l - max) / o.temperature)).collect();
         let total: f32 = weights.iter().sum();
         let mut r = self.rng.next_f32() * total;
         for (&(id, _), &wt) in c.iter().zip(&weights) {

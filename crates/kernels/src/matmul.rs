@@ -216,6 +216,53 @@ impl Activations {
         Ok(())
     }
 
+    /// Makes this hold `rows` already encoded as `act_ty` (`cols` elements each), as another machine's
+    /// [`Activations::quantize`] wrote them: the bytes are taken as they are, so a row's results are the
+    /// ones the sender would have computed. Reuses this buffer. Errors (leaving this unchanged) when
+    /// `act_ty` is not an activation format or `data` is not exactly `rows` rows of `cols` elements.
+    pub fn set_encoded(
+        &mut self,
+        act_ty: GgmlType,
+        cols: usize,
+        rows: usize,
+        data: &[u8],
+    ) -> Result<(), KernelError> {
+        if !act_ty.is_act_type() {
+            return Err(KernelError::NotActivationType(act_ty));
+        }
+        let row_bytes = checked_row_bytes(act_ty, cols)?;
+        let expected = rows.checked_mul(row_bytes).ok_or(KernelError::TooLarge {
+            what: "activations",
+            rows,
+            cols,
+        })?;
+        if data.len() != expected {
+            return Err(KernelError::SizeMismatch {
+                what: "encoded activations",
+                unit: "bytes",
+                expected,
+                actual: data.len(),
+            });
+        }
+        self.data.clear();
+        self.data.extend_from_slice(data);
+        self.grouped.clear();
+        if act_ty == GgmlType::Q8_0 && row_bytes > 0 {
+            let grouped_bytes = grouped::row_bytes(cols / act_ty.block_len());
+            self.grouped.resize(rows * grouped_bytes, 0);
+            for (src, dst) in data.chunks_exact(row_bytes).zip(self.grouped.chunks_exact_mut(grouped_bytes)) {
+                grouped::regroup(src, dst);
+            }
+        }
+        (self.act_ty, self.rows, self.cols) = (act_ty, rows, cols);
+        Ok(())
+    }
+
+    /// The encoded bytes of every row, row after row.
+    pub fn encoded(&self) -> &[u8] {
+        &self.data
+    }
+
     /// The format the rows are encoded in.
     pub fn act_type(&self) -> GgmlType {
         self.act_ty
@@ -680,5 +727,26 @@ mod tests {
         assert_eq!(acts.row(1).len(), 34);
         acts.quantize(GgmlType::F32, &[], 0, 8).expect("empty");
         assert_eq!(acts.rows(), 0);
+    }
+
+    #[test]
+    fn encoded_activations_give_the_senders_results() {
+        // What a peer receives (the plain bytes) must multiply exactly as what the sender quantised,
+        // including the grouped layout the SIMD Q4_0/Q8_0 kernels read.
+        for (wty, cols) in [(GgmlType::Q4_0, 512), (GgmlType::Q8_0, 256), (GgmlType::Q4_K, 512)] {
+            let (w, x) = problem(wty, 16, cols, 5, 7);
+            let view = WeightView::new(wty, 16, cols, &w).expect("valid weights");
+            let mut sent = Activations::new();
+            sent.quantize(wty.act_type(), &x, 5, cols).unwrap();
+            let mut got = Activations::new();
+            got.set_encoded(sent.act_type(), cols, 5, sent.encoded()).unwrap();
+            let (mut a, mut b) = (vec![0f32; 5 * 16], vec![0f32; 5 * 16]);
+            matmul(&view, &sent, &mut a).unwrap();
+            matmul(&view, &got, &mut b).unwrap();
+            assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{wty:?}");
+            assert!(got.set_encoded(sent.act_type(), cols, 4, sent.encoded()).is_err(), "wrong row count accepted");
+            assert!(got.set_encoded(GgmlType::Q4_0, cols, 5, sent.encoded()).is_err(), "a weight type accepted");
+            assert_eq!(got.rows(), 5, "a failed call changed the buffer");
+        }
     }
 }
