@@ -1,5 +1,7 @@
 //! `titan`: the command line. Parsing arguments and printing only; the work happens in the library crates.
 
+mod cluster_args;
+mod demo;
 mod npy;
 mod store_args;
 
@@ -12,6 +14,7 @@ use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions, StopReason};
 use titan_gguf::GgufFile;
 use titan_store::{convert, ConvertOptions, Profile, Store, StoreOptions};
 
+use cluster_args::{ClusterArgs, WorkerArgs};
 use store_args::{default_store, StreamArgs};
 
 #[derive(Parser)]
@@ -45,6 +48,24 @@ enum Command {
     Trace(TraceArgs),
     /// Compare two traces: IDENTICAL (exit 0), or the first divergence (exit 1); unreadable input exits 2.
     TraceDiff(TraceDiffArgs),
+    /// Serve a model's experts to cluster backbones (`--nodes`) over TCP.
+    Worker(WorkerCmdArgs),
+    /// Start three workers on loopback, generate on one machine and on the cluster, and compare.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Args)]
+struct WorkerCmdArgs {
+    #[command(flatten)]
+    worker: WorkerArgs,
+    /// The GGUF model whose experts this node serves.
+    #[arg(short = 'm', long = "model")]
+    model: PathBuf,
+    /// Worker threads (default: all cores).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    #[command(flatten)]
+    stream: StreamArgs,
 }
 
 #[derive(Args)]
@@ -60,6 +81,8 @@ struct ModelArgs {
     tokenizer: Option<PathBuf>,
     #[command(flatten)]
     stream: StreamArgs,
+    #[command(flatten)]
+    cluster: ClusterArgs,
 }
 
 #[derive(Args)]
@@ -269,6 +292,10 @@ fn main() {
         // The command runs on a worker of the pool: the forward pass enters parallel regions several
         // times per layer, and from a worker each is a push onto the worker's own queue, where from
         // outside the pool it is a hand-over to another thread (slower, and it allocates).
+        // Except a worker: its accept loop blocks for good, and its connections' threads use the pool.
+        if let Command::Worker(a) = cli.command {
+            return worker(a);
+        }
         rayon::scope(|_| match cli.command {
             Command::Run(a) => run(a),
             Command::Logits(a) => logits(a),
@@ -281,6 +308,8 @@ fn main() {
             Command::Profile(a) => profile(a),
             Command::Trace(a) => trace(a),
             Command::TraceDiff(a) => std::process::exit(trace_diff(a)),
+            Command::Worker(_) => unreachable!("served outside the pool"),
+            Command::Demo(a) => demo::demo(a),
         })
     });
     if let Err(e) = result {
@@ -298,6 +327,8 @@ impl Command {
             Command::Bench(a) => a.model.threads,
             Command::Trace(a) => a.model.threads,
             Command::Profile(a) => a.model.threads,
+            Command::Worker(a) => a.threads,
+            Command::Demo(a) => a.threads,
             _ => None,
         }
     }
@@ -322,7 +353,16 @@ fn load(a: &ModelArgs) -> Result<Model> {
     if let Some(p) = &a.tokenizer {
         model.tokenizer = titan_tokenizer::Tokenizer::from_tokenizer_json(p).with_context(|| format!("{}", p.display()))?;
     }
+    a.cluster.attach(&mut model)?;
     Ok(model)
+}
+
+fn worker(a: WorkerCmdArgs) -> Result<()> {
+    let model = Model::load_with(&a.model, &a.stream.load_options(&a.model)?)?;
+    if let Some(w) = model.experts.cache().and_then(|c| c.warning()) {
+        eprintln!("warning: {w}");
+    }
+    cluster_args::serve(model, &a.worker)
 }
 
 fn run(a: RunArgs) -> Result<()> {
@@ -358,6 +398,9 @@ fn run(a: RunArgs) -> Result<()> {
             t.prefetch_issued,
             t.prefetch_used
         );
+    }
+    if let Some(r) = model.experts.report() {
+        eprint!("{r}");
     }
     Ok(())
 }

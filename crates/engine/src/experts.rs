@@ -45,6 +45,27 @@ pub trait Experts: Send + Sync {
     fn cache(&self) -> Option<&ExpertCache> {
         None
     }
+
+    /// What the source did so far, for the user (a cluster's per-node counters), if it has more to say
+    /// than the cache's statistics.
+    fn report(&self) -> Option<String> {
+        None
+    }
+}
+
+/// A shared source (the CLI keeps a handle on a cluster to read its counters).
+impl<T: Experts + ?Sized> Experts for std::sync::Arc<T> {
+    fn apply(&self, w: &Weights, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+        (**self).apply(w, job, s, deliver)
+    }
+
+    fn cache(&self) -> Option<&ExpertCache> {
+        (**self).cache()
+    }
+
+    fn report(&self) -> Option<String> {
+        (**self).report()
+    }
 }
 
 /// The working buffers of [`Experts::apply`], kept between calls.

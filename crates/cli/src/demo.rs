@@ -1,0 +1,153 @@
+//! `titan demo`: the cluster in one command, with nothing but the repository. It starts expert workers
+//! as separate processes on loopback, generates the same greedy text on this machine alone and as the
+//! backbone of those workers, and shows that the two runs' traces are identical, byte for byte.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use titan_cluster::{model_identity, Cluster, ClusterOptions};
+use titan_engine::experts::ExpertSource;
+use titan_engine::trace::{diff, Trace};
+use titan_engine::{GenerateOptions, Generation, Model, SamplerOptions};
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// The model (default: the trained demo model in models/demo/, else the qwen3moe test fixture).
+    #[arg(short = 'm', long = "model")]
+    model: Option<PathBuf>,
+    /// How many expert workers to start.
+    #[arg(long, default_value_t = 3)]
+    workers: usize,
+    #[arg(short = 'p', long, default_value = "ROMEO: What light through yonder window")]
+    prompt: String,
+    #[arg(short = 'n', long = "n-predict", default_value_t = 48)]
+    n_predict: usize,
+    /// Threads of this process (each worker uses one).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// contiguous or interleaved.
+    #[arg(long, default_value = "contiguous")]
+    placement: String,
+}
+
+/// The first of the default models that exists, from the working directory or the source tree.
+fn default_model() -> Result<PathBuf> {
+    let roots = [PathBuf::from("."), Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")];
+    for rel in ["models/demo/demo-q8_0.gguf", "tests/fixtures/qwen3moe/q8_0.gguf"] {
+        if let Some(p) = roots.iter().map(|r| r.join(rel)).find(|p| p.exists()) {
+            return Ok(p);
+        }
+    }
+    bail!("no default model found (models/demo/demo-q8_0.gguf): pass one with -m")
+}
+
+/// Worker processes, killed when dropped.
+struct Workers(Vec<Child>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts `n` workers on loopback ports chosen by the system; returns them and their addresses.
+fn start_workers(n: usize, model: &Path, token: &Path, log: &Path) -> Result<(Workers, Vec<String>)> {
+    let exe = std::env::current_exe().context("finding the titan executable")?;
+    let mut workers = Workers(Vec::new());
+    let mut addrs = Vec::new();
+    for i in 0..n {
+        let log_file = std::fs::File::create(log.join(format!("worker{i}.log")))?;
+        let mut child = Command::new(&exe)
+            .args(["worker", "--listen", "127.0.0.1:0", "--threads", "1", "--token-file"])
+            .arg(token)
+            .arg("--model")
+            .arg(model)
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            .spawn()
+            .context("starting a worker")?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+        workers.0.push(child);
+        match line.trim().strip_prefix("listening on ") {
+            Some(addr) => addrs.push(addr.to_string()),
+            None => bail!("worker {i} did not start (see {})", log.join(format!("worker{i}.log")).display()),
+        }
+    }
+    Ok((workers, addrs))
+}
+
+fn greedy(model: &Model, prompt: &[u32], n: usize) -> Result<(Generation, Trace, String)> {
+    let opts = GenerateOptions { max_tokens: n, n_ctx: (prompt.len() + n).max(16), sampler: SamplerOptions { temperature: 0.0, ..Default::default() } };
+    let mut trace = Trace::default();
+    let mut text = String::new();
+    let g = model.generate_traced(prompt, &opts, Some(&mut trace), |t| text.push_str(t))?;
+    Ok((g, trace, text))
+}
+
+pub fn demo(a: DemoArgs) -> Result<()> {
+    let path = match a.model {
+        Some(p) => p,
+        None => default_model()?,
+    };
+    if a.workers == 0 {
+        bail!("--workers must be at least 1");
+    }
+    let dir = tempfile::tempdir()?;
+    let token_path = dir.path().join("node.token");
+    let mut token = [0u8; 16];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut token)).context("reading /dev/urandom for a node token")?;
+    let token_hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(&token_path, &token_hex)?;
+
+    eprintln!("starting {} workers on loopback for {} …", a.workers, path.display());
+    let (_workers, addrs) = start_workers(a.workers, &path, &token_path, dir.path())?;
+
+    let single = Model::load(&path)?;
+    let prompt = single.tokenizer.encode(&a.prompt, true, true);
+    let (g1, t1, text1) = greedy(&single, &prompt, a.n_predict)?;
+    drop(single);
+
+    let mut model = Model::load(&path)?;
+    let opts = ClusterOptions {
+        nodes: addrs.clone(),
+        token: token_hex.into_bytes(),
+        placement: a.placement.parse()?,
+        replicas: 1,
+        timeout: Duration::from_secs(10),
+        model: model_identity(&model.weights.file),
+    };
+    let local = std::mem::replace(&mut model.experts, Box::new(ExpertSource::Resident));
+    let cluster = Arc::new(Cluster::connect(local, model.config.n_layer, model.config.n_expert, opts)?);
+    model.experts = Box::new(cluster.clone());
+    let (g2, t2, text2) = greedy(&model, &prompt, a.n_predict)?;
+
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}{}", a.prompt, text2)?;
+    writeln!(out)?;
+    writeln!(out, "model:      {} ({}, {} layers × {} experts, top-{})", path.display(), model.config.arch_name, model.config.n_layer, model.config.n_expert, model.config.n_expert_used)?;
+    writeln!(out, "placement:  {}", a.placement)?;
+    write!(out, "{}", cluster.describe())?;
+    let rate = |g: &Generation| g.tokens.len().saturating_sub(1) as f64 / g.gen_time.as_secs_f64().max(1e-9);
+    writeln!(out, "decode:     single node {:.1} tok/s, cluster {:.1} tok/s ({} workers on loopback)", rate(&g1), rate(&g2), a.workers)?;
+    let m = cluster.metrics();
+    let steps = (g2.tokens.len()).max(1) as f64;
+    let (trips, bytes): (u64, u64) = m.iter().fold((0, 0), |(t, b), (_, n)| (t + n.round_trips, b + n.bytes_out + n.bytes_in));
+    let exchange: u64 = m.iter().map(|(_, n)| n.exchange_ns).sum();
+    writeln!(out, "network:    {:.1} round trips and {:.1} KiB per token (prompt included), {:.3} ms per round trip", trips as f64 / steps, bytes as f64 / 1024.0 / steps, exchange as f64 / 1e6 / trips.max(1) as f64)?;
+    let d = diff(&t1, &t2, None);
+    let verdict = if d.identical() && text1 == text2 { "IDENTICAL" } else { "DIFFERENT" };
+    writeln!(out, "trace:      {verdict} ({} tensors, {} decisions compared with the single-node run)", d.tensors, d.decisions)?;
+    if verdict != "IDENTICAL" {
+        bail!("the cluster's trace differs from the single-node trace");
+    }
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! Experts spread over machines. One backbone runs attention, routers, shared experts and the head;
+//! expert nodes ([`worker`]) hold experts and compute them on request. Per MoE layer the backbone sends
+//! each involved node one [`proto`] message with the rows (quantised exactly as its own kernels would
+//! quantise them) and the expert ids, computes its own share while it waits, and hands every expert's
+//! output to the engine, which combines them in ascending expert-id order — so the result is the
+//! single-machine result, bit for bit, for any [`plan`] and any node count. A node that fails is
+//! computed around ([`remote`]), and the bytes stay the same.
+//!
+//! Sockets are plain blocking `std::net` streams, one per node, with a thread per connection on the
+//! worker: a backbone talks to a handful of nodes with one request in flight to each, so an async
+//! runtime would add a hand-off per message and buy nothing.
+
+pub mod plan;
+pub mod proto;
+pub mod remote;
+pub mod worker;
+
+pub use plan::{Placement, Plan};
+pub use remote::{Cluster, ClusterOptions};
+pub use worker::{serve, WorkerOptions};
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+/// The node token in `path`: its first line, which must be at least 16 bytes (a token is a shared
+/// secret, e.g. `openssl rand -hex 32 > node.token`).
+pub fn read_token(path: &Path) -> Result<Vec<u8>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the node token {}", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim();
+    if token.len() < 16 {
+        bail!("{}: the node token must be at least 16 characters on the first line (e.g. `openssl rand -hex 32 > {}`)", path.display(), path.display());
+    }
+    Ok(token.as_bytes().to_vec())
+}
+
+/// What identifies a model file between machines: its size and the BLAKE3 of its header (metadata and
+/// tensor table), as a trace records it.
+pub fn model_identity(f: &titan_gguf::GgufFile) -> String {
+    let header = f.bytes(0, f.data_offset as usize).expect("the header lies inside the file");
+    format!("{} bytes, header {}", f.file_len(), titan_engine::trace::digest(header))
+}

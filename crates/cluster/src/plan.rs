@@ -1,0 +1,126 @@
+//! Which node computes which expert. A plan lists, per layer and expert, the nodes that hold it —
+//! the first is its primary, the others replicas used when the primary is down. Node `i` is the
+//! `i`-th of `--nodes`; an expert no live node holds is computed by the backbone itself.
+
+use std::fmt::Write as _;
+
+use anyhow::{bail, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Contiguous ranges of expert ids, the same in every layer, sized by each node's budget.
+    Contiguous,
+    /// Expert `e` on node `e mod nodes`: hot neighbours land on different nodes.
+    Interleaved,
+}
+
+impl std::str::FromStr for Placement {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "contiguous" => Ok(Placement::Contiguous),
+            "interleaved" => Ok(Placement::Interleaved),
+            _ => bail!("unknown placement {s:?}: use contiguous or interleaved"),
+        }
+    }
+}
+
+pub struct Plan {
+    n_layer: usize,
+    n_expert: usize,
+    /// owners[layer * n_expert + expert]: node indices, primary first.
+    owners: Vec<Vec<usize>>,
+}
+
+impl Plan {
+    /// Places `n_expert` experts of each of `n_layer` layers on nodes of the given budgets, each expert
+    /// on `replicas` distinct nodes (the primary, then the next nodes in order).
+    pub fn new(n_layer: usize, n_expert: usize, budgets: &[u64], placement: Placement, replicas: usize) -> Result<Plan> {
+        let n = budgets.len();
+        if n == 0 {
+            bail!("a plan needs at least one node");
+        }
+        if replicas == 0 || replicas > n {
+            bail!("--replicas {replicas}: each expert needs between 1 and {n} (the node count) copies");
+        }
+        let primary: Vec<usize> = match placement {
+            Placement::Interleaved => (0..n_expert).map(|e| e % n).collect(),
+            Placement::Contiguous => {
+                // Boundaries at the budgets' running share, so a node with twice the budget gets twice
+                // the experts; every budget counts as at least 1 so that zero budgets split evenly.
+                let weights: Vec<u128> = budgets.iter().map(|&b| b.max(1) as u128).collect();
+                let total: u128 = weights.iter().sum();
+                let mut ends = Vec::with_capacity(n);
+                let mut acc = 0u128;
+                for w in &weights {
+                    acc += w;
+                    ends.push((acc * n_expert as u128 / total) as usize);
+                }
+                (0..n_expert).map(|e| ends.iter().position(|&end| e < end).unwrap_or(n - 1)).collect()
+            }
+        };
+        let per_layer: Vec<Vec<usize>> = primary.iter().map(|&p| (0..replicas).map(|r| (p + r) % n).collect()).collect();
+        let owners = (0..n_layer).flat_map(|_| per_layer.iter().cloned()).collect();
+        Ok(Plan { n_layer, n_expert, owners })
+    }
+
+    /// The nodes holding `expert` of `layer`, primary first.
+    pub fn owners(&self, layer: usize, expert: usize) -> &[usize] {
+        &self.owners[layer * self.n_expert + expert]
+    }
+
+    /// Per node, the experts it holds (primary or replica), as id ranges, e.g. "0-31, 96-127".
+    pub fn describe(&self, nodes: &[String]) -> String {
+        let mut out = String::new();
+        for (i, name) in nodes.iter().enumerate() {
+            let held: Vec<usize> = (0..self.n_expert).filter(|&e| self.owners(0, e).contains(&i)).collect();
+            let primary = (0..self.n_expert).filter(|&e| self.owners(0, e)[0] == i).count();
+            let _ = writeln!(out, "  node {i} {name}: experts {} of each of {} layers ({} held, {primary} as primary)", ranges(&held), self.n_layer, held.len());
+        }
+        out
+    }
+}
+
+/// [0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8".
+fn ranges(ids: &[usize]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j { ids[i].to_string() } else { format!("{}-{}", ids[i], ids[j]) });
+        i = j + 1;
+    }
+    if parts.is_empty() { "none".into() } else { parts.join(", ") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_follows_budgets() {
+        let p = Plan::new(2, 8, &[1, 1, 2], Placement::Contiguous, 1).unwrap();
+        let primaries: Vec<usize> = (0..8).map(|e| p.owners(1, e)[0]).collect();
+        assert_eq!(primaries, [0, 0, 1, 1, 2, 2, 2, 2]);
+        let even = Plan::new(1, 8, &[0, 0, 0], Placement::Contiguous, 1).unwrap();
+        assert_eq!((0..8).map(|e| even.owners(0, e)[0]).collect::<Vec<_>>(), [0, 0, 1, 1, 1, 2, 2, 2]);
+    }
+
+    #[test]
+    fn interleaved_with_replicas() {
+        let p = Plan::new(1, 5, &[1, 1], Placement::Interleaved, 2).unwrap();
+        assert_eq!(p.owners(0, 0), [0, 1]);
+        assert_eq!(p.owners(0, 3), [1, 0]);
+        assert!(p.describe(&["a".into(), "b".into()]).contains("experts 0-4"));
+        assert!(Plan::new(1, 5, &[1, 1], Placement::Interleaved, 3).is_err());
+    }
+
+    #[test]
+    fn id_ranges() {
+        assert_eq!(ranges(&[0, 1, 2, 5, 7, 8]), "0-2, 5, 7-8");
+        assert_eq!(ranges(&[]), "none");
+    }
+}

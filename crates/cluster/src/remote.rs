@@ -1,0 +1,343 @@
+//! The backbone's side: [`Cluster`] is an [`Experts`] source that sends each MoE layer's experts to the
+//! nodes holding them, computes the rest (and any node's share, when that node fails) with the
+//! backbone's own source, and hands every output to the engine's combine.
+
+use std::io::{BufReader, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use titan_engine::experts::{ExpertJob, ExpertScratch, Experts};
+use titan_engine::weights::Weights;
+use titan_engine::EngineError;
+use titan_net::{read_frame, write_frame, Kind, DEFAULT_MAX_FRAME, HEADER_LEN};
+
+use crate::plan::{Placement, Plan};
+use crate::proto::{decode_output, encode_compute, Hello, Welcome};
+
+pub struct ClusterOptions {
+    /// HOST:PORT of each node.
+    pub nodes: Vec<String>,
+    pub token: Vec<u8>,
+    pub placement: Placement,
+    /// Copies of each expert across nodes (1: no replication).
+    pub replicas: usize,
+    /// How long a node may take to answer one layer before it is marked down.
+    pub timeout: Duration,
+    /// The model identity the nodes must hold (`model_identity`).
+    pub model: String,
+}
+
+/// A down node is tried again at the first MoE layer of a step, at most this often.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub struct Cluster {
+    local: Box<dyn Experts>,
+    plan: Plan,
+    names: Vec<String>,
+    opts: ClusterOptions,
+    state: Mutex<State>,
+}
+
+/// One node's connection and counters.
+struct Node {
+    conn: Option<Conn>,
+    /// When a down node may be tried again.
+    retry_at: Instant,
+    metrics: NodeMetrics,
+    /// This layer's experts for the node: indices into the job's ids.
+    assigned: Vec<usize>,
+    /// This layer's rows for the node (indices into the job's input) and each expert's rows among them.
+    rows: Vec<usize>,
+    local_rows: Vec<u32>,
+    /// The id of the request awaiting its answer, and when it was sent.
+    pending: Option<(u64, Instant)>,
+}
+
+struct Conn {
+    w: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+/// Counters of one node as the backbone saw it.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct NodeMetrics {
+    pub round_trips: u64,
+    pub experts: u64,
+    pub rows: u64,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    /// From sending a layer's request to having its answer.
+    pub exchange_ns: u64,
+    /// Of that, the time the backbone waited after finishing its own work.
+    pub wait_ns: u64,
+    /// Layers whose experts the backbone computed because this node failed them.
+    pub failovers: u64,
+    pub downs: u64,
+}
+
+struct State {
+    nodes: Vec<Node>,
+    next_id: u64,
+    /// Indices (into the job's ids) the backbone computes this layer.
+    local: Vec<usize>,
+    /// A sub-job's ids, rows and starts.
+    sub_ids: Vec<u32>,
+    sub_rows: Vec<usize>,
+    sub_starts: Vec<usize>,
+    body: Vec<u8>,
+    frame: Vec<u8>,
+    floats: Vec<f32>,
+    /// Where each job row goes in a node's row list (usize::MAX: not sent).
+    row_map: Vec<usize>,
+}
+
+impl Cluster {
+    /// Connects to every node (each must be up, hold the same model and accept the token), plans the
+    /// placement from their budgets, and returns the source; `local` computes what no live node does.
+    pub fn connect(local: Box<dyn Experts>, n_layer: usize, n_expert: usize, opts: ClusterOptions) -> Result<Cluster> {
+        let mut nodes = Vec::new();
+        let mut budgets = Vec::new();
+        for addr in &opts.nodes {
+            let (conn, welcome) = handshake(addr, &opts).with_context(|| format!("node {addr}"))?;
+            if (welcome.n_layer, welcome.n_expert) != (n_layer, n_expert) {
+                bail!("node {addr}: has {} layers of {} experts, the model {n_layer} of {n_expert}", welcome.n_layer, welcome.n_expert);
+            }
+            budgets.push(welcome.budget);
+            nodes.push(Node { conn: Some(conn), retry_at: Instant::now(), metrics: NodeMetrics::default(), assigned: Vec::new(), rows: Vec::new(), local_rows: Vec::new(), pending: None });
+        }
+        let plan = Plan::new(n_layer, n_expert, &budgets, opts.placement, opts.replicas)?;
+        let state = State { nodes, next_id: 1, local: Vec::new(), sub_ids: Vec::new(), sub_rows: Vec::new(), sub_starts: Vec::new(), body: Vec::new(), frame: Vec::new(), floats: Vec::new(), row_map: Vec::new() };
+        Ok(Cluster { local, plan, names: opts.nodes.clone(), opts, state: Mutex::new(state) })
+    }
+
+    /// The placement, one line per node.
+    pub fn describe(&self) -> String {
+        self.plan.describe(&self.names)
+    }
+
+    /// Each node's counters, in `--nodes` order.
+    pub fn metrics(&self) -> Vec<(String, NodeMetrics)> {
+        let st = self.lock();
+        self.names.iter().cloned().zip(st.nodes.iter().map(|n| n.metrics.clone())).collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves only counters and buffers behind; keep going.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Connects to `addr`, says hello with the token and the model, and reads the node's welcome.
+fn handshake(addr: &str, opts: &ClusterOptions) -> Result<(Conn, Welcome)> {
+    let sock = addr.to_socket_addrs()?.next().ok_or_else(|| anyhow!("{addr} resolves to no address"))?;
+    let stream = TcpStream::connect_timeout(&sock, CONNECT_TIMEOUT)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(opts.timeout.max(CONNECT_TIMEOUT)))?;
+    let mut conn = Conn { w: stream.try_clone()?, r: BufReader::with_capacity(1 << 16, stream) };
+    let hello = Hello { token: String::from_utf8_lossy(&opts.token).into_owned(), model: opts.model.clone() };
+    write_frame(&mut conn.w, Kind::Hello, 0, &serde_json::to_vec(&hello)?, &mut Vec::new())?;
+    let mut body = Vec::new();
+    let h = read_frame(&mut conn.r, 1 << 16, &mut body)?;
+    match h.kind {
+        Kind::Welcome => {
+            let welcome: Welcome = serde_json::from_slice(&body).context("reading the node's welcome")?;
+            conn.r.get_ref().set_read_timeout(Some(opts.timeout))?;
+            Ok((conn, welcome))
+        }
+        Kind::Error => bail!("refused: {}", String::from_utf8_lossy(&body)),
+        other => bail!("answered the hello with a {other:?} frame"),
+    }
+}
+
+impl Experts for Cluster {
+    fn apply(&self, w: &Weights, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if job.layer == 0 {
+            self.revive(st);
+        }
+
+        // Who computes what: each expert's first live owner, else the backbone.
+        st.local.clear();
+        for n in st.nodes.iter_mut() {
+            n.assigned.clear();
+        }
+        for (i, &e) in job.ids.iter().enumerate() {
+            match self.plan.owners(job.layer, e as usize).iter().find(|&&n| st.nodes[n].conn.is_some()) {
+                Some(&n) => st.nodes[n].assigned.push(i),
+                None => st.local.push(i),
+            }
+        }
+
+        // One request to each involved node, all sent before any answer is awaited.
+        for n in 0..st.nodes.len() {
+            if st.nodes[n].assigned.is_empty() {
+                continue;
+            }
+            let id = st.next_id;
+            st.next_id += 1;
+            if let Err(e) = send(st, n, id, job) {
+                self.down(st, n, &format!("sending layer {}: {e}", job.layer));
+            }
+        }
+
+        // The backbone's own share while the nodes work.
+        let local = std::mem::take(&mut st.local);
+        let r = compute_here(&*self.local, w, job, &local, st, s, deliver);
+        st.local = local;
+        r?;
+        let waiting_since = Instant::now();
+
+        // The answers, in node order; a node that fails has its share computed here.
+        for n in 0..st.nodes.len() {
+            if st.nodes[n].pending.is_none() {
+                continue;
+            }
+            match receive(st, n, job, deliver) {
+                Ok(()) => {
+                    let m = &mut st.nodes[n].metrics;
+                    m.wait_ns += waiting_since.elapsed().as_nanos() as u64;
+                }
+                Err(e) => {
+                    self.down(st, n, &format!("layer {}: {e:#}", job.layer));
+                    st.nodes[n].metrics.failovers += 1;
+                    let share = std::mem::take(&mut st.nodes[n].assigned);
+                    let r = compute_here(&*self.local, w, job, &share, st, s, deliver);
+                    st.nodes[n].assigned = share;
+                    r?;
+                }
+            }
+            st.nodes[n].pending = None;
+        }
+        Ok(())
+    }
+
+    fn cache(&self) -> Option<&titan_store::ExpertCache> {
+        self.local.cache()
+    }
+
+    fn report(&self) -> Option<String> {
+        let mut out = String::from("cluster: node, round trips, experts, rows, sent, received, exchange ms/round trip, failovers\n");
+        for (name, m) in self.metrics() {
+            let per = m.exchange_ns as f64 / 1e6 / m.round_trips.max(1) as f64;
+            out += &format!("  {name}: {} round trips, {} experts, {} rows, {} B out, {} B in, {per:.3} ms, {} failovers\n", m.round_trips, m.experts, m.rows, m.bytes_out, m.bytes_in, m.failovers);
+        }
+        Some(out)
+    }
+}
+
+impl Cluster {
+    /// Marks node `n` down (its connection dropped) and says why, once.
+    fn down(&self, st: &mut State, n: usize, why: &str) {
+        let node = &mut st.nodes[n];
+        if node.conn.take().is_some() {
+            node.metrics.downs += 1;
+            eprintln!("cluster: node {} ({}) is down, its experts are computed elsewhere: {why}", n, self.names[n]);
+        }
+        node.retry_at = Instant::now() + RETRY_EVERY;
+    }
+
+    /// Tries the down nodes whose retry time has come; one that answers is used again from this layer.
+    fn revive(&self, st: &mut State) {
+        let now = Instant::now();
+        for (n, node) in st.nodes.iter_mut().enumerate() {
+            if node.conn.is_some() || node.retry_at > now {
+                continue;
+            }
+            match handshake(&self.names[n], &self.opts) {
+                Ok((conn, _)) => {
+                    eprintln!("cluster: node {n} ({}) is back", self.names[n]);
+                    node.conn = Some(conn);
+                }
+                Err(_) => node.retry_at = now + RETRY_EVERY,
+            }
+        }
+    }
+}
+
+/// Sends node `n` the rows and ids of its assigned experts.
+fn send(st: &mut State, n: usize, id: u64, job: &ExpertJob) -> std::io::Result<()> {
+    let State { nodes, body, frame, row_map, .. } = st;
+    let node = &mut nodes[n];
+    // The union of the node's rows, in first-use order, and each expert's rows as indices into it.
+    row_map.clear();
+    row_map.resize(job.input.rows(), usize::MAX);
+    node.rows.clear();
+    node.local_rows.clear();
+    for &i in &node.assigned {
+        for &r in job.rows_of(i) {
+            if row_map[r] == usize::MAX {
+                row_map[r] = node.rows.len();
+                node.rows.push(r);
+            }
+            node.local_rows.push(row_map[r] as u32);
+        }
+    }
+    let mut at = 0;
+    let experts = node.assigned.iter().map(|&i| {
+        let n = job.rows_of(i).len();
+        at += n;
+        (job.ids[i], &node.local_rows[at - n..at])
+    });
+    encode_compute(body, job.layer, job.input, &node.rows, experts);
+    let conn = node.conn.as_mut().expect("only live nodes are assigned work");
+    let t = Instant::now();
+    write_frame(&mut conn.w, Kind::Compute, id, body, frame)?;
+    conn.w.flush()?;
+    node.pending = Some((id, t));
+    let m = &mut node.metrics;
+    m.round_trips += 1;
+    m.experts += node.assigned.len() as u64;
+    m.rows += node.local_rows.len() as u64;
+    m.bytes_out += (body.len() + HEADER_LEN) as u64;
+    Ok(())
+}
+
+/// Reads node `n`'s answer to this layer and delivers each expert's rows.
+fn receive(st: &mut State, n: usize, job: &ExpertJob, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+    let State { nodes, body, floats, .. } = st;
+    let node = &mut nodes[n];
+    let conn = node.conn.as_mut().ok_or_else(|| anyhow!("not connected"))?;
+    let h = read_frame(&mut conn.r, DEFAULT_MAX_FRAME, body).map_err(|e| if e.is_timeout() { anyhow!("no answer within the deadline") } else { anyhow!(e) })?;
+    let (id, sent) = node.pending.expect("only nodes with a request in flight are read");
+    if h.id != id {
+        bail!("answered request {} while request {id} was pending", h.id);
+    }
+    match h.kind {
+        Kind::Output => {}
+        Kind::Error => bail!("the node failed: {}", String::from_utf8_lossy(body)),
+        other => bail!("answered with a {other:?} frame"),
+    }
+    let d = job.input.cols();
+    decode_output(body, node.assigned.iter().map(|&i| job.rows_of(i).len()), d, floats)?;
+    let mut at = 0;
+    for &i in &node.assigned {
+        let len = job.rows_of(i).len() * d;
+        deliver(i, &floats[at..at + len]);
+        at += len;
+    }
+    let m = &mut node.metrics;
+    m.bytes_in += (body.len() + HEADER_LEN) as u64;
+    m.exchange_ns += sent.elapsed().as_nanos() as u64;
+    Ok(())
+}
+
+/// Computes experts `which` (indices into the job's ids, ascending) with the backbone's own source.
+fn compute_here(local: &dyn Experts, w: &Weights, job: &ExpertJob, which: &[usize], st: &mut State, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
+    if which.is_empty() {
+        return Ok(());
+    }
+    let State { sub_ids, sub_rows, sub_starts, .. } = st;
+    (sub_ids.clear(), sub_rows.clear(), sub_starts.clear());
+    sub_starts.push(0);
+    for &i in which {
+        sub_ids.push(job.ids[i]);
+        sub_rows.extend_from_slice(job.rows_of(i));
+        sub_starts.push(sub_rows.len());
+    }
+    let sub = ExpertJob { layer: job.layer, input: job.input, ids: sub_ids, rows: sub_rows, starts: sub_starts };
+    local.apply(w, &sub, s, &mut |j, y| deliver(which[j], y))
+}

@@ -1,0 +1,179 @@
+//! `titan worker`: an expert node. It holds a model's experts (resident, or streamed from its store
+//! through a bounded cache), keeps no KV state, and answers Compute requests from backbones that show
+//! the node token. It can be killed and restarted at any time: backbones compute around it meanwhile.
+
+use std::io::BufReader;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use titan_engine::experts::ExpertScratch;
+use titan_engine::Model;
+use titan_net::{read_frame, secrets_equal, write_frame, FrameError, Kind};
+
+use crate::proto::{start_output, write_output, Compute, Hello, Shape, Welcome};
+
+pub struct WorkerOptions {
+    pub listen: String,
+    pub token: Vec<u8>,
+    /// The largest frame accepted.
+    pub max_frame: usize,
+    /// Bytes of experts this node offers (announced to backbones, which size its share by it).
+    pub budget: u64,
+}
+
+/// How long a new connection has to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The node's counters since it started, over every connection.
+#[derive(Default)]
+pub struct WorkerMetrics {
+    pub connections: AtomicU64,
+    pub refused: AtomicU64,
+    pub requests: AtomicU64,
+    pub experts: AtomicU64,
+    pub rows: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub compute_ns: AtomicU64,
+}
+
+impl WorkerMetrics {
+    fn json(&self) -> serde_json::Value {
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        serde_json::json!({
+            "connections": g(&self.connections), "refused": g(&self.refused), "requests": g(&self.requests),
+            "experts": g(&self.experts), "rows": g(&self.rows), "bytes_in": g(&self.bytes_in),
+            "bytes_out": g(&self.bytes_out), "compute_ns": g(&self.compute_ns),
+        })
+    }
+}
+
+/// Listens on `opts.listen` and serves backbones until the process ends; `ready` is told the bound
+/// address first (port 0 picks a free one).
+pub fn serve(model: Arc<Model>, opts: WorkerOptions, ready: impl FnOnce(SocketAddr)) -> Result<()> {
+    let listener = TcpListener::bind(&opts.listen).with_context(|| format!("listening on {}", opts.listen))?;
+    ready(listener.local_addr()?);
+    let ctx = Arc::new(Node {
+        welcome: Welcome {
+            model: crate::model_identity(&model.weights.file),
+            budget: opts.budget,
+            n_layer: model.config.n_layer,
+            n_expert: model.config.n_expert,
+            isa: titan_kernels::isa().name().to_string(),
+            threads: rayon::current_num_threads(),
+        },
+        model,
+        opts,
+        metrics: WorkerMetrics::default(),
+    });
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("worker: accept failed: {e}");
+                continue;
+            }
+        };
+        let ctx = ctx.clone();
+        std::thread::spawn(move || {
+            let peer = stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
+            match ctx.connection(stream) {
+                Ok(summary) => eprintln!("worker: {peer}: closed ({summary})"),
+                Err(e) => eprintln!("worker: {peer}: connection closed: {e:#}"),
+            }
+        });
+    }
+    Ok(())
+}
+
+struct Node {
+    model: Arc<Model>,
+    opts: WorkerOptions,
+    welcome: Welcome,
+    metrics: WorkerMetrics,
+}
+
+impl Node {
+    /// One backbone's connection: the handshake, then requests until it closes. Any malformed frame
+    /// ends this connection (with the reason logged by the caller) and nothing else.
+    fn connection(&self, stream: TcpStream) -> Result<String> {
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
+        let mut w = stream.try_clone()?;
+        let mut r = BufReader::with_capacity(1 << 16, stream);
+        let (mut body, mut frame) = (Vec::new(), Vec::new());
+        let limit = self.opts.max_frame;
+
+        let h = read_frame(&mut r, limit.min(1 << 16), &mut body).context("reading the hello")?;
+        let hello: Option<Hello> = (h.kind == Kind::Hello).then(|| serde_json::from_slice(&body).ok()).flatten();
+        let refusal = match &hello {
+            None => Some("the first frame must be a hello".to_string()),
+            Some(hi) if !secrets_equal(hi.token.as_bytes(), &self.opts.token) => Some("wrong node token".into()),
+            Some(hi) if hi.model != self.welcome.model => Some(format!("this node holds another model ({}), the backbone runs {}", self.welcome.model, hi.model)),
+            Some(_) => None,
+        };
+        if let Some(why) = refusal {
+            self.metrics.refused.fetch_add(1, Relaxed);
+            let _ = write_frame(&mut w, Kind::Error, h.id, why.as_bytes(), &mut frame);
+            anyhow::bail!("refused: {why}");
+        }
+        write_frame(&mut w, Kind::Welcome, h.id, &serde_json::to_vec(&self.welcome)?, &mut frame)?;
+        self.metrics.connections.fetch_add(1, Relaxed);
+        // A backbone may idle between tokens for as long as its users do.
+        r.get_ref().set_read_timeout(None)?;
+
+        let c = &self.model.config;
+        let shape = Shape { n_layer: c.n_layer, n_expert: c.n_expert, n_embd: c.n_embd };
+        let (mut req, mut scratch, mut out) = (Compute::default(), ExpertScratch::default(), Vec::new());
+        let mut served = 0u64;
+        loop {
+            let h = match read_frame(&mut r, limit, &mut body) {
+                Ok(h) => h,
+                Err(FrameError::Closed) => return Ok(format!("{served} requests")),
+                Err(e) => return Err(e.into()),
+            };
+            self.metrics.bytes_in.fetch_add((body.len() + titan_net::HEADER_LEN) as u64, Relaxed);
+            let reply = match h.kind {
+                Kind::Compute => {
+                    let t = Instant::now();
+                    let result = req.decode(&body, shape).map_err(anyhow::Error::from).and_then(|()| self.compute(&req, &mut scratch, &mut out));
+                    if let Err(e) = result {
+                        let msg = format!("{e:#}");
+                        let _ = write_frame(&mut w, Kind::Error, h.id, msg.as_bytes(), &mut frame);
+                        anyhow::bail!("request {} failed: {msg}", h.id);
+                    }
+                    self.metrics.compute_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+                    served += 1;
+                    (Kind::Output, &out[..])
+                }
+                Kind::Ping => (Kind::Pong, &body[..]),
+                Kind::MetricsRequest => {
+                    out = serde_json::to_vec(&self.metrics.json())?;
+                    (Kind::Metrics, &out[..])
+                }
+                other => {
+                    let msg = format!("unexpected {other:?} frame");
+                    let _ = write_frame(&mut w, Kind::Error, h.id, msg.as_bytes(), &mut frame);
+                    anyhow::bail!("{msg}");
+                }
+            };
+            write_frame(&mut w, reply.0, h.id, reply.1, &mut frame)?;
+            self.metrics.bytes_out.fetch_add((reply.1.len() + titan_net::HEADER_LEN) as u64, Relaxed);
+        }
+    }
+
+    /// Every expert of the request, into an Output body.
+    fn compute(&self, req: &Compute, scratch: &mut ExpertScratch, out: &mut Vec<u8>) -> Result<()> {
+        let d = self.model.config.n_embd;
+        let job = req.job();
+        start_output(out, job.ids.len(), d, job.rows.len());
+        self.model.experts.apply(&self.model.weights, &job, scratch, &mut |i, y| write_output(out, d, job.starts[i], y))?;
+        self.metrics.requests.fetch_add(1, Relaxed);
+        self.metrics.experts.fetch_add(job.ids.len() as u64, Relaxed);
+        self.metrics.rows.fetch_add(job.rows.len() as u64, Relaxed);
+        Ok(())
+    }
+}
