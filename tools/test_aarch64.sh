@@ -2,6 +2,9 @@
 # Runs the titan-kernels tests for aarch64 on an x86-64 (or any) Linux machine: cross-built with the
 # aarch64 GNU linker and run under qemu-user, on an emulated CPU with NEON and the ARMv8.2 dot product,
 # so the Neon kernels are checked bit for bit against their scalar twins (crates/kernels/src/simd/tests.rs).
+# Then the whole model, across machines: `titan trace` built for aarch64 and run under qemu must write a
+# trace IDENTICAL to this machine's native one, for fixtures of several architectures and formats — the
+# bit-identity a cluster of x86 and ARM nodes relies on (portable exp/sin/cos/pow included).
 #
 #   tools/test_aarch64.sh [cargo test arguments, e.g. a test-name filter or -- --nocapture]
 #
@@ -43,4 +46,22 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L $SYSROOT"
 
 echo "test_aarch64.sh: qemu CPU ${QEMU_CPU}, required ISA: ${TITAN_TEST_REQUIRE_ISA:-none}" >&2
-exec cargo test --release -p titan-kernels --target "$TARGET" "$@"
+cargo test --release -p titan-kernels --target "$TARGET" "$@"
+
+cargo build --release -p titan-cli --target "$TARGET"
+cargo build --release -p titan-cli
+ARM_TITAN="${CARGO_TARGET_DIR:-target}/$TARGET/release/titan"
+NATIVE_TITAN="${CARGO_TARGET_DIR:-target}/release/titan"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+for model in qwen3moe/q8_0 olmoe/q4_0 qwen3moe-k/q4_k_m qwen3moe-k/q6_k mixtral/q8_0 qwen2moe/q5_0; do
+    args=(trace -m "tests/fixtures/$model.gguf" -p "The quick brown fox" -n 6 --temp 0 --threads 2)
+    qemu-aarch64 -L "$SYSROOT" "$ARM_TITAN" "${args[@]}" -o "$work/arm.trace" 2>/dev/null
+    "$NATIVE_TITAN" "${args[@]}" -o "$work/native.trace" 2>/dev/null
+    verdict="$("$NATIVE_TITAN" trace-diff "$work/native.trace" "$work/arm.trace")" || {
+        echo "aarch64 trace of $model differs from the native one:" >&2
+        echo "$verdict" >&2
+        exit 1
+    }
+    echo "aarch64 (qemu ${QEMU_CPU}) vs native trace, $model: $verdict"
+done

@@ -76,6 +76,8 @@ pub struct NodeMetrics {
     /// Layers whose experts the backbone computed because this node failed them.
     pub failovers: u64,
     pub downs: u64,
+    /// The median of a few empty round trips at connection (the network's and the node's floor).
+    pub ping_ns: u64,
 }
 
 struct State {
@@ -101,12 +103,13 @@ impl Cluster {
         let mut nodes = Vec::new();
         let mut budgets = Vec::new();
         for addr in &opts.nodes {
-            let (conn, welcome) = handshake(addr, &opts).with_context(|| format!("node {addr}"))?;
+            let (mut conn, welcome) = handshake(addr, &opts).with_context(|| format!("node {addr}"))?;
             if (welcome.n_layer, welcome.n_expert) != (n_layer, n_expert) {
                 bail!("node {addr}: has {} layers of {} experts, the model {n_layer} of {n_expert}", welcome.n_layer, welcome.n_expert);
             }
             budgets.push(welcome.budget);
-            nodes.push(Node { conn: Some(conn), retry_at: Instant::now(), metrics: NodeMetrics::default(), assigned: Vec::new(), rows: Vec::new(), local_rows: Vec::new(), pending: None });
+            let ping_ns = ping(&mut conn, 21).with_context(|| format!("node {addr}: ping"))?;
+            nodes.push(Node { conn: Some(conn), retry_at: Instant::now(), metrics: NodeMetrics { ping_ns, ..Default::default() }, assigned: Vec::new(), rows: Vec::new(), local_rows: Vec::new(), pending: None });
         }
         let plan = Plan::new(n_layer, n_expert, &budgets, opts.placement, opts.replicas)?;
         let state = State { nodes, next_id: 1, local: Vec::new(), sub_ids: Vec::new(), sub_rows: Vec::new(), sub_starts: Vec::new(), body: Vec::new(), frame: Vec::new(), floats: Vec::new(), row_map: Vec::new() };
@@ -150,6 +153,23 @@ fn handshake(addr: &str, opts: &ClusterOptions) -> Result<(Conn, Welcome)> {
         Kind::Error => bail!("refused: {}", String::from_utf8_lossy(&body)),
         other => bail!("answered the hello with a {other:?} frame"),
     }
+}
+
+/// The median of `n` empty round trips on `conn`, in nanoseconds.
+fn ping(conn: &mut Conn, n: usize) -> Result<u64> {
+    let (mut frame, mut body) = (Vec::new(), Vec::new());
+    let mut times = Vec::with_capacity(n);
+    for i in 0..n as u64 {
+        let t = Instant::now();
+        write_frame(&mut conn.w, Kind::Ping, i, &[], &mut frame)?;
+        let h = read_frame(&mut conn.r, 1 << 16, &mut body)?;
+        if h.kind != Kind::Pong || h.id != i {
+            bail!("answered a ping with {:?} {}", h.kind, h.id);
+        }
+        times.push(t.elapsed().as_nanos() as u64);
+    }
+    times.sort_unstable();
+    Ok(times[n / 2])
 }
 
 impl Experts for Cluster {
@@ -220,10 +240,14 @@ impl Experts for Cluster {
     }
 
     fn report(&self) -> Option<String> {
-        let mut out = String::from("cluster: node, round trips, experts, rows, sent, received, exchange ms/round trip, failovers\n");
+        let mut out = String::from("cluster (per node: layer exchanges, experts and rows computed, bytes, ms per exchange against an empty round trip, failovers):\n");
         for (name, m) in self.metrics() {
             let per = m.exchange_ns as f64 / 1e6 / m.round_trips.max(1) as f64;
-            out += &format!("  {name}: {} round trips, {} experts, {} rows, {} B out, {} B in, {per:.3} ms, {} failovers\n", m.round_trips, m.experts, m.rows, m.bytes_out, m.bytes_in, m.failovers);
+            let (ping, wait) = (m.ping_ns as f64 / 1e6, m.wait_ns as f64 / 1e6 / m.round_trips.max(1) as f64);
+            out += &format!(
+                "  {name}: {} round trips, {} experts, {} rows, {} B out, {} B in, {per:.3} ms per exchange (ping {ping:.3} ms, waited {wait:.3} ms), {} failovers\n",
+                m.round_trips, m.experts, m.rows, m.bytes_out, m.bytes_in, m.failovers
+            );
         }
         Some(out)
     }
