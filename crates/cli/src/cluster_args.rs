@@ -1,14 +1,14 @@
 //! Command-line options for running as a cluster's backbone, and `titan worker`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use titan_cluster::{model_identity, read_token, Cluster, ClusterOptions};
-use titan_engine::experts::ExpertSource;
-use titan_engine::Model;
+use titan_cluster::{model_identity, read_token, Cluster, ClusterOptions, NodeModel};
+use titan_engine::experts::{ExpertSource, Experts};
+use titan_engine::{LoadOptions, Model};
 
 #[derive(Args, Clone, Default)]
 pub struct ClusterArgs {
@@ -57,7 +57,7 @@ impl ClusterArgs {
             timeout: Duration::from_millis(self.node_timeout_ms.max(1)),
             model: model_identity(&model.weights.file),
         };
-        let local = std::mem::replace(&mut model.experts, Box::new(ExpertSource::Resident));
+        let local = std::mem::replace(&mut model.experts, Box::new(ExpertSource::Resident(model.weights.clone())));
         let cluster = Arc::new(Cluster::connect(local, model.config.n_layer, model.config.n_expert, opts)?);
         eprintln!("cluster plan ({} placement, {} cop{} of each expert):\n{}", self.placement, self.replicas, if self.replicas == 1 { "y" } else { "ies" }, cluster.describe().trim_end());
         model.experts = Box::new(cluster.clone());
@@ -78,15 +78,21 @@ pub struct WorkerArgs {
     pub max_frame: usize,
 }
 
-/// Serves the loaded model's experts until the process is stopped; prints `listening on ADDR` on
-/// stdout once the socket is bound.
-pub fn serve(model: Model, a: &WorkerArgs) -> Result<()> {
-    let budget = match model.experts.cache() {
+/// Serves the experts of `model` until the process is stopped; prints `listening on ADDR` on stdout
+/// once the socket is bound.
+pub fn serve(model: &Path, load: &LoadOptions, a: &WorkerArgs) -> Result<()> {
+    let file = titan_gguf::GgufFile::open(model)?;
+    let (config, source) = Model::load_experts(model, load)?;
+    if let Some(w) = source.cache().and_then(|c| c.warning()) {
+        eprintln!("warning: {w}");
+    }
+    let budget = match source.cache() {
         Some(c) => c.budget_bytes(),
-        None => titan_engine::weights::dense_and_expert_bytes(&model.weights.file).1,
+        None => titan_engine::weights::dense_and_expert_bytes(&file).1,
     };
+    let node = NodeModel { identity: model_identity(&file), n_layer: config.n_layer, n_expert: config.n_expert, n_embd: config.n_embd, experts: Box::new(source) };
     let opts = titan_cluster::WorkerOptions { listen: a.listen.clone(), token: read_token(&a.token_file)?, max_frame: a.max_frame, budget };
-    titan_cluster::serve(Arc::new(model), opts, |addr| {
+    titan_cluster::serve(node, opts, |addr| {
         use std::io::Write;
         println!("listening on {addr}");
         let _ = std::io::stdout().flush();

@@ -125,7 +125,7 @@ pub fn demo(a: DemoArgs) -> Result<()> {
         timeout: Duration::from_secs(10),
         model: model_identity(&model.weights.file),
     };
-    let local = std::mem::replace(&mut model.experts, Box::new(ExpertSource::Resident));
+    let local = std::mem::replace(&mut model.experts, Box::new(ExpertSource::Resident(model.weights.clone())));
     let cluster = Arc::new(Cluster::connect(local, model.config.n_layer, model.config.n_expert, opts)?);
     model.experts = Box::new(cluster.clone());
     let (g2, t2, text2) = greedy(&model, &prompt, a.n_predict)?;

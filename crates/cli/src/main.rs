@@ -358,11 +358,7 @@ fn load(a: &ModelArgs) -> Result<Model> {
 }
 
 fn worker(a: WorkerCmdArgs) -> Result<()> {
-    let model = Model::load_with(&a.model, &a.stream.load_options(&a.model)?)?;
-    if let Some(w) = model.experts.cache().and_then(|c| c.warning()) {
-        eprintln!("warning: {w}");
-    }
-    cluster_args::serve(model, &a.worker)
+    cluster_args::serve(&a.model, &a.stream.load_options(&a.model)?, &a.worker)
 }
 
 fn run(a: RunArgs) -> Result<()> {

@@ -17,7 +17,7 @@ pub mod worker;
 
 pub use plan::{Placement, Plan};
 pub use remote::{Cluster, ClusterOptions};
-pub use worker::{serve, WorkerOptions};
+pub use worker::{serve, NodeModel, WorkerOptions};
 
 use std::path::Path;
 

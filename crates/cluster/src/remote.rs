@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use titan_engine::experts::{ExpertJob, ExpertScratch, Experts};
-use titan_engine::weights::Weights;
 use titan_engine::EngineError;
 use titan_net::{read_frame, write_frame, Kind, DEFAULT_MAX_FRAME, HEADER_LEN};
 
@@ -173,7 +172,7 @@ fn ping(conn: &mut Conn, n: usize) -> Result<u64> {
 }
 
 impl Experts for Cluster {
-    fn apply(&self, w: &Weights, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
+    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
         let mut guard = self.lock();
         let st = &mut *guard;
         if job.layer == 0 {
@@ -206,7 +205,7 @@ impl Experts for Cluster {
 
         // The backbone's own share while the nodes work.
         let local = std::mem::take(&mut st.local);
-        let r = compute_here(&*self.local, w, job, &local, st, s, deliver);
+        let r = compute_here(&*self.local, job, &local, st, s, deliver);
         st.local = local;
         r?;
         let waiting_since = Instant::now();
@@ -225,7 +224,7 @@ impl Experts for Cluster {
                     self.down(st, n, &format!("layer {}: {e:#}", job.layer));
                     st.nodes[n].metrics.failovers += 1;
                     let share = std::mem::take(&mut st.nodes[n].assigned);
-                    let r = compute_here(&*self.local, w, job, &share, st, s, deliver);
+                    let r = compute_here(&*self.local, job, &share, st, s, deliver);
                     st.nodes[n].assigned = share;
                     r?;
                 }
@@ -350,7 +349,7 @@ fn receive(st: &mut State, n: usize, job: &ExpertJob, deliver: &mut dyn FnMut(us
 }
 
 /// Computes experts `which` (indices into the job's ids, ascending) with the backbone's own source.
-fn compute_here(local: &dyn Experts, w: &Weights, job: &ExpertJob, which: &[usize], st: &mut State, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
+fn compute_here(local: &dyn Experts, job: &ExpertJob, which: &[usize], st: &mut State, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
     if which.is_empty() {
         return Ok(());
     }
@@ -363,5 +362,5 @@ fn compute_here(local: &dyn Experts, w: &Weights, job: &ExpertJob, which: &[usiz
         sub_starts.push(sub_rows.len());
     }
     let sub = ExpertJob { layer: job.layer, input: job.input, ids: sub_ids, rows: sub_rows, starts: sub_starts };
-    local.apply(w, &sub, s, &mut |j, y| deliver(which[j], y))
+    local.apply(&sub, s, &mut |j, y| deliver(which[j], y))
 }

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use titan_engine::experts::ExpertScratch;
-use titan_engine::Model;
+use titan_engine::experts::{ExpertScratch, Experts};
 use titan_net::{read_frame, secrets_equal, write_frame, FrameError, Kind};
 
 use crate::proto::{start_output, write_output, Compute, Hello, Shape, Welcome};
@@ -51,17 +50,27 @@ impl WorkerMetrics {
     }
 }
 
+/// The experts a node serves and what they belong to.
+pub struct NodeModel {
+    /// The model's identity (`model_identity`).
+    pub identity: String,
+    pub n_layer: usize,
+    pub n_expert: usize,
+    pub n_embd: usize,
+    pub experts: Box<dyn Experts>,
+}
+
 /// Listens on `opts.listen` and serves backbones until the process ends; `ready` is told the bound
 /// address first (port 0 picks a free one).
-pub fn serve(model: Arc<Model>, opts: WorkerOptions, ready: impl FnOnce(SocketAddr)) -> Result<()> {
+pub fn serve(model: NodeModel, opts: WorkerOptions, ready: impl FnOnce(SocketAddr)) -> Result<()> {
     let listener = TcpListener::bind(&opts.listen).with_context(|| format!("listening on {}", opts.listen))?;
     ready(listener.local_addr()?);
     let ctx = Arc::new(Node {
         welcome: Welcome {
-            model: crate::model_identity(&model.weights.file),
+            model: model.identity.clone(),
             budget: opts.budget,
-            n_layer: model.config.n_layer,
-            n_expert: model.config.n_expert,
+            n_layer: model.n_layer,
+            n_expert: model.n_expert,
             isa: titan_kernels::isa().name().to_string(),
             threads: rayon::current_num_threads(),
         },
@@ -90,7 +99,7 @@ pub fn serve(model: Arc<Model>, opts: WorkerOptions, ready: impl FnOnce(SocketAd
 }
 
 struct Node {
-    model: Arc<Model>,
+    model: NodeModel,
     opts: WorkerOptions,
     welcome: Welcome,
     metrics: WorkerMetrics,
@@ -125,8 +134,8 @@ impl Node {
         // A backbone may idle between tokens for as long as its users do.
         r.get_ref().set_read_timeout(None)?;
 
-        let c = &self.model.config;
-        let shape = Shape { n_layer: c.n_layer, n_expert: c.n_expert, n_embd: c.n_embd };
+        let m = &self.model;
+        let shape = Shape { n_layer: m.n_layer, n_expert: m.n_expert, n_embd: m.n_embd };
         let (mut req, mut scratch, mut out) = (Compute::default(), ExpertScratch::default(), Vec::new());
         let mut served = 0u64;
         loop {
@@ -167,10 +176,10 @@ impl Node {
 
     /// Every expert of the request, into an Output body.
     fn compute(&self, req: &Compute, scratch: &mut ExpertScratch, out: &mut Vec<u8>) -> Result<()> {
-        let d = self.model.config.n_embd;
+        let d = self.model.n_embd;
         let job = req.job();
         start_output(out, job.ids.len(), d, job.rows.len());
-        self.model.experts.apply(&self.model.weights, &job, scratch, &mut |i, y| write_output(out, d, job.starts[i], y))?;
+        self.model.experts.apply(&job, scratch, &mut |i, y| write_output(out, d, job.starts[i], y))?;
         self.metrics.requests.fetch_add(1, Relaxed);
         self.metrics.experts.fetch_add(job.ids.len() as u64, Relaxed);
         self.metrics.rows.fetch_add(job.rows.len() as u64, Relaxed);

@@ -7,6 +7,8 @@
 //! expert, its output for a row is a pure function of (row, expert weights), and the caller combines the
 //! outputs in ascending expert-id order, in one place (`moe::moe_block`): see docs/determinism.md.
 
+use std::sync::Arc;
+
 use titan_kernels::{matmul_many, Activations, MatmulJob, WeightView};
 use titan_store::ExpertCache;
 
@@ -38,8 +40,7 @@ impl ExpertJob<'_> {
 pub trait Experts: Send + Sync {
     /// Compute every expert of `job` and hand its output to `deliver(i, y)` — `y` holding one
     /// `n_embd`-long row per row of `job.rows_of(i)`, in that order — once per expert, in any order.
-    /// `w` is the model's weights (a local source reads resident experts from it).
-    fn apply(&self, w: &Weights, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()>;
+    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()>;
 
     /// The expert cache, when experts stream from a store on this machine.
     fn cache(&self) -> Option<&ExpertCache> {
@@ -55,8 +56,8 @@ pub trait Experts: Send + Sync {
 
 /// A shared source (the CLI keeps a handle on a cluster to read its counters).
 impl<T: Experts + ?Sized> Experts for std::sync::Arc<T> {
-    fn apply(&self, w: &Weights, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
-        (**self).apply(w, job, s, deliver)
+    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+        (**self).apply(job, s, deliver)
     }
 
     fn cache(&self) -> Option<&ExpertCache> {
@@ -80,8 +81,9 @@ pub struct ExpertScratch {
 
 /// Experts computed on this machine.
 pub enum ExpertSource {
-    /// Read in place from the GGUF mapping (the whole model fits in memory, or the page cache copes).
-    Resident,
+    /// Read in place from the model's weights (the mapping, or the regrouped copies made at load): the
+    /// whole model fits in memory, or the page cache copes.
+    Resident(Arc<Weights>),
     /// Served by a bounded cache over an expert store: a layer's misses are read together, and each
     /// expert is computed as soon as its record has arrived.
     Streamed(ExpertCache),
@@ -96,20 +98,18 @@ pub struct ExpertWeights<'a> {
 }
 
 impl Experts for ExpertSource {
-    fn apply(&self, w: &Weights, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
         let ExpertScratch { acts, views, ffn } = s;
         let in_ty = job.input.act_type();
-        self.for_each_batch(w, job.layer, job.ids, views, |first, batch| {
+        self.for_each_batch(job.layer, job.ids, views, |first, batch| {
             let acts = slots(acts, batch.len());
             for ((i, ew), a) in (first..).zip(batch).zip(acts.iter_mut()) {
                 // Gate and up share the input's quantisation (one tensor type per stacked tensor, and a
                 // store's records keep those types); anything else is a model this cannot compute.
                 for m in [&ew.gate, &ew.up] {
                     if m.ty.act_type() != in_ty {
-                        return Err(EngineError::Model {
-                            path: w.file.path().display().to_string(),
-                            what: format!("expert {} of layer {}: {} weights need {} activations, the layer's input is {}", job.ids[i], job.layer, m.ty.name(), m.ty.act_type().name(), in_ty.name()),
-                        });
+                        let what = format!("{} weights need {} activations, the layer's input is {}", m.ty.name(), m.ty.act_type().name(), in_ty.name());
+                        return Err(EngineError::Expert { layer: job.layer, expert: job.ids[i], what });
                     }
                 }
                 a.gather_from(job.input, job.rows_of(i));
@@ -123,7 +123,7 @@ impl Experts for ExpertSource {
 
     fn cache(&self) -> Option<&ExpertCache> {
         match self {
-            ExpertSource::Resident => None,
+            ExpertSource::Resident(_) => None,
             ExpertSource::Streamed(c) => Some(c),
         }
     }
@@ -136,14 +136,13 @@ impl ExpertSource {
     /// caller and lends its allocation to the resident batch's list.
     fn for_each_batch(
         &self,
-        w: &Weights,
         layer: usize,
         ids: &[u32],
         views: &mut Vec<ExpertWeights<'static>>,
         mut f: impl FnMut(usize, &[ExpertWeights<'_>]) -> Result<()>,
     ) -> Result<()> {
         match self {
-            ExpertSource::Resident => {
+            ExpertSource::Resident(w) => {
                 let l = &w.layers[layer];
                 let mut all: Vec<ExpertWeights> = recycle(std::mem::take(views));
                 all.extend(ids.iter().map(|&e| {

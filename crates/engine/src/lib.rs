@@ -38,6 +38,8 @@ pub enum EngineError {
     Store(#[from] titan_store::StoreError),
     #[error("context of {ctx} tokens exceeded: {need} needed (use a larger --ctx-size or a shorter prompt)")]
     ContextFull { ctx: usize, need: usize },
+    #[error("expert {expert} of layer {layer}: {what}")]
+    Expert { layer: usize, expert: u32, what: String },
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     BadToken { id: u32, vocab: usize },
 }

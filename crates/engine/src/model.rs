@@ -17,12 +17,12 @@ use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head}
 use crate::scratch::slots;
 use crate::stats::{Phase, Stats};
 use crate::trace::Trace;
-use crate::weights::{Layer, Mat, Weights};
+use crate::weights::{Layer, Mat, Residency, Weights};
 use crate::{vocab, EngineError, Result};
 
 pub struct Model {
     pub config: Config,
-    pub weights: Weights,
+    pub weights: Arc<Weights>,
     pub tokenizer: Tokenizer,
     /// Where the experts are computed: on this machine ([`ExpertSource`]), or anywhere a replacement
     /// puts them (the cluster's source), through the one seam.
@@ -68,18 +68,34 @@ impl Model {
         let file = GgufFile::open(path)?;
         let config = Config::from_gguf(&file)?;
         let tokenizer = vocab::tokenizer_from_gguf(&file)?;
-        let (experts, prefetch) = match &opts.stream {
-            None => (ExpertSource::Resident, false),
-            Some(s) => {
-                let store = Store::open_with(&s.store, &file, &StoreOptions { direct_io: s.direct_io, verify_digests: s.verify_digests })?;
-                let cache = ExpertCache::new(Arc::new(store), &CacheOptions { policy: s.policy, ..CacheOptions::new(Budget::Bytes(s.budget_bytes)) })?;
-                cache.pin(&s.pinned)?;
-                (ExpertSource::Streamed(cache), s.prefetch)
+        let cache = opts.stream.as_ref().map(|s| open_cache(s, &file)).transpose()?;
+        let mut weights = Weights::load(file, &config)?;
+        weights.copy_out(if cache.is_some() { Residency::Dense } else { Residency::All });
+        let weights = Arc::new(weights);
+        let prefetch = opts.stream.as_ref().is_some_and(|s| s.prefetch);
+        let experts = match cache {
+            Some(c) => ExpertSource::Streamed(c),
+            None => ExpertSource::Resident(weights.clone()),
+        };
+        Ok(Model { config, weights, tokenizer, experts: Box::new(experts), prefetch, stats: Stats::default() })
+    }
+
+    /// A model's experts and nothing else, for an expert node: resident (only the expert tensors are
+    /// copied or regrouped; the dense weights are never touched, so never paged in), or streamed from
+    /// the store in `opts.stream`. Returns the config and the source.
+    pub fn load_experts(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<(Config, ExpertSource)> {
+        let file = GgufFile::open(path)?;
+        let config = Config::from_gguf(&file)?;
+        let source = match &opts.stream {
+            Some(s) => ExpertSource::Streamed(open_cache(s, &file)?),
+            None => {
+                // Shapes are checked for every tensor, dense ones included: a node refuses a broken file.
+                let mut weights = Weights::load(file, &config)?;
+                weights.copy_out(Residency::Experts);
+                ExpertSource::Resident(Arc::new(weights))
             }
         };
-        let mut weights = Weights::load(file, &config)?;
-        weights.copy_out(experts.cache().is_some());
-        Ok(Model { config, weights, tokenizer, experts: Box::new(experts), prefetch, stats: Stats::default() })
+        Ok((config, source))
     }
 
     /// A new sequence of up to `n_ctx` positions.
@@ -272,6 +288,14 @@ impl Model {
         ])?;
         Ok(())
     }
+}
+
+/// The bounded expert cache over the store `s` names, its pinned experts loaded.
+fn open_cache(s: &StreamOptions, file: &GgufFile) -> Result<ExpertCache> {
+    let store = Store::open_with(&s.store, file, &StoreOptions { direct_io: s.direct_io, verify_digests: s.verify_digests })?;
+    let cache = ExpertCache::new(Arc::new(store), &CacheOptions { policy: s.policy, ..CacheOptions::new(Budget::Bytes(s.budget_bytes)) })?;
+    cache.pin(&s.pinned)?;
+    Ok(cache)
 }
 
 /// One sequence's state between forward calls: its KV cache, and the forward pass's working buffers,

@@ -103,7 +103,7 @@ pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x
 
     contributions.resize(rows * k * d, 0.0);
     let job = ExpertJob { layer, input, ids, rows: slot_rows, starts: runs };
-    experts.apply(w, &job, scratch, &mut |i, y| {
+    experts.apply(&job, scratch, &mut |i, y| {
         for (yi, &slot) in y.chunks_exact(d).zip(&by_expert[runs[i]..runs[i + 1]]) {
             contributions[slot * d..(slot + 1) * d].copy_from_slice(yi);
         }

@@ -143,13 +143,20 @@ impl Weights {
     /// - every Q4_0/Q8_0 matrix the SIMD kernels take regrouped (`titan_kernels::regroup_weights`:
     ///   scales first and quants pre-transposed, so each kernel call skips that work — the same bits),
     ///   except the token embedding, which is read row by row;
-    /// - with `dense_resident` (experts streamed from a store), every other dense tensor as it is: the
-    ///   mapping's pages are reclaimable page cache that expert reads would push out, and the copy keeps
-    ///   the backbone resident. Expert tensors are then left alone, never touched.
+    /// - with [`Residency::Dense`] (experts streamed from a store), every other dense tensor as it is:
+    ///   the mapping's pages are reclaimable page cache that expert reads would push out, and the copy
+    ///   keeps the backbone resident.
     ///
-    /// Each copied range is released from the mapping, so the process holds each tensor once.
-    pub fn copy_out(&mut self, dense_resident: bool) {
-        let mut tensors: Vec<_> = self.file.tensors.iter().filter(|t| !(dense_resident && is_expert_tensor(&t.name))).collect();
+    /// Tensors outside `residency` are left alone, never touched. Each copied range is released from
+    /// the mapping, so the process holds each tensor once.
+    pub fn copy_out(&mut self, residency: Residency) {
+        let dense_resident = residency == Residency::Dense;
+        let wanted = |name: &str| match residency {
+            Residency::All => true,
+            Residency::Dense => !is_expert_tensor(name),
+            Residency::Experts => is_expert_tensor(name),
+        };
+        let mut tensors: Vec<_> = self.file.tensors.iter().filter(|t| wanted(&t.name)).collect();
         tensors.sort_by_key(|t| t.offset);
         let mut copies = Copies::default();
         for t in tensors {
@@ -175,6 +182,17 @@ impl Weights {
         }
         self.copies = copies;
     }
+}
+
+/// Which weights a process computes with, and so copies out of the mapping at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residency {
+    /// The whole model, from memory.
+    All,
+    /// The dense weights; experts stream from a store.
+    Dense,
+    /// The experts only (an expert node).
+    Experts,
 }
 
 /// Whether a GGUF tensor holds experts (llama.cpp stacks them as `blk.N.ffn_{gate,up,down}_exps.weight`).
