@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use titan_cluster::slice::ShardExperts;
 use titan_cluster::{model_identity, read_token, Cluster, ClusterOptions, NodeModel};
 use titan_engine::experts::{ExpertSource, Experts};
 use titan_engine::{LoadOptions, Model};
@@ -59,7 +60,7 @@ impl ClusterArgs {
         };
         let local = std::mem::replace(&mut model.experts, Box::new(ExpertSource::Resident(model.weights.clone())));
         let cluster = Arc::new(Cluster::connect(local, model.config.n_layer, model.config.n_expert, opts)?);
-        eprintln!("cluster plan ({} placement, {} cop{} of each expert):\n{}", self.placement, self.replicas, if self.replicas == 1 { "y" } else { "ies" }, cluster.describe().trim_end());
+        eprint!("{}", cluster.describe());
         model.experts = Box::new(cluster.clone());
         Ok(Some(cluster))
     }
@@ -78,6 +79,17 @@ pub struct WorkerArgs {
     pub max_frame: usize,
 }
 
+/// Serves the experts of a shard (`titan slice`) until the process is stopped; every expert's digest is
+/// checked first.
+pub fn serve_shard(shard: &Path, a: &WorkerArgs) -> Result<()> {
+    let s = ShardExperts::open(shard, true)?;
+    let (c, spec) = (&s.config, &s.spec);
+    let holds = Some(((*spec.layers.start(), *spec.layers.end()), (*spec.experts.start(), *spec.experts.end())));
+    let budget = s.expert_bytes();
+    let node = NodeModel { identity: s.model.clone(), n_layer: c.n_layer, n_expert: c.n_expert, n_embd: c.n_embd, holds, experts: Box::new(s) };
+    serve_node(node, budget, a)
+}
+
 /// Serves the experts of `model` until the process is stopped; prints `listening on ADDR` on stdout
 /// once the socket is bound.
 pub fn serve(model: &Path, load: &LoadOptions, a: &WorkerArgs) -> Result<()> {
@@ -90,7 +102,11 @@ pub fn serve(model: &Path, load: &LoadOptions, a: &WorkerArgs) -> Result<()> {
         Some(c) => c.budget_bytes(),
         None => titan_engine::weights::dense_and_expert_bytes(&file).1,
     };
-    let node = NodeModel { identity: model_identity(&file), n_layer: config.n_layer, n_expert: config.n_expert, n_embd: config.n_embd, experts: Box::new(source) };
+    let node = NodeModel { identity: model_identity(&file), n_layer: config.n_layer, n_expert: config.n_expert, n_embd: config.n_embd, experts: Box::new(source), holds: None };
+    serve_node(node, budget, a)
+}
+
+fn serve_node(node: NodeModel, budget: u64, a: &WorkerArgs) -> Result<()> {
     let opts = titan_cluster::WorkerOptions { listen: a.listen.clone(), token: read_token(&a.token_file)?, max_frame: a.max_frame, budget };
     titan_cluster::serve(node, opts, |addr| {
         use std::io::Write;

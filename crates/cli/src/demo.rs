@@ -134,7 +134,6 @@ pub fn demo(a: DemoArgs) -> Result<()> {
     writeln!(out, "{}{}", a.prompt, text2)?;
     writeln!(out)?;
     writeln!(out, "model:      {} ({}, {} layers × {} experts, top-{})", path.display(), model.config.arch_name, model.config.n_layer, model.config.n_expert, model.config.n_expert_used)?;
-    writeln!(out, "placement:  {}", a.placement)?;
     write!(out, "{}", cluster.describe())?;
     let rate = |g: &Generation| g.tokens.len().saturating_sub(1) as f64 / g.gen_time.as_secs_f64().max(1e-9);
     writeln!(out, "decode:     single node {:.1} tok/s, cluster {:.1} tok/s ({} workers on loopback)", rate(&g1), rate(&g2), a.workers)?;

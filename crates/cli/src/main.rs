@@ -48,6 +48,8 @@ enum Command {
     Trace(TraceArgs),
     /// Compare two traces: IDENTICAL (exit 0), or the first divergence (exit 1); unreadable input exits 2.
     TraceDiff(TraceDiffArgs),
+    /// Write a shard: the experts of some layers and expert ids, as a GGUF a worker can serve (`--shard`).
+    Slice(SliceArgs),
     /// Serve a model's experts to cluster backbones (`--nodes`) over TCP.
     Worker(WorkerCmdArgs),
     /// Start three workers on loopback, generate on one machine and on the cluster, and compare.
@@ -55,12 +57,29 @@ enum Command {
 }
 
 #[derive(Args)]
+struct SliceArgs {
+    /// The GGUF model (never modified).
+    model: PathBuf,
+    /// Layers to keep, e.g. 0-47.
+    #[arg(long)]
+    layers: String,
+    /// Expert ids to keep, e.g. 0-42.
+    #[arg(long)]
+    experts: String,
+    #[arg(short = 'o', long)]
+    output: PathBuf,
+}
+
+#[derive(Args)]
 struct WorkerCmdArgs {
     #[command(flatten)]
     worker: WorkerArgs,
     /// The GGUF model whose experts this node serves.
-    #[arg(short = 'm', long = "model")]
-    model: PathBuf,
+    #[arg(short = 'm', long = "model", required_unless_present = "shard", conflicts_with = "shard")]
+    model: Option<PathBuf>,
+    /// A shard of the model (`titan slice`): the node serves the experts it holds.
+    #[arg(long)]
+    shard: Option<PathBuf>,
     /// Worker threads (default: all cores).
     #[arg(short = 't', long)]
     threads: Option<usize>,
@@ -309,6 +328,7 @@ fn main() {
             Command::Trace(a) => trace(a),
             Command::TraceDiff(a) => std::process::exit(trace_diff(a)),
             Command::Worker(_) => unreachable!("served outside the pool"),
+            Command::Slice(a) => slice(a),
             Command::Demo(a) => demo::demo(a),
         })
     });
@@ -358,7 +378,25 @@ fn load(a: &ModelArgs) -> Result<Model> {
 }
 
 fn worker(a: WorkerCmdArgs) -> Result<()> {
-    cluster_args::serve(&a.model, &a.stream.load_options(&a.model)?, &a.worker)
+    match (&a.model, &a.shard) {
+        (Some(m), _) => cluster_args::serve(m, &a.stream.load_options(m)?, &a.worker),
+        (None, Some(s)) => cluster_args::serve_shard(s, &a.worker),
+        (None, None) => unreachable!("clap requires one"),
+    }
+}
+
+fn slice(a: SliceArgs) -> Result<()> {
+    use titan_cluster::slice::{parse_range, write_shard, SliceSpec};
+    let f = GgufFile::open(&a.model)?;
+    let spec = SliceSpec { layers: parse_range(&a.layers)?, experts: parse_range(&a.experts)? };
+    let bar = progress_bar(0, "slicing");
+    let bytes = write_shard(&f, &spec, &a.output, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    eprintln!("wrote {} ({}: layers {}, experts {} of {})", a.output.display(), human(bytes), a.layers, a.experts, a.model.display());
+    Ok(())
 }
 
 fn run(a: RunArgs) -> Result<()> {
@@ -468,6 +506,9 @@ fn bench(a: BenchArgs) -> Result<()> {
     let shares = |p: &[(&str, f64)]| p.iter().map(|(n, s)| format!("{n} {:.0}%", s * 100.0)).collect::<Vec<_>>().join(", ");
     println!("phases:   decode {}; prompt {}", shares(&r.decode_phases), shares(&r.prompt_phases));
     println!("peak RSS: {}", human(r.peak_rss_bytes));
+    if let Some(r) = model.experts.report() {
+        eprint!("{r}");
+    }
     if a.json {
         let to_map = |p: &[(&str, f64)]| -> serde_json::Map<String, serde_json::Value> { p.iter().map(|(n, s)| (n.to_string(), (*s).into())).collect() };
         let j = serde_json::json!({

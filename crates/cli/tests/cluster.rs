@@ -32,6 +32,11 @@ struct Worker {
 
 impl Worker {
     fn start(model: &Path, dir: &Path, name: &str, listen: &str) -> Worker {
+        Worker::start_with("-m", model, dir, name, listen)
+    }
+
+    /// A worker serving `what` (`-m` a model, or `--shard` a shard).
+    fn start_with(flag: &str, what: &Path, dir: &Path, name: &str, listen: &str) -> Worker {
         let token = dir.join("node.token");
         if !token.exists() {
             std::fs::write(&token, TOKEN).unwrap();
@@ -40,8 +45,8 @@ impl Worker {
         let mut child = titan()
             .args(["worker", "--listen", listen, "--threads", "1", "--max-frame", "1048576", "--token-file"])
             .arg(&token)
-            .arg("-m")
-            .arg(model)
+            .arg(flag)
+            .arg(what)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -272,4 +277,79 @@ fn oversized_and_malformed_frames_close_only_their_connection() {
     trace(&m, &out, &["--nodes", &w.addr, "--token-file", token_file(dir.path()).to_str().unwrap()]);
     assert!(trace_diff(&single, &out).starts_with("IDENTICAL"));
     assert!(!w.log().contains("panicked"), "{}", w.log());
+}
+
+/// Writes the shard of `layers` × `experts` of `model` into `dir`.
+fn slice(model: &Path, layers: &str, experts: &str, dir: &Path) -> PathBuf {
+    let out = dir.join(format!("shard-{layers}-{experts}.gguf"));
+    let o = titan().arg("slice").arg(model).args(["--layers", layers, "--experts", experts, "-o"]).arg(&out).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    out
+}
+
+#[test]
+fn workers_serving_shards_give_the_single_node_trace() {
+    for model in ["qwen3moe/q8_0.gguf", "olmoe/q4_0.gguf"] {
+        let dir = tempfile::tempdir().unwrap();
+        let m = fixture(model);
+        let single = dir.path().join("single.trace");
+        trace(&m, &single, &[]);
+        let token = token_file(dir.path());
+        // Every layer-expert held by exactly one shard, cut along both axes.
+        let cuts = [("0-1", "0-2"), ("0", "3-7"), ("1", "3-5"), ("1", "6-7")];
+        let workers: Vec<Worker> = cuts.iter().enumerate().map(|(i, (l, e))| Worker::start_with("--shard", &slice(&m, l, e, dir.path()), dir.path(), &format!("w{i}"), "127.0.0.1:0")).collect();
+        let nodes = workers.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
+        let out = dir.path().join("shards.trace");
+        let o = trace(&m, &out, &["--nodes", &nodes, "--token-file", token.to_str().unwrap()]);
+        assert!(stderr(&o).contains("each node serves the experts of its shard"), "{}", stderr(&o));
+        assert_eq!(trace_diff(&single, &out).split(':').next(), Some("IDENTICAL"), "{model}: {}", trace_diff(&single, &out));
+        // Experts no shard holds are computed by the backbone.
+        let out = dir.path().join("partial.trace");
+        let o = trace(&m, &out, &["--nodes", &workers[0].addr, "--token-file", token.to_str().unwrap()]);
+        assert!(stderr(&o).contains("backbone: 10 layer-experts no node holds"), "{}", stderr(&o));
+        assert!(trace_diff(&single, &out).starts_with("IDENTICAL"), "{model}: {}", trace_diff(&single, &out));
+        // Every worker was connected; together they computed (a shard whose experts no token chose
+        // serves nothing, rightly).
+        let served: u64 = workers.iter().map(|w| requests_served(&w.log_with("requests)"))).sum();
+        assert!(served > 0, "{model}: no worker computed anything");
+    }
+}
+
+#[test]
+fn a_damaged_shard_is_refused_naming_the_expert() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = slice(&fixture("qwen3moe/q8_0.gguf"), "0-1", "4-7", dir.path());
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let n = bytes.len();
+    bytes[n - 40] ^= 0x10; // inside the last tensor: layer 1's down projection of expert 7
+    std::fs::write(&shard, &bytes).unwrap();
+    let o = titan().args(["worker", "--listen", "127.0.0.1:0", "--token-file"]).arg(token_file(dir.path())).arg("--shard").arg(&shard).output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("expert 7 of layer 1 failed its digest check") && err.contains(&shard.display().to_string()), "{err}");
+    // Cut short: a clean error too.
+    std::fs::write(&shard, &bytes[..n / 2]).unwrap();
+    let o = titan().args(["worker", "--listen", "127.0.0.1:0", "--token-file"]).arg(token_file(dir.path())).arg("--shard").arg(&shard).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("past the end of the file") && !stderr(&o).contains("panicked"), "{}", stderr(&o));
+}
+
+/// llama.cpp's own GGUF reader (gguf-py) must read a shard, and find it byte-equal to the model's slice.
+/// Runs with the Python named by TITAN_PYTHON (which has the `gguf` package; `.ci/run` provides one); in
+/// CI it must be there.
+#[test]
+fn shards_load_in_gguf_py() {
+    let Ok(python) = std::env::var("TITAN_PYTHON") else {
+        assert!(std::env::var("CI").is_err(), "CI must set TITAN_PYTHON to a python with the gguf package");
+        eprintln!("skipped: TITAN_PYTHON (a python with the gguf package) is not set");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let check = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/check_shard.py");
+    for (model, layers, experts) in [("qwen3moe/q8_0.gguf", "0-1", "2-5"), ("qwen3moe-k/q4_k_m.gguf", "0", "0-7"), ("mixtral/q4_0.gguf", "1", "7")] {
+        let m = fixture(model);
+        let shard = slice(&m, layers, experts, dir.path());
+        let o = Command::new(&python).arg(&check).arg(&shard).arg(&m).output().unwrap();
+        assert!(o.status.success(), "{model}: {}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    }
 }

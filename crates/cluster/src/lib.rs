@@ -13,6 +13,7 @@
 pub mod plan;
 pub mod proto;
 pub mod remote;
+pub mod slice;
 pub mod worker;
 
 pub use plan::{Placement, Plan};

@@ -3,6 +3,7 @@
 //! `i`-th of `--nodes`; an expert no live node holds is computed by the backbone itself.
 
 use std::fmt::Write as _;
+use std::ops::RangeInclusive;
 
 use anyhow::{bail, Result};
 
@@ -64,18 +65,52 @@ impl Plan {
         Ok(Plan { n_layer, n_expert, owners })
     }
 
+    /// The plan of nodes that hold fixed shards: each expert on the nodes whose shard holds it, in node
+    /// order (`None`: the node holds the whole model and takes the experts no shard holds, evenly).
+    pub fn from_holdings(n_layer: usize, n_expert: usize, holdings: &[Option<(RangeInclusive<usize>, RangeInclusive<usize>)>]) -> Plan {
+        let whole: Vec<usize> = (0..holdings.len()).filter(|&n| holdings[n].is_none()).collect();
+        let mut owners = Vec::with_capacity(n_layer * n_expert);
+        for l in 0..n_layer {
+            for e in 0..n_expert {
+                let mut o: Vec<usize> = (0..holdings.len()).filter(|&n| holdings[n].as_ref().is_some_and(|(ls, es)| ls.contains(&l) && es.contains(&e))).collect();
+                if o.is_empty() && !whole.is_empty() {
+                    o.push(whole[e % whole.len()]);
+                }
+                owners.push(o);
+            }
+        }
+        Plan { n_layer, n_expert, owners }
+    }
+
     /// The nodes holding `expert` of `layer`, primary first.
     pub fn owners(&self, layer: usize, expert: usize) -> &[usize] {
         &self.owners[layer * self.n_expert + expert]
     }
 
-    /// Per node, the experts it holds (primary or replica), as id ranges, e.g. "0-31, 96-127".
+    /// Per node, the experts it serves (primary or replica) as id ranges, e.g. "0-31, 96-127", per run
+    /// of layers that share them.
     pub fn describe(&self, nodes: &[String]) -> String {
         let mut out = String::new();
         for (i, name) in nodes.iter().enumerate() {
-            let held: Vec<usize> = (0..self.n_expert).filter(|&e| self.owners(0, e).contains(&i)).collect();
-            let primary = (0..self.n_expert).filter(|&e| self.owners(0, e)[0] == i).count();
-            let _ = writeln!(out, "  node {i} {name}: experts {} of each of {} layers ({} held, {primary} as primary)", ranges(&held), self.n_layer, held.len());
+            let held = |l: usize| -> Vec<usize> { (0..self.n_expert).filter(|&e| self.owners(l, e).contains(&i)).collect() };
+            let mut parts = Vec::new();
+            let mut first = 0;
+            for l in 1..=self.n_layer {
+                if l == self.n_layer || held(l) != held(first) {
+                    let which = if first == 0 && l == self.n_layer { format!("each of {} layers", self.n_layer) } else { format!("layers {}", ranges(&(first..l).collect::<Vec<_>>())) };
+                    let h = held(first);
+                    if !h.is_empty() {
+                        parts.push(format!("experts {} of {which}", ranges(&h)));
+                    }
+                    first = l;
+                }
+            }
+            let primary = (0..self.n_layer).flat_map(|l| (0..self.n_expert).map(move |e| (l, e))).filter(|&(l, e)| self.owners(l, e).first() == Some(&i)).count();
+            let _ = writeln!(out, "  node {i} {name}: {} ({primary} layer-experts as primary)", if parts.is_empty() { "nothing".into() } else { parts.join("; ") });
+        }
+        let orphans = self.owners.iter().filter(|o| o.is_empty()).count();
+        if orphans > 0 {
+            let _ = writeln!(out, "  backbone: {orphans} layer-experts no node holds");
         }
         out
     }
@@ -114,8 +149,21 @@ mod tests {
         let p = Plan::new(1, 5, &[1, 1], Placement::Interleaved, 2).unwrap();
         assert_eq!(p.owners(0, 0), [0, 1]);
         assert_eq!(p.owners(0, 3), [1, 0]);
-        assert!(p.describe(&["a".into(), "b".into()]).contains("experts 0-4"));
+        assert!(p.describe(&["a".into(), "b".into()]).contains("experts 0-4 of each of 1 layers"));
         assert!(Plan::new(1, 5, &[1, 1], Placement::Interleaved, 3).is_err());
+    }
+
+    #[test]
+    fn shards_place_what_they_hold() {
+        let p = Plan::from_holdings(2, 4, &[Some((0..=1, 0..=1)), Some((0..=0, 2..=3)), None]);
+        assert_eq!(p.owners(0, 1), [0]);
+        assert_eq!(p.owners(0, 3), [1]);
+        assert_eq!(p.owners(1, 3), [2], "no shard holds it: the whole-model node");
+        let text = p.describe(&["a".into(), "b".into(), "c".into()]);
+        assert!(text.contains("b: experts 2-3 of layers 0 "), "{text}");
+        let none = Plan::from_holdings(1, 2, &[Some((0..=0, 0..=0))]);
+        assert!(none.owners(0, 1).is_empty());
+        assert!(none.describe(&["a".into()]).contains("backbone: 1 layer-experts"));
     }
 
     #[test]

@@ -35,6 +35,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct Cluster {
     local: Box<dyn Experts>,
     plan: Plan,
+    /// How the plan was made, for the user.
+    plan_kind: String,
     names: Vec<String>,
     opts: ClusterOptions,
     state: Mutex<State>,
@@ -101,23 +103,31 @@ impl Cluster {
     pub fn connect(local: Box<dyn Experts>, n_layer: usize, n_expert: usize, opts: ClusterOptions) -> Result<Cluster> {
         let mut nodes = Vec::new();
         let mut budgets = Vec::new();
+        let mut holdings = Vec::new();
         for addr in &opts.nodes {
             let (mut conn, welcome) = handshake(addr, &opts).with_context(|| format!("node {addr}"))?;
             if (welcome.n_layer, welcome.n_expert) != (n_layer, n_expert) {
                 bail!("node {addr}: has {} layers of {} experts, the model {n_layer} of {n_expert}", welcome.n_layer, welcome.n_expert);
             }
             budgets.push(welcome.budget);
+            holdings.push(welcome.holds.map(|((l0, l1), (e0, e1))| (l0..=l1, e0..=e1)));
             let ping_ns = ping(&mut conn, 21).with_context(|| format!("node {addr}: ping"))?;
             nodes.push(Node { conn: Some(conn), retry_at: Instant::now(), metrics: NodeMetrics { ping_ns, ..Default::default() }, assigned: Vec::new(), rows: Vec::new(), local_rows: Vec::new(), pending: None });
         }
-        let plan = Plan::new(n_layer, n_expert, &budgets, opts.placement, opts.replicas)?;
+        let (plan, plan_kind) = if holdings.iter().any(Option::is_some) {
+            // Shards decide: each node computes what it holds.
+            (Plan::from_holdings(n_layer, n_expert, &holdings), "each node serves the experts of its shard".to_string())
+        } else {
+            let copies = if opts.replicas == 1 { "1 copy".into() } else { format!("{} copies", opts.replicas) };
+            (Plan::new(n_layer, n_expert, &budgets, opts.placement, opts.replicas)?, format!("{:?} placement, {copies} of each expert", opts.placement).to_lowercase())
+        };
         let state = State { nodes, next_id: 1, local: Vec::new(), sub_ids: Vec::new(), sub_rows: Vec::new(), sub_starts: Vec::new(), body: Vec::new(), frame: Vec::new(), floats: Vec::new(), row_map: Vec::new() };
-        Ok(Cluster { local, plan, names: opts.nodes.clone(), opts, state: Mutex::new(state) })
+        Ok(Cluster { local, plan, plan_kind, names: opts.nodes.clone(), opts, state: Mutex::new(state) })
     }
 
-    /// The placement, one line per node.
+    /// The plan: how it was made, then one line per node.
     pub fn describe(&self) -> String {
-        self.plan.describe(&self.names)
+        format!("cluster plan ({}):\n{}", self.plan_kind, self.plan.describe(&self.names))
     }
 
     /// Each node's counters, in `--nodes` order.

@@ -58,6 +58,8 @@ pub struct NodeModel {
     pub n_expert: usize,
     pub n_embd: usize,
     pub experts: Box<dyn Experts>,
+    /// The shard's layers and experts, when the node holds one.
+    pub holds: Option<((usize, usize), (usize, usize))>,
 }
 
 /// Listens on `opts.listen` and serves backbones until the process ends; `ready` is told the bound
@@ -73,6 +75,7 @@ pub fn serve(model: NodeModel, opts: WorkerOptions, ready: impl FnOnce(SocketAdd
             n_expert: model.n_expert,
             isa: titan_kernels::isa().name().to_string(),
             threads: rayon::current_num_threads(),
+            holds: model.holds,
         },
         model,
         opts,

@@ -100,25 +100,7 @@ pub struct ExpertWeights<'a> {
 impl Experts for ExpertSource {
     fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
         let ExpertScratch { acts, views, ffn } = s;
-        let in_ty = job.input.act_type();
-        self.for_each_batch(job.layer, job.ids, views, |first, batch| {
-            let acts = slots(acts, batch.len());
-            for ((i, ew), a) in (first..).zip(batch).zip(acts.iter_mut()) {
-                // Gate and up share the input's quantisation (one tensor type per stacked tensor, and a
-                // store's records keep those types); anything else is a model this cannot compute.
-                for m in [&ew.gate, &ew.up] {
-                    if m.ty.act_type() != in_ty {
-                        let what = format!("{} weights need {} activations, the layer's input is {}", m.ty.name(), m.ty.act_type().name(), in_ty.name());
-                        return Err(EngineError::Expert { layer: job.layer, expert: job.ids[i], what });
-                    }
-                }
-                a.gather_from(job.input, job.rows_of(i));
-            }
-            for (i, y) in (first..).zip(swiglu_many(batch, acts, ffn)?) {
-                deliver(i, y);
-            }
-            Ok(())
-        })
+        self.for_each_batch(job.layer, job.ids, views, |first, batch| compute_batch(job, first, batch, acts, ffn, deliver))
     }
 
     fn cache(&self) -> Option<&ExpertCache> {
@@ -126,6 +108,35 @@ impl Experts for ExpertSource {
             ExpertSource::Resident(_) => None,
             ExpertSource::Streamed(c) => Some(c),
         }
+    }
+}
+
+/// Computes experts `job.ids[first..first + batch.len()]`, whose weights are `batch`, on their rows, and
+/// delivers each output: the one computation every local source shares.
+pub fn compute_batch(job: &ExpertJob, first: usize, batch: &[ExpertWeights], acts: &mut Vec<Activations>, ffn: &mut FfnScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+    let in_ty = job.input.act_type();
+    let acts = slots(acts, batch.len());
+    for ((i, ew), a) in (first..).zip(batch).zip(acts.iter_mut()) {
+        // Gate and up share the input's quantisation (one tensor type per stacked tensor, and a store's
+        // records and a shard's tensors keep those types); anything else is a model this cannot compute.
+        for m in [&ew.gate, &ew.up] {
+            if m.ty.act_type() != in_ty {
+                let what = format!("{} weights need {} activations, the layer's input is {}", m.ty.name(), m.ty.act_type().name(), in_ty.name());
+                return Err(EngineError::Expert { layer: job.layer, expert: job.ids[i], what });
+            }
+        }
+        a.gather_from(job.input, job.rows_of(i));
+    }
+    for (i, y) in (first..).zip(swiglu_many(batch, acts, ffn)?) {
+        deliver(i, y);
+    }
+    Ok(())
+}
+
+impl ExpertScratch {
+    /// The buffers [`compute_batch`] needs, for a source outside this module.
+    pub fn batch_buffers(&mut self) -> (&mut Vec<Activations>, &mut FfnScratch) {
+        (&mut self.acts, &mut self.ffn)
     }
 }
 

@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""The cluster against one machine, side by side in one run: `titan bench` on a single node, then the same
+command as the backbone of `--workers` `titan worker` processes, alternating for `--rounds`; medians and ratios.
+
+    python3 bench/cluster.py MODEL.gguf --workers 2 --threads 2 --gen 32 --prompt 64 --rounds 3
+        [--pin]                      each worker on its own core (taskset), the backbone and the single node on all
+        [--veth RATE]                each worker in its own network namespace behind a veth pair shaped to RATE
+                                     (tc tbf, e.g. 1gbit); the backbone reaches it at 10.77.N.2
+        [--memory-limit 6G]          every process (the single node, the backbone, each worker) in its own memory
+                                     cgroup of that size, page cache included: a machine of that size each
+        [--single-args "..."]        extra arguments of the single node (e.g. "--expert-budget 4GiB --direct-io")
+        [--backbone-args "..."]      extra arguments of the backbone
+        [--worker-args "..."]        extra arguments of each worker (e.g. "--expert-budget 5GiB --direct-io")
+        [--warmup N]                 a first cluster run of N tokens, not counted (fills streaming workers' caches)
+
+Needs root for --veth and --memory-limit. Prints the network counters of the cluster runs (round trips, bytes, time
+per exchange against an empty round trip) and, with --veth, the decode time that a one-way delay of --delay-ms would
+add (this machine's kernel has no netem, so the delay is predicted from the round trips, not emulated).
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TITAN = os.path.join(ROOT, "target", "release", "titan")
+
+
+def sh(cmd):
+    subprocess.run(cmd, shell=True, check=True)
+
+
+def cgroup(name, limit):
+    path = f"/sys/fs/cgroup/memory/{name}"
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
+        f.write(limit)
+    return path
+
+
+def wrap(cmd, cg=None, cores=None, netns=None):
+    """cmd, run inside a memory cgroup, on some cores and in a network namespace, as asked."""
+    if cores is not None:
+        cmd = ["taskset", "-c", cores] + cmd
+    if netns is not None:
+        cmd = ["ip", "netns", "exec", netns] + cmd
+    if cg is not None:
+        cmd = ["sh", "-c", f'echo $$ > {cg}/tasks && exec "$@"', "sh"] + cmd
+    return cmd
+
+
+def make_netns(i, rate):
+    ns, host, peer = f"titan-w{i}", f"veth-tb{i}", f"veth-tw{i}"
+    sh(f"ip netns del {ns} 2>/dev/null || true; ip link del {host} 2>/dev/null || true")
+    sh(f"ip netns add {ns} && ip link add {host} type veth peer name {peer} && ip link set {peer} netns {ns}")
+    sh(f"ip addr add 10.77.{i}.1/24 dev {host} && ip link set {host} up")
+    sh(f"ip netns exec {ns} sh -c 'ip addr add 10.77.{i}.2/24 dev {peer} && ip link set {peer} up && ip link set lo up'")
+    for dev, pre in [(host, ""), (peer, f"ip netns exec {ns} ")]:
+        if rate != "none":
+            sh(f"{pre}tc qdisc add dev {dev} root tbf rate {rate} burst 64kb latency 50ms")
+    return ns, f"10.77.{i}.2:7471"
+
+
+def drop_netns(i):
+    sh(f"ip netns del titan-w{i} 2>/dev/null || true; ip link del veth-tb{i} 2>/dev/null || true")
+
+
+def start_worker(i, a, token, log_dir):
+    netns, listen = (None, "127.0.0.1:0")
+    if a.veth:
+        netns, listen = make_netns(i, a.veth)
+    cg = cgroup(f"titan-w{i}", a.memory_limit) if a.memory_limit else None
+    cores = str(i % os.cpu_count()) if a.pin else None
+    cmd = [TITAN, "worker", "-m", a.model, "--token-file", token, "--listen", listen, "--threads", "1"] + shlex.split(a.worker_args)
+    log = open(os.path.join(log_dir, f"worker{i}.log"), "w")
+    p = subprocess.Popen(wrap(cmd, cg, cores, netns), stdout=subprocess.PIPE, stderr=log, text=True)
+    line = p.stdout.readline().strip()
+    if not line.startswith("listening on "):
+        sys.exit(f"worker {i} did not start: {line!r}; see {log.name}")
+    return p, line[len("listening on "):]
+
+
+REPORT = re.compile(r"^\s+(\S+): (\d+) round trips, (\d+) experts, (\d+) rows, (\d+) B out, (\d+) B in, ([\d.]+) ms per exchange "
+                    r"\(ping ([\d.]+) ms, waited ([\d.]+) ms\), (\d+) failovers")
+
+
+def bench(a, extra, cg):
+    cmd = [TITAN, "bench", "-m", a.model, "-t", str(a.threads), "-p", str(a.prompt), "-n", str(a.gen), "-r", "1", "--json"] + extra
+    p = subprocess.run(wrap(cmd, cg), capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{p.stderr[-3000:]}")
+    nodes = [REPORT.match(l) for l in p.stderr.splitlines()]
+    return json.loads(p.stdout.strip().splitlines()[-1]), [m.groups() for m in nodes if m]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--gen", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pin", action="store_true")
+    ap.add_argument("--veth")
+    ap.add_argument("--delay-ms", type=float, default=0.1)
+    ap.add_argument("--memory-limit")
+    ap.add_argument("--single-args", default="")
+    ap.add_argument("--backbone-args", default="")
+    ap.add_argument("--worker-args", default="")
+    ap.add_argument("--warmup", type=int, default=0)
+    a = ap.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="titan-cluster-bench-")
+    token = os.path.join(tmp, "node.token")
+    with open(token, "w") as f:
+        f.write(os.urandom(16).hex())
+    single_cg = cgroup("titan-single", a.memory_limit) if a.memory_limit else None
+    backbone_cg = cgroup("titan-backbone", a.memory_limit) if a.memory_limit else None
+    workers = []
+    try:
+        workers = [start_worker(i, a, token, tmp) for i in range(a.workers)]
+        nodes = ",".join(addr for _, addr in workers)
+        cluster_args = ["--nodes", nodes, "--token-file", token] + shlex.split(a.backbone_args)
+        if a.warmup:
+            warm = [TITAN, "run", "-m", a.model, "-t", str(a.threads), "-p", "Hello", "-n", str(a.warmup), "--temp", "0"] + cluster_args
+            subprocess.run(wrap(warm, backbone_cg), capture_output=True, check=True)
+        single, cluster = [], []
+        for r in range(a.rounds):
+            single.append(bench(a, shlex.split(a.single_args), single_cg))
+            cluster.append(bench(a, cluster_args, backbone_cg))
+            print(f"round {r + 1}: single pp {single[-1][0]['prompt_tok_s']:.2f} tg {single[-1][0]['decode_tok_s']:.2f} | "
+                  f"cluster pp {cluster[-1][0]['prompt_tok_s']:.2f} tg {cluster[-1][0]['decode_tok_s']:.2f} tok/s", flush=True)
+        run = [TITAN, "run", "-m", a.model, "-t", str(a.threads), "-p", "Hello", "-n", str(a.gen), "--temp", "0"] + cluster_args
+        p = subprocess.run(wrap(run, backbone_cg), capture_output=True, text=True, check=True)
+        g = [m.groups() for m in map(REPORT.match, p.stderr.splitlines()) if m]
+        net = (sum(int(x[1]) for x in g), sum(int(x[4]) for x in g), sum(int(x[5]) for x in g),
+               statistics.median(float(x[6]) for x in g), statistics.median(float(x[7]) for x in g))
+    finally:
+        for p, _ in workers:
+            p.kill()
+            p.wait()
+        if a.veth:
+            for i in range(a.workers):
+                drop_netns(i)
+
+    med = lambda runs, k: statistics.median(r[0][k] for r in runs)
+    print(f"\nmodel {os.path.basename(a.model)}, {a.workers} workers, threads {a.threads}, prompt {a.prompt}, decode {a.gen}, "
+          f"{a.rounds} rounds{', pinned' if a.pin else ''}{', veth ' + a.veth if a.veth else ', loopback'}"
+          f"{', cgroups of ' + a.memory_limit if a.memory_limit else ''}")
+    for k, name in [("prompt_tok_s", "prompt"), ("decode_tok_s", "decode")]:
+        s, c = med(single, k), med(cluster, k)
+        print(f"{name:7} single {s:8.2f} tok/s   cluster {c:8.2f} tok/s   cluster/single {c / s:.2f}x")
+    # Network counters per decoded token: a greedy run from a one-word prompt, whose report counts every exchange.
+    trips, out_b, in_b, exch, ping = net
+    print(f"network per generated token ({a.gen} tokens from a 1-word prompt): {trips / a.gen:.1f} round trips, "
+          f"{out_b / a.gen / 1024:.1f} KiB sent and {in_b / a.gen / 1024:.1f} KiB received; median exchange "
+          f"{exch:.3f} ms against a {ping:.3f} ms empty round trip")
+    if a.veth:
+        tg = med(cluster, "decode_tok_s")
+        info = subprocess.run([TITAN, "inspect", a.model], capture_output=True, text=True, check=True).stdout
+        layers = int(re.search(r"^layers:\s+(\d+)", info, re.M).group(1))
+        added = layers * 2 * a.delay_ms / 1e3
+        print(f"predicted with {a.delay_ms} ms one-way delay: {1 / (1 / tg + added):.2f} tok/s "
+              f"(+{added * 1e3:.2f} ms per token: {layers} layers, each one exchange in parallel across the nodes)")
+
+
+if __name__ == "__main__":
+    main()

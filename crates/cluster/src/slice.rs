@@ -1,0 +1,311 @@
+//! Shards: a model's experts of some layers and some expert ids, as a valid GGUF file.
+//!
+//! In a GGUF an expert tensor is `[cols, rows, n_expert]`, the expert outermost, so experts `x..=y` of a
+//! layer are one contiguous byte range of each of its three tensors: a shard is byte copies, never a
+//! requantisation. It keeps the model's metadata (so its config reads as the model's), adds
+//! `titan.shard.*` keys — the model's identity, the layers and experts held, a BLAKE3 digest per expert —
+//! and holds only the expert tensors, cut along the outer axis. Routers, shared experts, attention and
+//! embeddings stay with the backbone.
+//!
+//! A [`Shard`] is planned as a virtual file — the header, then pieces of the source — so it can be written
+//! to disk or served over HTTP from any offset without ever being held whole in memory.
+
+use std::io::Write;
+use std::ops::RangeInclusive;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use rayon::prelude::*;
+use titan_engine::experts::{compute_batch, ExpertJob, ExpertScratch, ExpertWeights, Experts};
+use titan_engine::{Config, EngineError};
+use titan_gguf::{GgufFile, GgufWriter, TensorInfo, Value, ValueType};
+use titan_kernels::WeightView;
+
+pub const KEY_MODEL: &str = "titan.shard.model";
+pub const KEY_LAYERS: &str = "titan.shard.layers";
+pub const KEY_EXPERTS: &str = "titan.shard.experts";
+pub const KEY_DIGESTS: &str = "titan.shard.digests";
+const PARTS: [&str; 3] = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
+
+/// Which layers and experts a shard holds (both inclusive ranges).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceSpec {
+    pub layers: RangeInclusive<usize>,
+    pub experts: RangeInclusive<usize>,
+}
+
+impl SliceSpec {
+    pub fn contains(&self, layer: usize, expert: usize) -> bool {
+        self.layers.contains(&layer) && self.experts.contains(&expert)
+    }
+}
+
+/// "3-7" or "5" -> 3..=7 / 5..=5.
+pub fn parse_range(s: &str) -> Result<RangeInclusive<usize>> {
+    let (a, b) = s.split_once('-').unwrap_or((s, s));
+    let (a, b): (usize, usize) = (a.trim().parse().with_context(|| format!("{s:?} is not a range like 0-31"))?, b.trim().parse().with_context(|| format!("{s:?} is not a range like 0-31"))?);
+    if a > b {
+        bail!("range {s:?} runs backwards");
+    }
+    Ok(a..=b)
+}
+
+/// A planned shard: `header` at offset 0, then each piece at its offset, zeros in between.
+pub struct Shard<'a> {
+    src: &'a GgufFile,
+    header: Vec<u8>,
+    /// (offset in the shard, offset in the source file, length), ascending.
+    pieces: Vec<(u64, usize, u64)>,
+    len: u64,
+    /// One digest per expert held, layer-major (also in the header).
+    pub digests: Vec<String>,
+}
+
+/// The digest of one expert: BLAKE3 over its gate, up and down bytes.
+fn expert_digest(src: &GgufFile, layer: usize, expert: usize) -> Result<String> {
+    let mut h = blake3::Hasher::new();
+    for part in PARTS {
+        let (_, start, len) = expert_range(src, layer, part, expert)?;
+        h.update(src.bytes(start, len).expect("tensor bounds checked by the reader"));
+    }
+    Ok(h.finalize().to_hex().to_string())
+}
+
+/// The tensor holding `part` of `layer`, and expert `expert`'s byte range in the file.
+fn expert_range<'f>(src: &'f GgufFile, layer: usize, part: &str, expert: usize) -> Result<(&'f TensorInfo, usize, usize)> {
+    let name = format!("blk.{layer}.{part}.weight");
+    let t = src.tensor(&name).with_context(|| format!("{}: no tensor {name}", src.path().display()))?;
+    let n = *t.dims.get(2).with_context(|| format!("{name} is not an expert tensor (shape {:?})", t.dims))? as usize;
+    if expert >= n {
+        bail!("{name} holds {n} experts, expert {expert} asked for");
+    }
+    let per = (t.size / n as u64) as usize;
+    Ok((t, (src.data_offset + t.offset) as usize + expert * per, per))
+}
+
+impl<'a> Shard<'a> {
+    /// Plans the shard of `spec` (digests computed here, in parallel: every byte it will hold is read once).
+    pub fn plan(src: &'a GgufFile, spec: &SliceSpec) -> Result<Shard<'a>> {
+        let config = Config::from_gguf(src)?;
+        if *spec.layers.end() >= config.n_layer || *spec.experts.end() >= config.n_expert {
+            bail!("layers {:?} × experts {:?} is outside the model ({} layers of {} experts)", spec.layers, spec.experts, config.n_layer, config.n_expert);
+        }
+        let keys: Vec<(usize, usize)> = spec.layers.clone().flat_map(|l| spec.experts.clone().map(move |e| (l, e))).collect();
+        let digests = keys.par_iter().map(|&(l, e)| expert_digest(src, l, e)).collect::<Result<Vec<_>>>()?;
+
+        let mut w = GgufWriter::new();
+        for (k, v) in &src.metadata {
+            if !k.starts_with("titan.shard.") {
+                w.set(k, v.clone());
+            }
+        }
+        w.set(KEY_MODEL, Value::String(crate::model_identity(src)));
+        let pair = |r: &RangeInclusive<usize>| Value::Array(ValueType::U32, vec![Value::U32(*r.start() as u32), Value::U32(*r.end() as u32)]);
+        w.set(KEY_LAYERS, pair(&spec.layers));
+        w.set(KEY_EXPERTS, pair(&spec.experts));
+        w.set(KEY_DIGESTS, Value::Array(ValueType::String, digests.iter().cloned().map(Value::String).collect()));
+        let count = spec.experts.end() - spec.experts.start() + 1;
+        let mut sources = Vec::new();
+        for l in spec.layers.clone() {
+            for part in PARTS {
+                let (t, start, per) = expert_range(src, l, part, *spec.experts.start())?;
+                w.add_tensor(&t.name, &[t.dims[0], t.dims[1], count as u64], t.ty)?;
+                sources.push((start, (per * count) as u64));
+            }
+        }
+        let mut header = Vec::new();
+        w.write_header(&mut header)?;
+        let mut at = header.len() as u64;
+        let align = src.alignment;
+        let mut pieces = Vec::with_capacity(sources.len());
+        for ((name, size), (start, len)) in w.tensor_sizes().zip(sources) {
+            debug_assert_eq!(size, len, "{name}");
+            pieces.push((at, start, len));
+            at = (at + len).div_ceil(align) * align;
+        }
+        Ok(Shard { src, header, pieces, len: at, digests })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Fills `buf` with the shard's bytes from `offset` (which, with `buf.len()`, must lie inside it).
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) {
+        buf.fill(0);
+        let end = offset + buf.len() as u64;
+        let mut copy = |at: u64, bytes: &[u8]| {
+            let (lo, hi) = (at.max(offset), (at + bytes.len() as u64).min(end));
+            if lo < hi {
+                buf[(lo - offset) as usize..(hi - offset) as usize].copy_from_slice(&bytes[(lo - at) as usize..(hi - at) as usize]);
+            }
+        };
+        copy(0, &self.header);
+        let first = self.pieces.partition_point(|&(at, _, len)| at + len <= offset);
+        for &(at, src, len) in &self.pieces[first..] {
+            if at >= end {
+                break;
+            }
+            copy(at, self.src.bytes(src, len as usize).expect("bounds checked when planned"));
+        }
+    }
+
+    /// Writes the whole shard to `w`, reporting progress in bytes.
+    pub fn write_to(&self, w: &mut impl Write, progress: &mut dyn FnMut(u64, u64)) -> std::io::Result<()> {
+        let mut buf = vec![0u8; 4 << 20];
+        let mut at = 0;
+        while at < self.len {
+            let n = (self.len - at).min(buf.len() as u64) as usize;
+            self.read_at(at, &mut buf[..n]);
+            w.write_all(&buf[..n])?;
+            at += n as u64;
+            progress(at, self.len);
+        }
+        Ok(())
+    }
+}
+
+/// Writes the shard of `spec` of `src` to `out`, atomically (a temporary file renamed into place).
+pub fn write_shard(src: &GgufFile, spec: &SliceSpec, out: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
+    let shard = Shard::plan(src, spec)?;
+    let tmp = out.with_extension("part");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
+    shard.write_to(&mut f, progress).and_then(|()| f.flush()).with_context(|| format!("writing {}", tmp.display()))?;
+    f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    std::fs::rename(&tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
+    Ok(shard.len())
+}
+
+/// The experts of a shard file, served in place from its mapping.
+pub struct ShardExperts {
+    file: GgufFile,
+    pub spec: SliceSpec,
+    /// The model the shard came from (`model_identity`).
+    pub model: String,
+    pub config: Config,
+    /// Per layer held, per part (gate, up, down): the tensor's type, rows, cols and data offset.
+    tensors: Vec<[(titan_kernels::GgmlType, usize, usize, usize); 3]>,
+}
+
+impl ShardExperts {
+    /// Opens a shard and checks it: its keys, its tensors' shapes, and (with `verify`) every expert's digest.
+    pub fn open(path: &Path, verify: bool) -> Result<ShardExperts> {
+        let file = GgufFile::open(path)?;
+        let bad = |what: String| anyhow::anyhow!("{}: {what}", path.display());
+        let model = file.get_str(KEY_MODEL)?.ok_or_else(|| bad(format!("not a TITAN shard (no {KEY_MODEL}; write one with titan slice)")))?.to_string();
+        let range = |key: &str| -> Result<RangeInclusive<usize>> {
+            match file.get_array(key)? {
+                Some([a, b]) => match (a.as_u64(), b.as_u64()) {
+                    (Some(a), Some(b)) if a <= b => Ok(a as usize..=b as usize),
+                    _ => Err(bad(format!("{key} is not a range"))),
+                },
+                _ => Err(bad(format!("{key} missing or not two numbers"))),
+            }
+        };
+        let spec = SliceSpec { layers: range(KEY_LAYERS)?, experts: range(KEY_EXPERTS)? };
+        let config = Config::from_gguf(&file)?;
+        if *spec.layers.end() >= config.n_layer || *spec.experts.end() >= config.n_expert {
+            return Err(bad(format!("holds layers {:?} × experts {:?} of a model of {} × {}", spec.layers, spec.experts, config.n_layer, config.n_expert)));
+        }
+        let count = spec.experts.end() - spec.experts.start() + 1;
+        let want = [(config.n_embd, config.expert_ff), (config.n_embd, config.expert_ff), (config.expert_ff, config.n_embd)];
+        let mut tensors = Vec::new();
+        for l in spec.layers.clone() {
+            let mut parts = [(titan_kernels::GgmlType::F32, 0, 0, 0); 3];
+            for (i, part) in PARTS.iter().enumerate() {
+                let name = format!("blk.{l}.{part}.weight");
+                let t = file.tensor(&name).ok_or_else(|| bad(format!("missing tensor {name}")))?;
+                let (cols, rows) = want[i];
+                if t.dims != [cols as u64, rows as u64, count as u64] {
+                    return Err(bad(format!("tensor {name} has shape {:?}, expected {:?}", t.dims, [cols, rows, count])));
+                }
+                parts[i] = (t.ty, rows, cols, (file.data_offset + t.offset) as usize);
+            }
+            tensors.push(parts);
+        }
+        let digests = file.strings(KEY_DIGESTS)?.ok_or_else(|| bad(format!("no {KEY_DIGESTS}")))?;
+        if digests.len() != spec.layers.clone().count() * count {
+            return Err(bad(format!("{} digests for {} experts", digests.len(), spec.layers.clone().count() * count)));
+        }
+        let shard = ShardExperts { file, spec, model, config, tensors };
+        if verify {
+            shard.verify(&digests).map_err(|e| bad(e.to_string()))?;
+        }
+        Ok(shard)
+    }
+
+    /// Checks every expert's bytes against its digest; names the first that fails.
+    fn verify(&self, digests: &[String]) -> Result<()> {
+        let keys: Vec<(usize, usize)> = self.spec.layers.clone().flat_map(|l| self.spec.experts.clone().map(move |e| (l, e))).collect();
+        keys.par_iter().zip(digests).try_for_each(|(&(l, e), want)| {
+            let mut h = blake3::Hasher::new();
+            for m in self.views(l, e) {
+                h.update(m.data);
+            }
+            if h.finalize().to_hex().as_str() != want {
+                bail!("expert {e} of layer {l} failed its digest check: the shard is damaged (fetch or slice it again)");
+            }
+            Ok(())
+        })
+    }
+
+    /// Gate, up and down of expert `e` of layer `l` (held).
+    fn views(&self, l: usize, e: usize) -> [WeightView<'_>; 3] {
+        let i = e - self.spec.experts.start();
+        self.tensors[l - self.spec.layers.start()].map(|(ty, rows, cols, start)| {
+            let bytes = ty.row_bytes(cols).expect("checked at open") * rows;
+            let data = self.file.bytes(start + i * bytes, bytes).expect("bounds checked by the reader");
+            WeightView::new(ty, rows, cols, data).expect("shape checked at open")
+        })
+    }
+
+    /// Bytes of the experts held.
+    pub fn expert_bytes(&self) -> u64 {
+        self.file.tensors.iter().filter(|t| t.name.contains("_exps.")).map(|t| t.size).sum()
+    }
+}
+
+impl Experts for ShardExperts {
+    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
+        let mut batch = Vec::with_capacity(job.ids.len());
+        for &e in job.ids {
+            if !self.spec.contains(job.layer, e as usize) {
+                let what = format!("not in this shard (layers {:?}, experts {:?})", self.spec.layers, self.spec.experts);
+                return Err(EngineError::Expert { layer: job.layer, expert: e, what });
+            }
+            let [gate, up, down] = self.views(job.layer, e as usize);
+            batch.push(ExpertWeights { gate, up, down });
+        }
+        let (acts, ffn) = s.batch_buffers();
+        compute_batch(job, 0, &batch, acts, ffn, deliver)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_parse() {
+        assert_eq!(parse_range("3-7").unwrap(), 3..=7);
+        assert_eq!(parse_range("5").unwrap(), 5..=5);
+        assert!(parse_range("7-3").is_err() && parse_range("a-b").is_err());
+    }
+
+    #[test]
+    fn any_window_of_a_shard_reads_as_the_whole() {
+        let src = GgufFile::open(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/qwen3moe/q8_0.gguf")).unwrap();
+        let shard = Shard::plan(&src, &SliceSpec { layers: 1..=1, experts: 2..=5 }).unwrap();
+        let mut whole = vec![0u8; shard.len() as usize];
+        shard.read_at(0, &mut whole);
+        for (off, len) in [(0, 7), (100, 5000), (shard.len() - 33, 33), (shard.header.len() as u64 - 3, 9)] {
+            let mut part = vec![0u8; len as usize];
+            shard.read_at(off, &mut part);
+            assert_eq!(part, whole[off as usize..(off + len) as usize], "window at {off}");
+        }
+    }
+}
