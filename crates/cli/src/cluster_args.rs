@@ -2,11 +2,14 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use titan_cluster::slice::ShardExperts;
+use titan_cluster::fetch::{fetch, FetchOptions};
+use titan_cluster::slice::{ShardExperts, Shards};
+use titan_cluster::slice_http::{SliceServer, SliceServerOptions};
+use titan_gguf::GgufFile;
 use titan_cluster::{model_identity, read_token, Cluster, ClusterOptions, NodeModel};
 use titan_engine::experts::{ExpertSource, Experts};
 use titan_engine::{LoadOptions, Model};
@@ -33,6 +36,13 @@ pub struct ClusterArgs {
     /// Milliseconds a node may take to answer one layer before it is marked down.
     #[arg(long = "node-timeout", default_value_t = 10_000)]
     pub node_timeout_ms: u64,
+    /// Serve the nodes their shards at this address (`titan worker --backbone http://ADDR`): wait for every
+    /// node of --nodes to join, plan from their budgets, and let each download only its experts.
+    #[arg(long = "serve-slices")]
+    pub serve_slices: Option<String>,
+    /// Seconds to wait for the nodes to join, download their shards and start serving.
+    #[arg(long = "join-timeout", default_value_t = 3600)]
+    pub join_timeout_s: u64,
 }
 
 impl ClusterArgs {
@@ -58,11 +68,45 @@ impl ClusterArgs {
             timeout: Duration::from_millis(self.node_timeout_ms.max(1)),
             model: model_identity(&model.weights.file),
         };
+        let (placement, replicas) = (opts.placement, opts.replicas);
+        let slices = match &self.serve_slices {
+            None => None,
+            Some(listen) => {
+                let server = SliceServer::start(
+                    Arc::new(GgufFile::open(model.weights.file.path())?),
+                    SliceServerOptions { listen: listen.clone(), token: opts.token.clone(), nodes: opts.nodes.clone(), placement, replicas },
+                )?;
+                eprintln!("serving slices on http://{}; waiting for {} nodes to join", server.addr, opts.nodes.len());
+                server.wait_for_plan(Duration::from_secs(self.join_timeout_s))?;
+                eprintln!("plan made; waiting for the nodes to download their shards and start");
+                Some(server)
+            }
+        };
         let local = std::mem::replace(&mut model.experts, Box::new(ExpertSource::Resident(model.weights.clone())));
-        let cluster = Arc::new(Cluster::connect(local, model.config.n_layer, model.config.n_expert, opts)?);
+        let deadline = Instant::now() + Duration::from_secs(self.join_timeout_s);
+        let mut cluster = connect_patiently(local, model, opts, slices.is_some().then_some(deadline))?;
+        if let Some(server) = slices {
+            cluster.keep_serving_slices(server);
+        }
+        let cluster = Arc::new(cluster);
         eprint!("{}", cluster.describe());
         model.experts = Box::new(cluster.clone());
         Ok(Some(cluster))
+    }
+}
+
+/// Connects to the nodes; with a deadline (nodes still downloading their shards), a node that is not
+/// listening yet is waited for.
+fn connect_patiently(local: Box<dyn Experts>, model: &Model, opts: ClusterOptions, deadline: Option<Instant>) -> Result<Cluster> {
+    let (n_layer, n_expert) = (model.config.n_layer, model.config.n_expert);
+    let mut local = Some(local);
+    loop {
+        // Reachability first, so that `local` is only handed over for a connection that can succeed.
+        let unreachable = opts.nodes.iter().find(|n| std::net::TcpStream::connect(n.as_str()).is_err());
+        match (unreachable, deadline) {
+            (Some(_), Some(d)) if Instant::now() < d => std::thread::sleep(Duration::from_millis(200)),
+            _ => return Cluster::connect(local.take().expect("connected once"), n_layer, n_expert, opts),
+        }
     }
 }
 
@@ -77,16 +121,52 @@ pub struct WorkerArgs {
     /// The largest frame accepted, in bytes.
     #[arg(long = "max-frame", default_value_t = titan_net::DEFAULT_MAX_FRAME)]
     pub max_frame: usize,
+    /// Fetch this node's shards from a backbone's slice endpoint (`--serve-slices`), e.g.
+    /// http://127.0.0.1:7470, instead of loading a model or shard from disk.
+    #[arg(long)]
+    pub backbone: Option<String>,
+    /// Where fetched shards are kept (with --backbone); a restart with a complete cache downloads nothing.
+    #[arg(long = "cache-dir", requires = "backbone")]
+    pub cache_dir: Option<PathBuf>,
 }
 
-/// Serves the experts of a shard (`titan slice`) until the process is stopped; every expert's digest is
-/// checked first.
-pub fn serve_shard(shard: &Path, a: &WorkerArgs) -> Result<()> {
-    let s = ShardExperts::open(shard, true)?;
-    let (c, spec) = (&s.config, &s.spec);
-    let holds = Some(((*spec.layers.start(), *spec.layers.end()), (*spec.experts.start(), *spec.experts.end())));
-    let budget = s.expert_bytes();
-    let node = NodeModel { identity: s.model.clone(), n_layer: c.n_layer, n_expert: c.n_expert, n_embd: c.n_embd, holds, experts: Box::new(s) };
+/// Joins the backbone, fetches what the cache lacks of this node's assignment, and serves it.
+pub fn serve_fetched(budget: u64, a: &WorkerArgs) -> Result<()> {
+    let backbone = a.backbone.as_deref().expect("called with --backbone");
+    let Some(cache_dir) = &a.cache_dir else { bail!("--backbone needs --cache-dir (where the shards are kept)") };
+    if a.listen.ends_with(":0") {
+        bail!("--backbone needs a fixed --listen port: the backbone dials the address this node joins with");
+    }
+    let opts = FetchOptions {
+        backbone: backbone.trim_end_matches('/').to_string(),
+        token: read_token(&a.token_file)?,
+        node: a.listen.clone(),
+        budget,
+        cache_dir: cache_dir.clone(),
+        patience: Duration::from_secs(3600),
+    };
+    let bar = crate::progress_bar(0, "fetching shards");
+    let fetched = fetch(&opts, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    eprintln!("worker: downloaded {} bytes; serving {} shards from {}", fetched.downloaded, fetched.shards.len(), cache_dir.display());
+    serve_shards(&fetched.shards, a)
+}
+
+/// Serves the experts of shards (`titan slice`) of one model until the process is stopped; every
+/// expert's digest is checked first.
+pub fn serve_shards(paths: &[PathBuf], a: &WorkerArgs) -> Result<()> {
+    let shards = paths.iter().map(|p| ShardExperts::open(p, true)).collect::<Result<Vec<_>>>()?;
+    let first = shards.first().context("no shard given")?;
+    if let Some(other) = shards.iter().find(|s| s.model != first.model) {
+        bail!("the shards come from different models ({} and {})", first.model, other.model);
+    }
+    let (c, identity) = (first.config.clone(), first.model.clone());
+    let budget = shards.iter().map(ShardExperts::expert_bytes).sum();
+    let shards = Shards(shards);
+    let node = NodeModel { identity, n_layer: c.n_layer, n_expert: c.n_expert, n_embd: c.n_embd, holds: Some(shards.holdings()), experts: Box::new(shards) };
     serve_node(node, budget, a)
 }
 

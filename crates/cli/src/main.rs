@@ -75,11 +75,11 @@ struct WorkerCmdArgs {
     #[command(flatten)]
     worker: WorkerArgs,
     /// The GGUF model whose experts this node serves.
-    #[arg(short = 'm', long = "model", required_unless_present = "shard", conflicts_with = "shard")]
+    #[arg(short = 'm', long = "model", required_unless_present_any = ["shard", "backbone"], conflicts_with_all = ["shard", "backbone"])]
     model: Option<PathBuf>,
-    /// A shard of the model (`titan slice`): the node serves the experts it holds.
-    #[arg(long)]
-    shard: Option<PathBuf>,
+    /// Shards of the model (`titan slice`), comma-separated: the node serves the experts they hold.
+    #[arg(long, value_delimiter = ',')]
+    shard: Vec<PathBuf>,
     /// Worker threads (default: all cores).
     #[arg(short = 't', long)]
     threads: Option<usize>,
@@ -378,16 +378,19 @@ fn load(a: &ModelArgs) -> Result<Model> {
 }
 
 fn worker(a: WorkerCmdArgs) -> Result<()> {
-    match (&a.model, &a.shard) {
+    match (&a.model, &a.worker.backbone) {
         (Some(m), _) => cluster_args::serve(m, &a.stream.load_options(m)?, &a.worker),
-        (None, Some(s)) => cluster_args::serve_shard(s, &a.worker),
-        (None, None) => unreachable!("clap requires one"),
+        (None, Some(_)) => {
+            let budget = a.stream.expert_budget.as_deref().map(store_args::parse_size).transpose()?.unwrap_or(0);
+            cluster_args::serve_fetched(budget, &a.worker)
+        }
+        (None, None) => cluster_args::serve_shards(&a.shard, &a.worker),
     }
 }
 
 fn slice(a: SliceArgs) -> Result<()> {
     use titan_cluster::slice::{parse_range, write_shard, SliceSpec};
-    let f = GgufFile::open(&a.model)?;
+    let f = std::sync::Arc::new(GgufFile::open(&a.model)?);
     let spec = SliceSpec { layers: parse_range(&a.layers)?, experts: parse_range(&a.experts)? };
     let bar = progress_bar(0, "slicing");
     let bytes = write_shard(&f, &spec, &a.output, &mut |done, total| {
@@ -532,7 +535,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn progress_bar(total: u64, what: &str) -> indicatif::ProgressBar {
+pub(crate) fn progress_bar(total: u64, what: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")

@@ -353,3 +353,183 @@ fn shards_load_in_gguf_py() {
         assert!(o.status.success(), "{model}: {}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
     }
 }
+
+/// A loopback address with a port nothing listens on now (for nodes that must be named before they start).
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// Workers that fetch their shards from `backbone`, worker `i` into `caches[i]`, listening on `addrs[i]`.
+/// All are started before any is waited for: none serves before every node has joined.
+fn fetching_workers(backbone: &str, caches: &[PathBuf], addrs: &[String], dir: &Path, name: &str) -> Vec<Worker> {
+    let mut started = Vec::new();
+    for (i, (cache, addr)) in caches.iter().zip(addrs).enumerate() {
+        let log = dir.join(format!("{name}{i}.log"));
+        let child = titan()
+            .args(["worker", "--backbone", backbone, "--listen", addr, "--threads", "1", "--token-file"])
+            .arg(token_file(dir))
+            .arg("--cache-dir")
+            .arg(cache)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        started.push(Worker { child, addr: addr.clone(), log });
+    }
+    started
+}
+
+/// Waits until each worker says it is listening.
+fn wait_listening(workers: &mut [Worker]) {
+    for w in workers {
+        let mut line = String::new();
+        BufReader::new(w.child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.starts_with("listening on"), "worker said {line:?}: {}", w.log());
+    }
+}
+
+/// The bytes a fetching worker says it downloaded.
+fn downloaded(w: &Worker) -> u64 {
+    let log = w.log();
+    log.lines().find_map(|l| l.strip_prefix("worker: downloaded ")?.split(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("{log}"))
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum()
+}
+
+/// Runs a backbone trace that serves slices at `slices` to `nodes`, while `start_workers` starts them.
+fn trace_serving_slices(m: &Path, out: &Path, nodes: &[String], slices: &str, dir: &Path, start_workers: impl FnOnce() -> Vec<Worker>) -> (Output, Vec<Worker>) {
+    let nodes = nodes.join(",");
+    let backbone = titan()
+        .args(["trace", "-p", "The quick brown fox", "-n", "6", "--temp", "0", "--threads", "2", "-m"])
+        .arg(m)
+        .arg("-o")
+        .arg(out)
+        .args(["--nodes", &nodes, "--token-file", token_file(dir).to_str().unwrap(), "--serve-slices", slices])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let workers = start_workers();
+    let o = backbone.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    (o, workers)
+}
+
+#[test]
+fn workers_download_exactly_their_slices_resume_and_refetch_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("qwen3moe/q8_0.gguf");
+    let single = dir.path().join("single.trace");
+    trace(&m, &single, &[]);
+    let nodes = [free_addr(), free_addr(), free_addr()];
+    let caches: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("cache{i}"))).collect();
+
+    // Empty caches: each worker downloads its assignment, exactly, and the trace is the single node's.
+    let slices = free_addr();
+    let url = format!("http://{slices}");
+    let out = dir.path().join("first.trace");
+    let (_, workers) = trace_serving_slices(&m, &out, &nodes, &slices, dir.path(), || {
+        let mut w = fetching_workers(&url, &caches, &nodes, dir.path(), "first");
+        wait_listening(&mut w);
+        w
+    });
+    assert!(trace_diff(&single, &out).starts_with("IDENTICAL"), "{}", trace_diff(&single, &out));
+    let model_bytes = std::fs::metadata(&m).unwrap().len();
+    let mut total = 0;
+    for (w, cache) in workers.iter().zip(&caches) {
+        assert_eq!(downloaded(w), dir_bytes(cache), "{}", w.log());
+        total += downloaded(w);
+    }
+    assert!(total < model_bytes, "the workers together downloaded {total} bytes of a {model_bytes}-byte model");
+    drop(workers);
+
+    // Full caches download nothing; a flipped byte is found and only that shard fetched again; a partial
+    // download resumes from where it stopped; the workers start before the backbone and wait for it.
+    let damaged = std::fs::read_dir(&caches[1]).unwrap().next().unwrap().unwrap().path();
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    let n = bytes.len();
+    bytes[n - 100] ^= 1;
+    std::fs::write(&damaged, &bytes).unwrap();
+    let whole = std::fs::read_dir(&caches[2]).unwrap().next().unwrap().unwrap().path();
+    let full = std::fs::read(&whole).unwrap();
+    std::fs::remove_file(&whole).unwrap();
+    std::fs::write(whole.with_extension("part"), &full[..full.len() / 2]).unwrap();
+
+    let slices = free_addr();
+    let url = format!("http://{slices}");
+    let mut early = fetching_workers(&url, &caches, &nodes, dir.path(), "second");
+    std::thread::sleep(Duration::from_millis(500));
+    let out = dir.path().join("second.trace");
+    let (_, workers) = trace_serving_slices(&m, &out, &nodes, &slices, dir.path(), || {
+        wait_listening(&mut early);
+        early
+    });
+    assert!(trace_diff(&single, &out).starts_with("IDENTICAL"), "{}", trace_diff(&single, &out));
+    assert_eq!(downloaded(&workers[0]), 0, "{}", workers[0].log());
+    assert!(workers[1].log().contains("cached shard is damaged"), "{}", workers[1].log());
+    assert_eq!(downloaded(&workers[1]), n as u64, "{}", workers[1].log());
+    assert_eq!(downloaded(&workers[2]), (full.len() - full.len() / 2) as u64, "{}", workers[2].log());
+    assert_eq!(std::fs::read(&whole).unwrap(), full, "the resumed shard differs");
+    assert!(workers[0].log().contains("joining the backbone"), "the worker did not wait for the backbone: {}", workers[0].log());
+}
+
+#[test]
+fn the_slice_endpoint_refuses_without_the_token_and_outside_the_assignment() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("qwen3moe/q8_0.gguf");
+    let (slices, node) = (free_addr(), free_addr());
+    let token = token_file(dir.path());
+    let mut backbone = titan()
+        .args(["run", "-p", "Hi", "-n", "2", "--join-timeout", "60", "-m"])
+        .arg(&m)
+        .args(["--nodes", &node, "--token-file", token.to_str().unwrap(), "--serve-slices", &slices])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let url = |p: &str| format!("http://{slices}{p}");
+    let start = Instant::now();
+    let status = |r: Result<ureq::http::Response<ureq::Body>, ureq::Error>| -> (u16, String) {
+        let mut r = r.unwrap();
+        (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+    };
+    // Wait for the endpoint.
+    while agent.get(url("/v1/slice")).call().is_err() {
+        assert!(start.elapsed() < Duration::from_secs(20), "the slice endpoint did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let q = format!("/v1/slice?node={node}&layers=0-1&experts=0-7");
+    for auth in [None, Some("Bearer wrong-token-0123456789"), Some("Basic abc")] {
+        let mut req = agent.get(url(&q));
+        if let Some(a) = auth {
+            req = req.header("Authorization", a);
+        }
+        let (code, body) = status(req.call());
+        assert_eq!(code, 401, "{auth:?}: {body}");
+        assert!(body.len() < 200 && !body.contains("GGUF"), "{body}");
+    }
+    let bearer = format!("Bearer {TOKEN}");
+    let (code, body) = status(agent.post(url("/v1/join")).header("Authorization", "Bearer nope-nope-nope-nope").content_type("application/json").send(&b"{}"[..]));
+    assert_eq!(code, 401, "{body}");
+    let (code, body) = status(agent.post(url("/v1/join")).header("Authorization", &bearer).content_type("application/json").send(&b"{\"node\": \"127.0.0.1:1\", \"budget\": 1}"[..]));
+    assert_eq!(code, 403, "{body}");
+    let (code, _) = status(agent.post(url("/v1/join")).header("Authorization", &bearer).content_type("application/json").send(&[b'x'; 20_000][..]));
+    assert_eq!(code, 413, "a 20 kB body was accepted");
+    let (code, body) = status(agent.get(url(&q)).header("Authorization", &bearer).call());
+    assert_eq!(code, 409, "before the plan: {body}");
+    // The one node joins: it is assigned everything; a range outside the model is refused.
+    let join = format!("{{\"node\": \"{node}\", \"budget\": 1}}");
+    let (code, body) = status(agent.post(url("/v1/join")).header("Authorization", &bearer).content_type("application/json").send(join.as_bytes()));
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"shards\":[[[0,1],[0,7]]]"), "{body}");
+    let (code, body) = status(agent.get(url(&format!("/v1/slice?node={node}&layers=0-9&experts=0-7"))).header("Authorization", &bearer).call());
+    assert_eq!(code, 400, "{body}");
+    let (code, _) = status(agent.get(url(&format!("/v1/slice?node={node}&layers=0-1&experts=0-7"))).header("Authorization", &bearer).header("Range", "bytes=10-19").call());
+    assert_eq!(code, 206);
+    let _ = backbone.kill();
+    let _ = backbone.wait();
+}

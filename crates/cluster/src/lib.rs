@@ -12,8 +12,10 @@
 
 pub mod plan;
 pub mod proto;
+pub mod fetch;
 pub mod remote;
 pub mod slice;
+pub mod slice_http;
 pub mod worker;
 
 pub use plan::{Placement, Plan};

@@ -3,9 +3,10 @@
 //! `i`-th of `--nodes`; an expert no live node holds is computed by the backbone itself.
 
 use std::fmt::Write as _;
-use std::ops::RangeInclusive;
 
 use anyhow::{bail, Result};
+
+use crate::slice::SliceSpec;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
@@ -67,12 +68,12 @@ impl Plan {
 
     /// The plan of nodes that hold fixed shards: each expert on the nodes whose shard holds it, in node
     /// order (`None`: the node holds the whole model and takes the experts no shard holds, evenly).
-    pub fn from_holdings(n_layer: usize, n_expert: usize, holdings: &[Option<(RangeInclusive<usize>, RangeInclusive<usize>)>]) -> Plan {
+    pub fn from_holdings(n_layer: usize, n_expert: usize, holdings: &[Option<Vec<SliceSpec>>]) -> Plan {
         let whole: Vec<usize> = (0..holdings.len()).filter(|&n| holdings[n].is_none()).collect();
         let mut owners = Vec::with_capacity(n_layer * n_expert);
         for l in 0..n_layer {
             for e in 0..n_expert {
-                let mut o: Vec<usize> = (0..holdings.len()).filter(|&n| holdings[n].as_ref().is_some_and(|(ls, es)| ls.contains(&l) && es.contains(&e))).collect();
+                let mut o: Vec<usize> = (0..holdings.len()).filter(|&n| holdings[n].as_ref().is_some_and(|h| h.iter().any(|s| s.contains(l, e)))).collect();
                 if o.is_empty() && !whole.is_empty() {
                     o.push(whole[e % whole.len()]);
                 }
@@ -155,13 +156,14 @@ mod tests {
 
     #[test]
     fn shards_place_what_they_hold() {
-        let p = Plan::from_holdings(2, 4, &[Some((0..=1, 0..=1)), Some((0..=0, 2..=3)), None]);
+        let spec = |layers, experts| vec![SliceSpec { layers, experts }];
+        let p = Plan::from_holdings(2, 4, &[Some(spec(0..=1, 0..=1)), Some(spec(0..=0, 2..=3)), None]);
         assert_eq!(p.owners(0, 1), [0]);
         assert_eq!(p.owners(0, 3), [1]);
         assert_eq!(p.owners(1, 3), [2], "no shard holds it: the whole-model node");
         let text = p.describe(&["a".into(), "b".into(), "c".into()]);
         assert!(text.contains("b: experts 2-3 of layers 0 "), "{text}");
-        let none = Plan::from_holdings(1, 2, &[Some((0..=0, 0..=0))]);
+        let none = Plan::from_holdings(1, 2, &[Some(spec(0..=0, 0..=0))]);
         assert!(none.owners(0, 1).is_empty());
         assert!(none.describe(&["a".into()]).contains("backbone: 1 layer-experts"));
     }

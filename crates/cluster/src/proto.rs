@@ -33,9 +33,9 @@ pub struct Welcome {
     /// Kernels the node computes with (informational: every ISA gives the same bits).
     pub isa: String,
     pub threads: usize,
-    /// The layers and experts of the shard the node holds (inclusive ranges); `None`: the whole model.
+    /// The layers and experts of each shard the node holds (inclusive ranges); `None`: the whole model.
     #[serde(default)]
-    pub holds: Option<((usize, usize), (usize, usize))>,
+    pub holds: Option<Vec<((usize, usize), (usize, usize))>>,
 }
 
 /// What a node checks a request against.

@@ -14,6 +14,7 @@ use titan_net::{read_frame, write_frame, Kind, DEFAULT_MAX_FRAME, HEADER_LEN};
 
 use crate::plan::{Placement, Plan};
 use crate::proto::{decode_output, encode_compute, Hello, Welcome};
+use crate::slice::SliceSpec;
 
 pub struct ClusterOptions {
     /// HOST:PORT of each node.
@@ -40,6 +41,8 @@ pub struct Cluster {
     names: Vec<String>,
     opts: ClusterOptions,
     state: Mutex<State>,
+    /// The slice endpoint nodes fetch their shards from, kept serving while the cluster runs.
+    slices: Option<crate::slice_http::SliceServer>,
 }
 
 /// One node's connection and counters.
@@ -110,7 +113,7 @@ impl Cluster {
                 bail!("node {addr}: has {} layers of {} experts, the model {n_layer} of {n_expert}", welcome.n_layer, welcome.n_expert);
             }
             budgets.push(welcome.budget);
-            holdings.push(welcome.holds.map(|((l0, l1), (e0, e1))| (l0..=l1, e0..=e1)));
+            holdings.push(welcome.holds.map(|h| h.into_iter().map(|((l0, l1), (e0, e1))| SliceSpec { layers: l0..=l1, experts: e0..=e1 }).collect()));
             let ping_ns = ping(&mut conn, 21).with_context(|| format!("node {addr}: ping"))?;
             nodes.push(Node { conn: Some(conn), retry_at: Instant::now(), metrics: NodeMetrics { ping_ns, ..Default::default() }, assigned: Vec::new(), rows: Vec::new(), local_rows: Vec::new(), pending: None });
         }
@@ -122,7 +125,12 @@ impl Cluster {
             (Plan::new(n_layer, n_expert, &budgets, opts.placement, opts.replicas)?, format!("{:?} placement, {copies} of each expert", opts.placement).to_lowercase())
         };
         let state = State { nodes, next_id: 1, local: Vec::new(), sub_ids: Vec::new(), sub_rows: Vec::new(), sub_starts: Vec::new(), body: Vec::new(), frame: Vec::new(), floats: Vec::new(), row_map: Vec::new() };
-        Ok(Cluster { local, plan, plan_kind, names: opts.nodes.clone(), opts, state: Mutex::new(state) })
+        Ok(Cluster { local, plan, plan_kind, names: opts.nodes.clone(), opts, state: Mutex::new(state), slices: None })
+    }
+
+    /// Keeps `server` running for as long as the cluster.
+    pub fn keep_serving_slices(&mut self, server: crate::slice_http::SliceServer) {
+        self.slices = Some(server);
     }
 
     /// The plan: how it was made, then one line per node.

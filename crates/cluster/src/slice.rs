@@ -13,6 +13,7 @@
 use std::io::Write;
 use std::ops::RangeInclusive;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
@@ -51,8 +52,8 @@ pub fn parse_range(s: &str) -> Result<RangeInclusive<usize>> {
 }
 
 /// A planned shard: `header` at offset 0, then each piece at its offset, zeros in between.
-pub struct Shard<'a> {
-    src: &'a GgufFile,
+pub struct Shard {
+    src: Arc<GgufFile>,
     header: Vec<u8>,
     /// (offset in the shard, offset in the source file, length), ascending.
     pieces: Vec<(u64, usize, u64)>,
@@ -83,15 +84,37 @@ fn expert_range<'f>(src: &'f GgufFile, layer: usize, part: &str, expert: usize) 
     Ok((t, (src.data_offset + t.offset) as usize + expert * per, per))
 }
 
-impl<'a> Shard<'a> {
-    /// Plans the shard of `spec` (digests computed here, in parallel: every byte it will hold is read once).
-    pub fn plan(src: &'a GgufFile, spec: &SliceSpec) -> Result<Shard<'a>> {
+/// Every expert's digest of a model, each computed the first time a shard needs it.
+pub struct Digests {
+    n_expert: usize,
+    cells: Vec<OnceLock<String>>,
+}
+
+impl Digests {
+    pub fn new(n_layer: usize, n_expert: usize) -> Digests {
+        Digests { n_expert, cells: (0..n_layer * n_expert).map(|_| OnceLock::new()).collect() }
+    }
+
+    fn get(&self, src: &GgufFile, layer: usize, expert: usize) -> Result<String> {
+        let cell = &self.cells[layer * self.n_expert + expert];
+        if let Some(d) = cell.get() {
+            return Ok(d.clone());
+        }
+        let d = expert_digest(src, layer, expert)?;
+        Ok(cell.get_or_init(|| d).clone())
+    }
+}
+
+impl Shard {
+    /// Plans the shard of `spec`. Digests not yet in `digests` are computed here, in parallel (every
+    /// byte of those experts read once).
+    pub fn plan(src: &Arc<GgufFile>, spec: &SliceSpec, digests: &Digests) -> Result<Shard> {
         let config = Config::from_gguf(src)?;
         if *spec.layers.end() >= config.n_layer || *spec.experts.end() >= config.n_expert {
             bail!("layers {:?} × experts {:?} is outside the model ({} layers of {} experts)", spec.layers, spec.experts, config.n_layer, config.n_expert);
         }
         let keys: Vec<(usize, usize)> = spec.layers.clone().flat_map(|l| spec.experts.clone().map(move |e| (l, e))).collect();
-        let digests = keys.par_iter().map(|&(l, e)| expert_digest(src, l, e)).collect::<Result<Vec<_>>>()?;
+        let digests = keys.par_iter().map(|&(l, e)| digests.get(src, l, e)).collect::<Result<Vec<_>>>()?;
 
         let mut w = GgufWriter::new();
         for (k, v) in &src.metadata {
@@ -123,7 +146,7 @@ impl<'a> Shard<'a> {
             pieces.push((at, start, len));
             at = (at + len).div_ceil(align) * align;
         }
-        Ok(Shard { src, header, pieces, len: at, digests })
+        Ok(Shard { src: src.clone(), header, pieces, len: at, digests })
     }
 
     pub fn len(&self) -> u64 {
@@ -170,8 +193,9 @@ impl<'a> Shard<'a> {
 }
 
 /// Writes the shard of `spec` of `src` to `out`, atomically (a temporary file renamed into place).
-pub fn write_shard(src: &GgufFile, spec: &SliceSpec, out: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
-    let shard = Shard::plan(src, spec)?;
+pub fn write_shard(src: &Arc<GgufFile>, spec: &SliceSpec, out: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
+    let config = Config::from_gguf(src)?;
+    let shard = Shard::plan(src, spec, &Digests::new(config.n_layer, config.n_expert))?;
     let tmp = out.with_extension("part");
     let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
     shard.write_to(&mut f, progress).and_then(|()| f.flush()).with_context(|| format!("writing {}", tmp.display()))?;
@@ -253,6 +277,14 @@ impl ShardExperts {
         })
     }
 
+    /// Expert `e` of layer `l`, if this shard holds it.
+    pub fn weights(&self, l: usize, e: usize) -> Option<ExpertWeights<'_>> {
+        self.spec.contains(l, e).then(|| {
+            let [gate, up, down] = self.views(l, e);
+            ExpertWeights { gate, up, down }
+        })
+    }
+
     /// Gate, up and down of expert `e` of layer `l` (held).
     fn views(&self, l: usize, e: usize) -> [WeightView<'_>; 3] {
         let i = e - self.spec.experts.start();
@@ -269,20 +301,63 @@ impl ShardExperts {
     }
 }
 
-impl Experts for ShardExperts {
+/// The experts of several shards of one model, served together (a node's cache).
+pub struct Shards(pub Vec<ShardExperts>);
+
+impl Shards {
+    /// What each shard holds: (layers, experts) per shard.
+    pub fn holdings(&self) -> Vec<((usize, usize), (usize, usize))> {
+        self.0.iter().map(|s| ((*s.spec.layers.start(), *s.spec.layers.end()), (*s.spec.experts.start(), *s.spec.experts.end()))).collect()
+    }
+}
+
+impl Experts for Shards {
     fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
         let mut batch = Vec::with_capacity(job.ids.len());
         for &e in job.ids {
-            if !self.spec.contains(job.layer, e as usize) {
-                let what = format!("not in this shard (layers {:?}, experts {:?})", self.spec.layers, self.spec.experts);
-                return Err(EngineError::Expert { layer: job.layer, expert: e, what });
-            }
-            let [gate, up, down] = self.views(job.layer, e as usize);
-            batch.push(ExpertWeights { gate, up, down });
+            let w = self.0.iter().find_map(|sh| sh.weights(job.layer, e as usize));
+            batch.push(w.ok_or_else(|| EngineError::Expert { layer: job.layer, expert: e, what: "not in this node's shards".into() })?);
         }
         let (acts, ffn) = s.batch_buffers();
         compute_batch(job, 0, &batch, acts, ffn, deliver)
     }
+}
+
+/// The fewest rectangles (runs of layers × runs of expert ids) covering `cells`, a set of (layer, expert)
+/// given as a per-layer list of held flags: each layer's runs of consecutive experts, merged across
+/// consecutive layers with the same run.
+pub fn cover(n_layer: usize, n_expert: usize, wanted: impl Fn(usize, usize) -> bool) -> Vec<SliceSpec> {
+    let mut open: Vec<SliceSpec> = Vec::new();
+    let mut done = Vec::new();
+    for l in 0..n_layer {
+        let mut runs = Vec::new();
+        let mut e = 0;
+        while e < n_expert {
+            if wanted(l, e) {
+                let start = e;
+                while e + 1 < n_expert && wanted(l, e + 1) {
+                    e += 1;
+                }
+                runs.push(start..=e);
+            }
+            e += 1;
+        }
+        let mut next = Vec::new();
+        for r in runs {
+            match open.iter().position(|s| s.experts == r && *s.layers.end() + 1 == l) {
+                Some(i) => {
+                    let s = open.swap_remove(i);
+                    next.push(SliceSpec { layers: *s.layers.start()..=l, experts: r });
+                }
+                None => next.push(SliceSpec { layers: l..=l, experts: r }),
+            }
+        }
+        done.append(&mut open);
+        open = next;
+    }
+    done.append(&mut open);
+    done.sort_by_key(|s| (*s.layers.start(), *s.experts.start()));
+    done
 }
 
 #[cfg(test)]
@@ -297,9 +372,18 @@ mod tests {
     }
 
     #[test]
+    fn cover_merges_runs_across_layers() {
+        let c = cover(3, 8, |l, e| (2..=4).contains(&e) || (l == 2 && e == 7));
+        assert_eq!(c, [SliceSpec { layers: 0..=2, experts: 2..=4 }, SliceSpec { layers: 2..=2, experts: 7..=7 }]);
+        assert!(cover(2, 4, |_, _| false).is_empty());
+        let all = cover(2, 4, |_, _| true);
+        assert_eq!(all, [SliceSpec { layers: 0..=1, experts: 0..=3 }]);
+    }
+
+    #[test]
     fn any_window_of_a_shard_reads_as_the_whole() {
-        let src = GgufFile::open(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/qwen3moe/q8_0.gguf")).unwrap();
-        let shard = Shard::plan(&src, &SliceSpec { layers: 1..=1, experts: 2..=5 }).unwrap();
+        let src = Arc::new(GgufFile::open(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/qwen3moe/q8_0.gguf")).unwrap());
+        let shard = Shard::plan(&src, &SliceSpec { layers: 1..=1, experts: 2..=5 }, &Digests::new(2, 8)).unwrap();
         let mut whole = vec![0u8; shard.len() as usize];
         shard.read_at(0, &mut whole);
         for (off, len) in [(0, 7), (100, 5000), (shard.len() - 33, 33), (shard.header.len() as u64 - 3, 9)] {

@@ -58,8 +58,8 @@ pub struct NodeModel {
     pub n_expert: usize,
     pub n_embd: usize,
     pub experts: Box<dyn Experts>,
-    /// The shard's layers and experts, when the node holds one.
-    pub holds: Option<((usize, usize), (usize, usize))>,
+    /// The shards' layers and experts, when the node holds shards.
+    pub holds: Option<Vec<((usize, usize), (usize, usize))>>,
 }
 
 /// Listens on `opts.listen` and serves backbones until the process ends; `ready` is told the bound
@@ -75,7 +75,7 @@ pub fn serve(model: NodeModel, opts: WorkerOptions, ready: impl FnOnce(SocketAdd
             n_expert: model.n_expert,
             isa: titan_kernels::isa().name().to_string(),
             threads: rayon::current_num_threads(),
-            holds: model.holds,
+            holds: model.holds.clone(),
         },
         model,
         opts,
@@ -93,7 +93,8 @@ pub fn serve(model: NodeModel, opts: WorkerOptions, ready: impl FnOnce(SocketAdd
         std::thread::spawn(move || {
             let peer = stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
             match ctx.connection(stream) {
-                Ok(summary) => eprintln!("worker: {peer}: closed ({summary})"),
+                Ok(Some(summary)) => eprintln!("worker: {peer}: closed ({summary})"),
+                Ok(None) => {} // closed before a byte: a reachability check
                 Err(e) => eprintln!("worker: {peer}: connection closed: {e:#}"),
             }
         });
@@ -111,7 +112,7 @@ struct Node {
 impl Node {
     /// One backbone's connection: the handshake, then requests until it closes. Any malformed frame
     /// ends this connection (with the reason logged by the caller) and nothing else.
-    fn connection(&self, stream: TcpStream) -> Result<String> {
+    fn connection(&self, stream: TcpStream) -> Result<Option<String>> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
         let mut w = stream.try_clone()?;
@@ -119,7 +120,10 @@ impl Node {
         let (mut body, mut frame) = (Vec::new(), Vec::new());
         let limit = self.opts.max_frame;
 
-        let h = read_frame(&mut r, limit.min(1 << 16), &mut body).context("reading the hello")?;
+        let h = match read_frame(&mut r, limit.min(1 << 16), &mut body) {
+            Err(FrameError::Closed) => return Ok(None),
+            h => h.context("reading the hello")?,
+        };
         let hello: Option<Hello> = (h.kind == Kind::Hello).then(|| serde_json::from_slice(&body).ok()).flatten();
         let refusal = match &hello {
             None => Some("the first frame must be a hello".to_string()),
@@ -144,7 +148,7 @@ impl Node {
         loop {
             let h = match read_frame(&mut r, limit, &mut body) {
                 Ok(h) => h,
-                Err(FrameError::Closed) => return Ok(format!("{served} requests")),
+                Err(FrameError::Closed) => return Ok(Some(format!("{served} requests"))),
                 Err(e) => return Err(e.into()),
             };
             self.metrics.bytes_in.fetch_add((body.len() + titan_net::HEADER_LEN) as u64, Relaxed);

@@ -1,0 +1,263 @@
+//! The backbone's slice endpoint: expert nodes join, receive their assignment, and download exactly the
+//! shards of it, over HTTP with the node token.
+//!
+//! - `POST /v1/join` `{"node": "HOST:PORT", "budget": BYTES}`: a node of `--nodes` announces itself. Once
+//!   every expected node has joined, the plan is made from their budgets, and each join is answered with
+//!   the model's identity and the node's shards (layers × expert-id rectangles).
+//! - `GET /v1/slice?node=HOST:PORT&layers=A-B&experts=X-Y`: a shard, cut from the model while it is
+//!   sent (never held whole in memory), with `Range` support so a download resumes; only rectangles
+//!   inside that node's assignment are served. Its header carries every expert's digest.
+//!
+//! Every request needs `Authorization: Bearer TOKEN` (401 otherwise, compared in constant time); no
+//! request names a file; bodies are at most 16 KiB; a client that stops reading for a minute is cut off.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use titan_gguf::GgufFile;
+use titan_net::secrets_equal;
+use tokio::sync::watch;
+
+use crate::plan::{Placement, Plan};
+use crate::slice::{cover, parse_range, Digests, Shard, SliceSpec};
+
+pub struct SliceServerOptions {
+    pub listen: String,
+    pub token: Vec<u8>,
+    /// The nodes expected to join, as the backbone will dial them.
+    pub nodes: Vec<String>,
+    pub placement: Placement,
+    pub replicas: usize,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Join {
+    pub node: String,
+    pub budget: u64,
+}
+
+/// A join's answer: what to download.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct Assignment {
+    pub model: String,
+    /// (layers, experts), inclusive ranges.
+    pub shards: Vec<((usize, usize), (usize, usize))>,
+}
+
+struct Shared {
+    model: Arc<GgufFile>,
+    identity: String,
+    n_layer: usize,
+    n_expert: usize,
+    opts: SliceServerOptions,
+    digests: Digests,
+    budgets: Mutex<Vec<Option<u64>>>,
+    plan: watch::Sender<Option<Arc<Plan>>>,
+}
+
+/// The running endpoint; it stops when dropped.
+pub struct SliceServer {
+    pub addr: SocketAddr,
+    plan: watch::Receiver<Option<Arc<Plan>>>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl SliceServer {
+    /// Starts serving `model`'s slices on `opts.listen`.
+    pub fn start(model: Arc<GgufFile>, opts: SliceServerOptions) -> Result<SliceServer> {
+        let config = titan_engine::Config::from_gguf(&model)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let listener = runtime.block_on(tokio::net::TcpListener::bind(&opts.listen)).with_context(|| format!("listening on {}", opts.listen))?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = watch::channel(None);
+        let n = opts.nodes.len();
+        let shared = Arc::new(Shared {
+            identity: crate::model_identity(&model),
+            digests: Digests::new(config.n_layer, config.n_expert),
+            n_layer: config.n_layer,
+            n_expert: config.n_expert,
+            model,
+            opts,
+            budgets: Mutex::new(vec![None; n]),
+            plan: tx,
+        });
+        let app = Router::new()
+            .route("/v1/join", post(join))
+            .route("/v1/slice", get(slice))
+            .layer(DefaultBodyLimit::max(16 << 10))
+            .with_state(shared);
+        runtime.spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                eprintln!("slice server: {e}");
+            }
+        });
+        Ok(SliceServer { addr, plan: rx, runtime })
+    }
+
+    /// Waits until every expected node has joined and the plan is made.
+    pub fn wait_for_plan(&self, timeout: Duration) -> Result<Arc<Plan>> {
+        let mut rx = self.plan.clone();
+        self.runtime.block_on(async {
+            tokio::time::timeout(timeout, rx.wait_for(Option::is_some)).await.context("the expected nodes did not all join in time")?.context("slice server stopped")?;
+            Ok(rx.borrow().clone().expect("waited for it"))
+        })
+    }
+}
+
+fn error(status: StatusCode, msg: impl Into<String>) -> Response {
+    (status, msg.into()).into_response()
+}
+
+fn authorised(s: &Shared, headers: &HeaderMap) -> Result<(), Response> {
+    let presented = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+    if secrets_equal(presented.as_bytes(), &s.opts.token) {
+        Ok(())
+    } else {
+        Err(error(StatusCode::UNAUTHORIZED, "a valid node token is required (Authorization: Bearer TOKEN)"))
+    }
+}
+
+fn node_index(s: &Shared, node: &str) -> Result<usize, Response> {
+    s.opts.nodes.iter().position(|n| n == node).ok_or_else(|| error(StatusCode::FORBIDDEN, format!("node {node} is not one this backbone expects ({})", s.opts.nodes.join(", "))))
+}
+
+/// The shards of node `i` under `plan`: the rectangles covering what it serves.
+fn assignment(s: &Shared, plan: &Plan, i: usize) -> Vec<SliceSpec> {
+    cover(s.n_layer, s.n_expert, |l, e| plan.owners(l, e).contains(&i))
+}
+
+async fn join(State(s): State<Arc<Shared>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    // The token before anything else: an unauthorised peer learns nothing, not even how a join looks.
+    if let Err(r) = authorised(&s, &headers) {
+        return r;
+    }
+    let j: Join = match serde_json::from_slice(&body) {
+        Ok(j) => j,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("a join is {{\"node\": \"HOST:PORT\", \"budget\": BYTES}}: {e}")),
+    };
+    let i = match node_index(&s, &j.node) {
+        Ok(i) => i,
+        Err(r) => return r,
+    };
+    {
+        let mut budgets = s.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        budgets[i] = Some(j.budget);
+        if s.plan.borrow().is_none() && budgets.iter().all(Option::is_some) {
+            let b: Vec<u64> = budgets.iter().map(|b| b.unwrap_or(0)).collect();
+            match Plan::new(s.n_layer, s.n_expert, &b, s.opts.placement, s.opts.replicas) {
+                Ok(p) => {
+                    let _ = s.plan.send(Some(Arc::new(p)));
+                }
+                Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+            }
+        }
+    }
+    let mut rx = s.plan.subscribe();
+    let plan = match tokio::time::timeout(Duration::from_secs(600), rx.wait_for(Option::is_some)).await {
+        Ok(Ok(p)) => p.clone().expect("waited for it"),
+        _ => return error(StatusCode::SERVICE_UNAVAILABLE, "the other nodes have not joined yet: join again"),
+    };
+    let shards = assignment(&s, &plan, i).into_iter().map(|r| ((*r.layers.start(), *r.layers.end()), (*r.experts.start(), *r.experts.end()))).collect();
+    Json(Assignment { model: s.identity.clone(), shards }).into_response()
+}
+
+#[derive(Deserialize)]
+struct SliceQuery {
+    node: String,
+    layers: String,
+    experts: String,
+}
+
+/// `Range: bytes=A-` or `bytes=A-B` against a body of `len` bytes -> [start, end).
+fn byte_range(headers: &HeaderMap, len: u64) -> Result<Option<(u64, u64)>> {
+    let Some(v) = headers.get(header::RANGE) else { return Ok(None) };
+    let v = v.to_str()?.strip_prefix("bytes=").context("only byte ranges")?;
+    let (a, b) = v.split_once('-').context("a range is A-B")?;
+    let start: u64 = a.parse()?;
+    let end = if b.is_empty() { len } else { b.parse::<u64>()?.saturating_add(1).min(len) };
+    if start >= end {
+        bail!("empty range");
+    }
+    Ok(Some((start, end)))
+}
+
+async fn slice(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Query<SliceQuery>) -> Response {
+    if let Err(r) = authorised(&s, &headers) {
+        return r;
+    }
+    let i = match node_index(&s, &q.node) {
+        Ok(i) => i,
+        Err(r) => return r,
+    };
+    let Some(plan) = s.plan.borrow().clone() else { return error(StatusCode::CONFLICT, "no plan yet: join first") };
+    let spec = match (parse_range(&q.layers), parse_range(&q.experts)) {
+        (Ok(layers), Ok(experts)) => SliceSpec { layers, experts },
+        _ => return error(StatusCode::BAD_REQUEST, "layers and experts are ranges like 0-47"),
+    };
+    if *spec.layers.end() >= s.n_layer || *spec.experts.end() >= s.n_expert {
+        return error(StatusCode::BAD_REQUEST, format!("the model has {} layers of {} experts", s.n_layer, s.n_expert));
+    }
+    let inside = spec.layers.clone().all(|l| spec.experts.clone().all(|e| plan.owners(l, e).contains(&i)));
+    if !inside {
+        return error(StatusCode::FORBIDDEN, format!("layers {} × experts {} are not all assigned to {}", q.layers, q.experts, q.node));
+    }
+    // Planning reads the experts' bytes for their digests (the first time): off the async threads.
+    let (model, s2) = (s.model.clone(), s.clone());
+    let shard = match tokio::task::spawn_blocking(move || Shard::plan(&model, &spec, &s2.digests)).await {
+        Ok(Ok(shard)) => Arc::new(shard),
+        Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let len = shard.len();
+    let (start, end, status) = match byte_range(&headers, len) {
+        Ok(None) => (0, len, StatusCode::OK),
+        Ok(Some((a, b))) => (a, b, StatusCode::PARTIAL_CONTENT),
+        Err(e) => return (StatusCode::RANGE_NOT_SATISFIABLE, [(header::CONTENT_RANGE, format!("bytes */{len}"))], e.to_string()).into_response(),
+    };
+    let mut resp = Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, end - start)
+        .header(header::ACCEPT_RANGES, "bytes");
+    if status == StatusCode::PARTIAL_CONTENT {
+        resp = resp.header(header::CONTENT_RANGE, format!("bytes {start}-{}/{len}", end - 1));
+    }
+    resp.body(Body::from_stream(stream_shard(shard, start, end))).unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+/// The bytes [start, end) of `shard` in 1 MiB chunks, cut on a blocking thread; the stream ends early
+/// (and the connection with it) when the client has not taken a chunk for a minute.
+fn stream_shard(shard: Arc<Shard>, start: u64, end: u64) -> impl futures_util::Stream<Item = std::io::Result<Vec<u8>>> {
+    const CHUNK: u64 = 1 << 20;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    std::thread::spawn(move || {
+        let mut at = start;
+        while at < end {
+            let mut buf = vec![0u8; (end - at).min(CHUNK) as usize];
+            shard.read_at(at, &mut buf);
+            at += buf.len() as u64;
+            let mut item = buf;
+            let since = std::time::Instant::now();
+            loop {
+                match tx.try_send(item) {
+                    Ok(()) => break,
+                    Err(tokio::sync::mpsc::error::TrySendError::Full(back)) if since.elapsed() < Duration::from_secs(60) => {
+                        item = back;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(_) => return, // gone, or too slow: stop cutting
+                }
+            }
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|chunk| (Ok(chunk), rx)) })
+}
