@@ -30,6 +30,8 @@ enum Command {
     Run(RunArgs),
     /// Write the logits of every prompt position as a float32 .npy of shape [positions, vocab].
     Logits(LogitsArgs),
+    /// Perplexity of a text file, computed as llama.cpp's llama-perplexity computes it.
+    Perplexity(PerplexityArgs),
     /// Print the token ids of a text as a JSON array.
     Tokenize(TokenizeArgs),
     /// Describe a GGUF model: architecture, dimensions, experts, tensor types, dense vs expert bytes.
@@ -193,6 +195,19 @@ struct LogitsArgs {
 }
 
 #[derive(Args)]
+struct PerplexityArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The text file.
+    #[arg(short = 'f', long = "file")]
+    file: PathBuf,
+    /// Tokens per chunk (llama-perplexity's -c): each chunk starts from an empty cache, and its second half
+    /// is scored.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
+    ctx_size: usize,
+}
+
+#[derive(Args)]
 struct TokenizeArgs {
     /// The GGUF model file.
     #[arg(short = 'm', long = "model")]
@@ -318,6 +333,7 @@ fn main() {
         rayon::scope(|_| match cli.command {
             Command::Run(a) => run(a),
             Command::Logits(a) => logits(a),
+            Command::Perplexity(a) => perplexity(a),
             Command::Tokenize(a) => tokenize(a),
             Command::Inspect(a) => inspect(a),
             Command::Synth(a) => synth(a),
@@ -344,6 +360,7 @@ impl Command {
         match self {
             Command::Run(a) => a.model.threads,
             Command::Logits(a) => a.model.threads,
+            Command::Perplexity(a) => a.model.threads,
             Command::Bench(a) => a.model.threads,
             Command::Trace(a) => a.model.threads,
             Command::Profile(a) => a.model.threads,
@@ -454,6 +471,26 @@ fn logits(a: LogitsArgs) -> Result<()> {
         .and_then(|_| f.flush())
         .with_context(|| format!("writing {}", a.output.display()))?;
     eprintln!("wrote {} × {} logits to {}", tokens.len(), model.config.n_vocab, a.output.display());
+    Ok(())
+}
+
+fn perplexity(a: PerplexityArgs) -> Result<()> {
+    let model = load(&a.model)?;
+    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    // As llama-perplexity: special tokens added as the vocabulary asks, control-token text kept as text.
+    let tokens = model.tokenizer.encode(&text, true, false);
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(indicatif::ProgressStyle::with_template("perplexity [{bar:40}] chunk {pos}/{len} eta {eta} {msg}").expect("valid template").progress_chars("=> "));
+    let t = std::time::Instant::now();
+    let p = titan_engine::perplexity::perplexity(&model, &tokens, a.ctx_size, |done, total, running| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        bar.set_message(format!("running {running:.4}"));
+    })?;
+    bar.finish_and_clear();
+    let chunks: Vec<String> = (1..=p.chunks.len()).map(|i| format!("[{i}]{:.4}", p.after(i))).collect();
+    println!("{}", chunks.join(","));
+    println!("perplexity: {:.4} over {} chunks of {} tokens ({} tokens scored, {} in the file), {:.1} s", p.value(), p.chunks.len(), a.ctx_size, p.chunks.iter().map(|c| c.1).sum::<usize>(), tokens.len(), t.elapsed().as_secs_f64());
     Ok(())
 }
 

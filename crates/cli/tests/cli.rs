@@ -358,3 +358,27 @@ fn exceeding_the_context_is_an_error_not_a_crash() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("context of 12 tokens exceeded") && !err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn perplexity_of_the_demo_model_is_llama_cpps() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let m = root.join("demo-q8_0.gguf");
+    let o = titan(&["perplexity", "-m", m.to_str().unwrap(), "-f", root.join("heldout.txt").to_str().unwrap(), "-c", "128"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    let reference: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root.join("reference.json")).unwrap()).unwrap();
+    let theirs = reference["perplexity"]["ppl"].as_f64().unwrap();
+    let ours: f64 = out.lines().find_map(|l| l.strip_prefix("perplexity: ")?.split(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("{out}"));
+    assert!(((ours - theirs) / theirs).abs() < 1e-3, "TITAN {ours} vs llama-perplexity {theirs}");
+    assert!(out.starts_with("[1]") && out.contains(",[15]"), "{out}");
+}
+
+#[test]
+fn the_demo_model_writes_english() {
+    let m = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/demo/demo-q8_0.gguf");
+    let o = titan(&["run", "-m", m.to_str().unwrap(), "-p", "KING HENRY.\nNow, lords,", "-n", "24", "--temp", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8(o.stdout).unwrap();
+    // llama.cpp's greedy continuation of this prompt starts so (models/demo/reference.json).
+    assert!(text.starts_with(" you are a king, and all the world"), "{text}");
+}

@@ -13,6 +13,7 @@ pub mod generate;
 pub mod model;
 pub mod moe;
 pub mod ops;
+pub mod perplexity;
 pub mod sampler;
 mod scratch;
 pub mod stats;

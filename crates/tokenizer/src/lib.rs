@@ -238,6 +238,11 @@ impl Tokenizer {
         self.vocab.bos
     }
 
+    /// The BOS token, when the vocabulary asks for it to start every text.
+    pub fn added_bos(&self) -> Option<u32> {
+        self.vocab.bos.filter(|_| self.vocab.add_bos)
+    }
+
     pub fn eos(&self) -> Option<u32> {
         self.vocab.eos
     }
