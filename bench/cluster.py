@@ -12,6 +12,7 @@ command as the backbone of `--workers` `titan worker` processes, alternating for
         [--backbone-args "..."]      extra arguments of the backbone
         [--worker-args "..."]        extra arguments of each worker (e.g. "--expert-budget 5GiB --direct-io")
         [--warmup N]                 a first cluster run of N tokens, not counted (fills streaming workers' caches)
+        [--shards A.gguf,B.gguf]     worker i serves shard i (`titan slice`) instead of the whole model
 
 Needs root for --veth and --memory-limit. Prints the network counters of the cluster runs (round trips, bytes, time
 per exchange against an empty round trip) and, with --veth, the decode time that a one-way delay of --delay-ms would
@@ -78,7 +79,8 @@ def start_worker(i, a, token, log_dir):
         netns, listen = make_netns(i, a.veth)
     cg = cgroup(f"titan-w{i}", a.memory_limit) if a.memory_limit else None
     cores = str(i % os.cpu_count()) if a.pin else None
-    cmd = [TITAN, "worker", "-m", a.model, "--token-file", token, "--listen", listen, "--threads", "1"] + shlex.split(a.worker_args)
+    source = ["--shard", a.shards.split(",")[i]] if a.shards else ["-m", a.model]
+    cmd = [TITAN, "worker", *source, "--token-file", token, "--listen", listen, "--threads", "1"] + shlex.split(a.worker_args)
     log = open(os.path.join(log_dir, f"worker{i}.log"), "w")
     p = subprocess.Popen(wrap(cmd, cg, cores, netns), stdout=subprocess.PIPE, stderr=log, text=True)
     line = p.stdout.readline().strip()
@@ -116,6 +118,7 @@ def main():
     ap.add_argument("--backbone-args", default="")
     ap.add_argument("--worker-args", default="")
     ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--shards", help="comma-separated shards (titan slice), one per worker, served instead of the whole model")
     a = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="titan-cluster-bench-")

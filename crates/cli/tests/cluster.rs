@@ -533,3 +533,21 @@ fn the_slice_endpoint_refuses_without_the_token_and_outside_the_assignment() {
     let _ = backbone.kill();
     let _ = backbone.wait();
 }
+
+/// Real dimensions (one layer of OLMoE-1B-7B, `titan synth`, Q4_0 with 2048-wide rows): the shards' and the
+/// resident model's Q4_0 weights are regrouped for the SIMD kernels, which the 64-wide fixtures never are.
+#[test]
+fn shards_of_real_dimensions_give_the_single_node_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("olmoe-1l.gguf");
+    let o = titan().args(["synth", "--preset", "olmoe-1b-7b", "--type", "q4_0", "--layers", "1", "--routing-tokens", "0", "-o"]).arg(&m).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let single = dir.path().join("single.trace");
+    trace(&m, &single, &[]);
+    let shards = [slice(&m, "0", "0-20", dir.path()), slice(&m, "0", "21-63", dir.path())];
+    let workers: Vec<Worker> = shards.iter().enumerate().map(|(i, s)| Worker::start_with("--shard", s, dir.path(), &format!("w{i}"), "127.0.0.1:0")).collect();
+    let nodes = workers.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
+    let out = dir.path().join("cluster.trace");
+    trace(&m, &out, &["--nodes", &nodes, "--token-file", token_file(dir.path()).to_str().unwrap()]);
+    assert!(trace_diff(&single, &out).starts_with("IDENTICAL"), "{}", trace_diff(&single, &out));
+}

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use titan_engine::experts::{compute_batch, ExpertJob, ExpertScratch, ExpertWeights, Experts};
 use titan_engine::{Config, EngineError};
 use titan_gguf::{GgufFile, GgufWriter, TensorInfo, Value, ValueType};
-use titan_kernels::WeightView;
+use titan_kernels::{regroup_weights, regrouped_weights_pay, weights_regroupable, WeightLayout, WeightView};
 
 pub const KEY_MODEL: &str = "titan.shard.model";
 pub const KEY_LAYERS: &str = "titan.shard.layers";
@@ -213,6 +213,9 @@ pub struct ShardExperts {
     pub config: Config,
     /// Per layer held, per part (gate, up, down): the tensor's type, rows, cols and data offset.
     tensors: Vec<[(titan_kernels::GgmlType, usize, usize, usize); 3]>,
+    /// Q4_0/Q8_0 tensors regrouped for the SIMD kernels (as a resident model's are), by data offset; their
+    /// mapped pages are released, so the node holds each expert once.
+    regrouped: std::collections::HashMap<usize, Vec<u8>>,
 }
 
 impl ShardExperts {
@@ -255,11 +258,31 @@ impl ShardExperts {
         if digests.len() != spec.layers.clone().count() * count {
             return Err(bad(format!("{} digests for {} experts", digests.len(), spec.layers.clone().count() * count)));
         }
-        let shard = ShardExperts { file, spec, model, config, tensors };
+        let mut shard = ShardExperts { file, spec, model, config, tensors, regrouped: Default::default() };
         if verify {
             shard.verify(&digests).map_err(|e| bad(e.to_string()))?;
         }
+        shard.regroup();
         Ok(shard)
+    }
+
+    /// Copies each Q4_0/Q8_0 tensor into the regrouped layout the SIMD kernels read fastest (the same
+    /// bits), one tensor at a time, releasing its mapped pages as it goes.
+    fn regroup(&mut self) {
+        for parts in &self.tensors {
+            for &(ty, rows, cols, start) in parts {
+                if !(weights_regroupable(ty, cols) && regrouped_weights_pay(ty)) {
+                    continue;
+                }
+                let len = ty.row_bytes(cols).expect("checked at open") * rows * (self.spec.experts.end() - self.spec.experts.start() + 1);
+                let src = self.file.bytes(start, len).expect("bounds checked by the reader");
+                let mut buf = vec![0u8; len];
+                if regroup_weights(ty, cols, src, &mut buf) {
+                    self.regrouped.insert(start, buf);
+                    self.file.release(start, len);
+                }
+            }
+        }
     }
 
     /// Checks every expert's bytes against its digest; names the first that fails.
@@ -290,8 +313,13 @@ impl ShardExperts {
         let i = e - self.spec.experts.start();
         self.tensors[l - self.spec.layers.start()].map(|(ty, rows, cols, start)| {
             let bytes = ty.row_bytes(cols).expect("checked at open") * rows;
-            let data = self.file.bytes(start + i * bytes, bytes).expect("bounds checked by the reader");
-            WeightView::new(ty, rows, cols, data).expect("shape checked at open")
+            match self.regrouped.get(&start) {
+                Some(buf) => WeightView { ty, rows, cols, data: &buf[i * bytes..(i + 1) * bytes], layout: WeightLayout::Regrouped },
+                None => {
+                    let data = self.file.bytes(start + i * bytes, bytes).expect("bounds checked by the reader");
+                    WeightView::new(ty, rows, cols, data).expect("shape checked at open")
+                }
+            }
         })
     }
 
