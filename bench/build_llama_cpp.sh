@@ -13,6 +13,7 @@
 #   LLAMA_CPP_SRC             an existing llama.cpp source tree to build instead
 #   JOBS                      parallel build jobs (default: nproc)
 #   FORCE=1                   reconfigure and rebuild even if the binaries exist
+#   LLAMA_RPC=1               also build the RPC backend and ggml-rpc-server (for bench/cluster_llama_rpc.sh)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,6 +27,7 @@ SRC="${LLAMA_CPP_SRC:-$SRC_DEFAULT}"
 TOOLS_VENV="$BUILD/bench-tools-venv"
 JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
 TARGETS=(llama-bench llama-completion)
+[[ "${LLAMA_RPC:-0}" == 1 ]] && TARGETS+=(ggml-rpc-server)
 
 log() { echo "[build_llama_cpp] $*" >&2; }
 
@@ -94,6 +96,7 @@ CONFIG_ARGS=(-S "$SRC" -B "$OUT" -G Ninja -DCMAKE_MAKE_PROGRAM="$NINJA"
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF
     -DLLAMA_BUILD_TOOLS=ON)
+[[ "${LLAMA_RPC:-0}" == 1 ]] && CONFIG_ARGS+=(-DGGML_RPC=ON)
 STAMP="$OUT/bench-configure-args.txt"
 if [[ "${FORCE:-0}" == 1 || ! -f "$OUT/CMakeCache.txt" || "$(cat "$STAMP" 2>/dev/null)" != "${CONFIG_ARGS[*]}" ]]; then
     log "configuring into $OUT"
