@@ -645,13 +645,34 @@ fn profile(a: ProfileArgs) -> Result<()> {
     // The trace already records every routing decision; the profile counts them.
     let mut t = titan_engine::trace::Trace::default();
     model.generate_traced(&prompt, &opts, Some(&mut t), |_| {})?;
-    let mut p = Profile::new(model.config.n_layer, model.config.n_expert);
+    let (n_layer, n_expert, k) = (model.config.n_layer, model.config.n_expert, model.config.n_expert_used);
+    let mut p = Profile::new(n_layer, n_expert);
+    // Per layer, every token's chosen experts in order (prompt rows, then each generated token).
+    let mut per_layer: Vec<Vec<u32>> = vec![Vec::new(); n_layer];
     for r in t.records.iter().filter(|r| r.name.ends_with(".topk_ids")) {
         let layer: usize = r.name.split('.').nth(1).and_then(|l| l.strip_prefix('l')).and_then(|l| l.parse().ok()).expect("trace names carry the layer");
-        p.record(layer, &r.u32s().collect::<Vec<_>>());
+        let ids: Vec<u32> = r.u32s().collect();
+        p.record(layer, &ids);
+        per_layer[layer].extend(ids);
     }
     p.save(&a.output)?;
-    eprintln!("wrote the routing profile of {} tokens to {}", prompt.len() + opts.max_tokens, a.output.display());
+    let tokens = per_layer[0].len() / k;
+    eprintln!("wrote the routing profile of {tokens} tokens to {}", a.output.display());
+    println!("layer  experts used  hottest expert's share  overlap of consecutive tokens");
+    let (mut used_sum, mut overlap_sum) = (0.0, 0.0);
+    for (l, ids) in per_layer.iter().enumerate() {
+        let mut counts = vec![0usize; n_expert];
+        for &e in ids {
+            counts[e as usize] += 1;
+        }
+        let used = counts.iter().filter(|&&c| c > 0).count();
+        let hottest = *counts.iter().max().unwrap_or(&0) as f64 / ids.len().max(1) as f64;
+        let rows: Vec<&[u32]> = ids.chunks_exact(k).collect();
+        let overlap = rows.windows(2).map(|w| w[1].iter().filter(|e| w[0].contains(e)).count() as f64 / k as f64).sum::<f64>() / rows.len().saturating_sub(1).max(1) as f64;
+        println!("{l:>5}  {used:>5} of {n_expert:<5}  {:>21.1}%  {overlap:>29.2}", hottest * 100.0);
+        (used_sum, overlap_sum) = (used_sum + used as f64, overlap_sum + overlap);
+    }
+    println!("mean   {:>5.1} of {n_expert:<5}  {:>22}  {:>29.2} (independent uniform choice: {:.2})", used_sum / n_layer as f64, "", overlap_sum / n_layer as f64, k as f64 / n_expert as f64);
     Ok(())
 }
 
