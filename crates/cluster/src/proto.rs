@@ -33,10 +33,13 @@ pub struct Welcome {
     /// Kernels the node computes with (informational: every ISA gives the same bits).
     pub isa: String,
     pub threads: usize,
-    /// The layers and experts of each shard the node holds (inclusive ranges); `None`: the whole model.
+    /// The layers and experts of each shard the node holds; `None`: the whole model.
     #[serde(default)]
-    pub holds: Option<Vec<((usize, usize), (usize, usize))>>,
+    pub holds: Option<Vec<Held>>,
 }
+
+/// A rectangle of a model's experts: ((first layer, last layer), (first expert, last expert)), inclusive.
+pub type Held = ((usize, usize), (usize, usize));
 
 /// What a node checks a request against.
 #[derive(Clone, Copy)]
@@ -84,7 +87,9 @@ impl Compute {
         if n_experts > shape.n_expert {
             return Err(r.error(format!("{n_experts} experts of a layer of {}", shape.n_expert)));
         }
-        (self.ids.clear(), self.rows.clear(), self.starts.clear());
+        self.ids.clear();
+        self.rows.clear();
+        self.starts.clear();
         self.starts.push(0);
         for _ in 0..n_experts {
             let id = r.u32()?;

@@ -372,7 +372,9 @@ fn compute_here(local: &dyn Experts, job: &ExpertJob, which: &[usize], st: &mut 
         return Ok(());
     }
     let State { sub_ids, sub_rows, sub_starts, .. } = st;
-    (sub_ids.clear(), sub_rows.clear(), sub_starts.clear());
+    sub_ids.clear();
+    sub_rows.clear();
+    sub_starts.clear();
     sub_starts.push(0);
     for &i in which {
         sub_ids.push(job.ids[i]);

@@ -334,7 +334,7 @@ pub struct Shards(pub Vec<ShardExperts>);
 
 impl Shards {
     /// What each shard holds: (layers, experts) per shard.
-    pub fn holdings(&self) -> Vec<((usize, usize), (usize, usize))> {
+    pub fn holdings(&self) -> Vec<crate::proto::Held> {
         self.0.iter().map(|s| ((*s.spec.layers.start(), *s.spec.layers.end()), (*s.spec.experts.start(), *s.spec.experts.end()))).collect()
     }
 }

@@ -49,8 +49,7 @@ pub struct Join {
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Assignment {
     pub model: String,
-    /// (layers, experts), inclusive ranges.
-    pub shards: Vec<((usize, usize), (usize, usize))>,
+    pub shards: Vec<crate::proto::Held>,
 }
 
 struct Shared {
@@ -117,17 +116,15 @@ fn error(status: StatusCode, msg: impl Into<String>) -> Response {
     (status, msg.into()).into_response()
 }
 
-fn authorised(s: &Shared, headers: &HeaderMap) -> Result<(), Response> {
+/// The refusal of a request without the node token, if it has none.
+fn unauthorised(s: &Shared, headers: &HeaderMap) -> Option<Response> {
     let presented = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
-    if secrets_equal(presented.as_bytes(), &s.opts.token) {
-        Ok(())
-    } else {
-        Err(error(StatusCode::UNAUTHORIZED, "a valid node token is required (Authorization: Bearer TOKEN)"))
-    }
+    (!secrets_equal(presented.as_bytes(), &s.opts.token)).then(|| error(StatusCode::UNAUTHORIZED, "a valid node token is required (Authorization: Bearer TOKEN)"))
 }
 
-fn node_index(s: &Shared, node: &str) -> Result<usize, Response> {
-    s.opts.nodes.iter().position(|n| n == node).ok_or_else(|| error(StatusCode::FORBIDDEN, format!("node {node} is not one this backbone expects ({})", s.opts.nodes.join(", "))))
+/// The index of `node` in `--nodes`, or the refusal of a node this backbone does not expect.
+fn node_index(s: &Shared, node: &str) -> Result<usize, Box<Response>> {
+    s.opts.nodes.iter().position(|n| n == node).ok_or_else(|| Box::new(error(StatusCode::FORBIDDEN, format!("node {node} is not one this backbone expects ({})", s.opts.nodes.join(", ")))))
 }
 
 /// The shards of node `i` under `plan`: the rectangles covering what it serves.
@@ -137,7 +134,7 @@ fn assignment(s: &Shared, plan: &Plan, i: usize) -> Vec<SliceSpec> {
 
 async fn join(State(s): State<Arc<Shared>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
     // The token before anything else: an unauthorised peer learns nothing, not even how a join looks.
-    if let Err(r) = authorised(&s, &headers) {
+    if let Some(r) = unauthorised(&s, &headers) {
         return r;
     }
     let j: Join = match serde_json::from_slice(&body) {
@@ -146,7 +143,7 @@ async fn join(State(s): State<Arc<Shared>>, headers: HeaderMap, body: axum::body
     };
     let i = match node_index(&s, &j.node) {
         Ok(i) => i,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     {
         let mut budgets = s.budgets.lock().unwrap_or_else(|e| e.into_inner());
@@ -191,12 +188,12 @@ fn byte_range(headers: &HeaderMap, len: u64) -> Result<Option<(u64, u64)>> {
 }
 
 async fn slice(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Query<SliceQuery>) -> Response {
-    if let Err(r) = authorised(&s, &headers) {
+    if let Some(r) = unauthorised(&s, &headers) {
         return r;
     }
     let i = match node_index(&s, &q.node) {
         Ok(i) => i,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let Some(plan) = s.plan.borrow().clone() else { return error(StatusCode::CONFLICT, "no plan yet: join first") };
     let spec = match (parse_range(&q.layers), parse_range(&q.experts)) {

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use titan_engine::experts::{ExpertScratch, Experts};
 use titan_net::{read_frame, secrets_equal, write_frame, FrameError, Kind};
 
-use crate::proto::{start_output, write_output, Compute, Hello, Shape, Welcome};
+use crate::proto::{start_output, write_output, Compute, Held, Hello, Shape, Welcome};
 
 pub struct WorkerOptions {
     pub listen: String,
@@ -59,7 +59,7 @@ pub struct NodeModel {
     pub n_embd: usize,
     pub experts: Box<dyn Experts>,
     /// The shards' layers and experts, when the node holds shards.
-    pub holds: Option<Vec<((usize, usize), (usize, usize))>>,
+    pub holds: Option<Vec<Held>>,
 }
 
 /// Listens on `opts.listen` and serves backbones until the process ends; `ready` is told the bound

@@ -190,7 +190,7 @@ mod tests {
         let mut s = 0x9e3779b97f4a7c15u64;
         for _ in 0..2000 {
             let mut b: Vec<u8> = (0..64).map(|_| { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s as u8 }).collect();
-            if s % 2 == 0 {
+            if s.is_multiple_of(2) {
                 b[..4].copy_from_slice(&MAGIC);
                 b[4] = VERSION;
             }
