@@ -36,6 +36,12 @@ pub struct ClusterArgs {
     /// Milliseconds a node may take to answer one layer before it is marked down.
     #[arg(long = "node-timeout", default_value_t = 10_000)]
     pub node_timeout_ms: u64,
+    /// A routing profile (`titan profile`): its hottest experts of each layer get a second node.
+    #[arg(long = "replicate-hot")]
+    pub replicate_hot: Option<PathBuf>,
+    /// With --replicate-hot: the share of each layer's experts to replicate, hottest first.
+    #[arg(long = "hot-share", default_value_t = 0.125)]
+    pub hot_share: f64,
     /// Serve the nodes their shards at this address (`titan worker --backbone http://ADDR`): wait for every
     /// node of --nodes to join, plan from their budgets, and let each download only its experts.
     #[arg(long = "serve-slices")]
@@ -46,6 +52,24 @@ pub struct ClusterArgs {
 }
 
 impl ClusterArgs {
+    /// The hottest `--hot-share` of each layer's experts in the `--replicate-hot` profile.
+    fn hot_experts(&self, model: &Model) -> Result<Vec<(usize, usize)>> {
+        let Some(path) = &self.replicate_hot else { return Ok(Vec::new()) };
+        let profile = titan_store::Profile::load(path)?;
+        let (n_layer, n_expert) = (model.config.n_layer, model.config.n_expert);
+        if profile.counts.len() != n_layer || profile.counts.iter().any(|r| r.len() != n_expert) {
+            bail!("{}: a profile of another model ({} layers; this one has {n_layer} of {n_expert} experts)", path.display(), profile.counts.len());
+        }
+        let per_layer = ((n_expert as f64 * self.hot_share.clamp(0.0, 1.0)).ceil() as usize).min(n_expert);
+        let mut hot = Vec::new();
+        for (l, counts) in profile.counts.iter().enumerate() {
+            let mut order: Vec<usize> = (0..n_expert).filter(|&e| counts[e] > 0).collect();
+            order.sort_by(|&a, &b| counts[b].cmp(&counts[a]).then(a.cmp(&b)));
+            hot.extend(order.into_iter().take(per_layer).map(|e| (l, e)));
+        }
+        Ok(hot)
+    }
+
     fn node_list(&self) -> Result<Vec<String>> {
         let Some(path) = &self.cluster else { return Ok(self.nodes.clone()) };
         let text = std::fs::read_to_string(path).with_context(|| format!("reading the cluster file {}", path.display()))?;
@@ -67,6 +91,7 @@ impl ClusterArgs {
             replicas: self.replicas,
             timeout: Duration::from_millis(self.node_timeout_ms.max(1)),
             model: model_identity(&model.weights.file),
+            hot: self.hot_experts(model)?,
         };
         let (placement, replicas) = (opts.placement, opts.replicas);
         let slices = match &self.serve_slices {
@@ -74,7 +99,7 @@ impl ClusterArgs {
             Some(listen) => {
                 let server = SliceServer::start(
                     Arc::new(GgufFile::open(model.weights.file.path())?),
-                    SliceServerOptions { listen: listen.clone(), token: opts.token.clone(), nodes: opts.nodes.clone(), placement, replicas },
+                    SliceServerOptions { listen: listen.clone(), token: opts.token.clone(), nodes: opts.nodes.clone(), placement, replicas, hot: opts.hot.clone() },
                 )?;
                 eprintln!("serving slices on http://{}; waiting for {} nodes to join", server.addr, opts.nodes.len());
                 server.wait_for_plan(Duration::from_secs(self.join_timeout_s))?;

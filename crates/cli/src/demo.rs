@@ -124,6 +124,7 @@ pub fn demo(a: DemoArgs) -> Result<()> {
         replicas: 1,
         timeout: Duration::from_secs(10),
         model: model_identity(&model.weights.file),
+        hot: Vec::new(),
     };
     let local = std::mem::replace(&mut model.experts, Box::new(ExpertSource::Resident(model.weights.clone())));
     let cluster = Arc::new(Cluster::connect(local, model.config.n_layer, model.config.n_expert, opts)?);

@@ -116,11 +116,20 @@ fn any_node_count_and_placement_gives_the_single_node_trace() {
         trace(&m, &single, &[]);
         let workers: Vec<Worker> = (0..4).map(|i| Worker::start(&m, dir.path(), &format!("w{i}"), "127.0.0.1:0")).collect();
         let token = token_file(dir.path());
+        // A routing profile, for the placement that gives the hottest experts a second node.
+        let profile = dir.path().join("profile.json");
+        let o = titan().args(["profile", "-p", "Hello world, this is a longer text to route", "-n", "8", "--temp", "0", "-m"]).arg(&m).arg("-o").arg(&profile).output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
         for n in 1..=4 {
             let nodes = workers[..n].iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
             let replicas = n.min(2).to_string();
-            for placement in [["--placement", "contiguous", "--replicas", "1"], ["--placement", "interleaved", "--replicas", replicas.as_str()]] {
-                let out = dir.path().join(format!("n{n}-{}.trace", placement[1]));
+            let placements = [
+                ["--placement", "contiguous", "--replicas", "1"],
+                ["--placement", "interleaved", "--replicas", replicas.as_str()],
+                ["--placement", "contiguous", "--replicate-hot", profile.to_str().unwrap()],
+            ];
+            for (p, placement) in placements.into_iter().enumerate() {
+                let out = dir.path().join(format!("n{n}-{p}.trace"));
                 let mut args = vec!["--nodes", nodes.as_str(), "--token-file", token.to_str().unwrap()];
                 args.extend(placement);
                 let o = trace(&m, &out, &args);

@@ -83,6 +83,21 @@ impl Plan {
         Plan { n_layer, n_expert, owners }
     }
 
+    /// Gives each of `hot` (layer, expert) a second copy, on the next node after its primary: the experts a
+    /// routing profile shows busiest stay served when one node dies, and their load can be shared.
+    pub fn replicate(&mut self, hot: &[(usize, usize)], n_nodes: usize) {
+        for &(l, e) in hot {
+            if l >= self.n_layer || e >= self.n_expert {
+                continue;
+            }
+            let owners = &mut self.owners[l * self.n_expert + e];
+            let Some(&primary) = owners.first() else { continue };
+            if let Some(next) = (1..n_nodes).map(|d| (primary + d) % n_nodes).find(|n| !owners.contains(n)) {
+                owners.push(next);
+            }
+        }
+    }
+
     /// The nodes holding `expert` of `layer`, primary first.
     pub fn owners(&self, layer: usize, expert: usize) -> &[usize] {
         &self.owners[layer * self.n_expert + expert]
@@ -152,6 +167,18 @@ mod tests {
         assert_eq!(p.owners(0, 3), [1, 0]);
         assert!(p.describe(&["a".into(), "b".into()]).contains("experts 0-4 of each of 1 layers"));
         assert!(Plan::new(1, 5, &[1, 1], Placement::Interleaved, 3).is_err());
+    }
+
+    #[test]
+    fn hot_experts_get_a_second_node() {
+        let mut p = Plan::new(2, 4, &[1, 1, 1], Placement::Contiguous, 1).unwrap();
+        p.replicate(&[(0, 0), (1, 3), (1, 9)], 3);
+        assert_eq!(p.owners(0, 0), [0, 1]);
+        assert_eq!(p.owners(1, 3), [2, 0]);
+        assert_eq!(p.owners(0, 3), [2]);
+        let mut one = Plan::new(1, 2, &[1], Placement::Contiguous, 1).unwrap();
+        one.replicate(&[(0, 0)], 1);
+        assert_eq!(one.owners(0, 0), [0], "no second node to copy to");
     }
 
     #[test]

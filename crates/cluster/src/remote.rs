@@ -27,6 +27,8 @@ pub struct ClusterOptions {
     pub timeout: Duration,
     /// The model identity the nodes must hold (`model_identity`).
     pub model: String,
+    /// (layer, expert)s to give a second node (the hottest of a routing profile).
+    pub hot: Vec<(usize, usize)>,
 }
 
 /// A down node is tried again at the first MoE layer of a step, at most this often.
@@ -122,7 +124,10 @@ impl Cluster {
             (Plan::from_holdings(n_layer, n_expert, &holdings), "each node serves the experts of its shard".to_string())
         } else {
             let copies = if opts.replicas == 1 { "1 copy".into() } else { format!("{} copies", opts.replicas) };
-            (Plan::new(n_layer, n_expert, &budgets, opts.placement, opts.replicas)?, format!("{:?} placement, {copies} of each expert", opts.placement).to_lowercase())
+            let mut plan = Plan::new(n_layer, n_expert, &budgets, opts.placement, opts.replicas)?;
+            plan.replicate(&opts.hot, budgets.len());
+            let hot = if opts.hot.is_empty() { String::new() } else { format!(", {} hot layer-experts on a second node", opts.hot.len()) };
+            (plan, format!("{:?} placement, {copies} of each expert{hot}", opts.placement).to_lowercase())
         };
         let state = State { nodes, next_id: 1, local: Vec::new(), sub_ids: Vec::new(), sub_rows: Vec::new(), sub_starts: Vec::new(), body: Vec::new(), frame: Vec::new(), floats: Vec::new(), row_map: Vec::new() };
         Ok(Cluster { local, plan, plan_kind, names: opts.nodes.clone(), opts, state: Mutex::new(state), slices: None })
@@ -142,6 +147,22 @@ impl Cluster {
     pub fn metrics(&self) -> Vec<(String, NodeMetrics)> {
         let st = self.lock();
         self.names.iter().cloned().zip(st.nodes.iter().map(|n| n.metrics.clone())).collect()
+    }
+
+    /// Each live node's own counters (`WorkerMetrics`, over every backbone it serves), asked for now.
+    pub fn node_metrics(&self) -> Vec<Option<serde_json::Value>> {
+        let mut st = self.lock();
+        let State { nodes, next_id, body, frame, .. } = &mut *st;
+        nodes
+            .iter_mut()
+            .map(|n| {
+                let conn = n.conn.as_mut()?;
+                *next_id += 1;
+                write_frame(&mut conn.w, Kind::MetricsRequest, *next_id, &[], frame).ok()?;
+                let h = read_frame(&mut conn.r, 1 << 20, body).ok()?;
+                (h.kind == Kind::Metrics && h.id == *next_id).then(|| serde_json::from_slice(body).ok()).flatten()
+            })
+            .collect()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -258,13 +279,18 @@ impl Experts for Cluster {
 
     fn report(&self) -> Option<String> {
         let mut out = String::from("cluster (per node: layer exchanges, experts and rows computed, bytes, ms per exchange against an empty round trip, failovers):\n");
-        for (name, m) in self.metrics() {
+        for ((name, m), node) in self.metrics().into_iter().zip(self.node_metrics()) {
             let per = m.exchange_ns as f64 / 1e6 / m.round_trips.max(1) as f64;
             let (ping, wait) = (m.ping_ns as f64 / 1e6, m.wait_ns as f64 / 1e6 / m.round_trips.max(1) as f64);
             out += &format!(
                 "  {name}: {} round trips, {} experts, {} rows, {} B out, {} B in, {per:.3} ms per exchange (ping {ping:.3} ms, waited {wait:.3} ms), {} failovers\n",
                 m.round_trips, m.experts, m.rows, m.bytes_out, m.bytes_in, m.failovers
             );
+            let seen = node.map_or("down".to_string(), |j| {
+                let ms = j["compute_ns"].as_u64().unwrap_or(0) as f64 / 1e6;
+                format!("{} requests, {} experts, {} rows, {ms:.1} ms computing, {} connections", j["requests"], j["experts"], j["rows"], j["connections"])
+            });
+            out += &format!("    as the node counts it, since it started: {seen}\n");
         }
         Some(out)
     }

@@ -37,6 +37,8 @@ pub struct SliceServerOptions {
     pub nodes: Vec<String>,
     pub placement: Placement,
     pub replicas: usize,
+    /// (layer, expert)s given a second node, as the backbone's plan does.
+    pub hot: Vec<(usize, usize)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -151,7 +153,8 @@ async fn join(State(s): State<Arc<Shared>>, headers: HeaderMap, body: axum::body
         if s.plan.borrow().is_none() && budgets.iter().all(Option::is_some) {
             let b: Vec<u64> = budgets.iter().map(|b| b.unwrap_or(0)).collect();
             match Plan::new(s.n_layer, s.n_expert, &b, s.opts.placement, s.opts.replicas) {
-                Ok(p) => {
+                Ok(mut p) => {
+                    p.replicate(&s.opts.hot, b.len());
                     let _ = s.plan.send(Some(Arc::new(p)));
                 }
                 Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
