@@ -560,3 +560,39 @@ fn shards_of_real_dimensions_give_the_single_node_trace() {
     trace(&m, &out, &["--nodes", &nodes, "--token-file", token_file(dir.path()).to_str().unwrap()]);
     assert!(trace_diff(&single, &out).starts_with("IDENTICAL"), "{}", trace_diff(&single, &out));
 }
+
+/// A worker that streams its experts from an expert store through a small budget, and a backbone whose own
+/// fallback streams too, give the single-node trace.
+#[test]
+fn streaming_workers_and_backbone_give_the_single_node_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("qwen3moe-k/q4_k_m.gguf");
+    let store = dir.path().join("store");
+    let o = titan().arg("convert").arg(&m).arg("-o").arg(&store).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let single = dir.path().join("single.trace");
+    trace(&m, &single, &[]);
+    let token = token_file(dir.path());
+    let log = dir.path().join("w.log");
+    let mut child = titan()
+        .args(["worker", "--listen", "127.0.0.1:0", "--threads", "1", "--expert-budget", "1", "--token-file"])
+        .arg(&token)
+        .arg("-m")
+        .arg(&m)
+        .arg("--store")
+        .arg(&store)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let w = Worker { child, addr: line.trim().trim_start_matches("listening on ").to_string(), log };
+    let out = dir.path().join("cluster.trace");
+    let args = ["--nodes", &w.addr, "--token-file", token.to_str().unwrap(), "--store", store.to_str().unwrap(), "--expert-budget", "1"];
+    let o = trace(&m, &out, &args);
+    assert!(stderr(&o).contains("cluster plan"), "{}", stderr(&o));
+    assert!(trace_diff(&single, &out).starts_with("IDENTICAL"), "{}", trace_diff(&single, &out));
+    assert!(w.log_with("requests)").contains("requests)"), "{}", w.log());
+    assert!(requests_served(&w.log()) > 0, "{}", w.log());
+}
