@@ -596,3 +596,39 @@ fn streaming_workers_and_backbone_give_the_single_node_trace() {
     assert!(w.log_with("requests)").contains("requests)"), "{}", w.log());
     assert!(requests_served(&w.log()) > 0, "{}", w.log());
 }
+
+/// A worker that hangs (SIGSTOP: its socket stays open, nothing answers) misses the deadline, is marked down
+/// and computed around; the text stays the single node's, and the run does not stall on it.
+#[test]
+fn a_hung_worker_misses_the_deadline_and_changes_no_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("qwen3moe/q8_0.gguf");
+    let args = ["run", "-p", "Hello", "-n", "3000", "-c", "4096", "--temp", "0", "--threads", "1"];
+    let single = titan().args(args).arg("-m").arg(&m).output().unwrap();
+    assert!(single.status.success(), "{}", stderr(&single));
+    let workers: Vec<Worker> = (0..2).map(|i| Worker::start(&m, dir.path(), &format!("w{i}"), "127.0.0.1:0")).collect();
+    let nodes = workers.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
+    let token = token_file(dir.path());
+    let start = Instant::now();
+    let mut run = titan()
+        .args(args)
+        .arg("-m")
+        .arg(&m)
+        .args(["--nodes", &nodes, "--token-file", token.to_str().unwrap(), "--node-timeout", "300"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = run.stdout.take().unwrap();
+    let mut text = read_at_least(&mut stdout, 64);
+    unsafe { libc::kill(workers[1].child.id() as i32, libc::SIGSTOP) };
+    stdout.read_to_end(&mut text).unwrap();
+    let o = run.wait_with_output().unwrap();
+    let took = start.elapsed();
+    unsafe { libc::kill(workers[1].child.id() as i32, libc::SIGCONT) };
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&text), String::from_utf8_lossy(&single.stdout), "the text differs after a node hung");
+    assert!(err.contains(&format!("node 1 ({}) is down", workers[1].addr)) && err.contains("no answer within the deadline"), "{err}");
+    assert!(took < Duration::from_secs(60), "the run took {took:?}: the hung node stalled it");
+}

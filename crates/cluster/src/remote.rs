@@ -4,7 +4,8 @@
 
 use std::io::{BufReader, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -16,6 +17,7 @@ use crate::plan::{Placement, Plan};
 use crate::proto::{decode_output, encode_compute, Hello, Welcome};
 use crate::slice::SliceSpec;
 
+#[derive(Clone)]
 pub struct ClusterOptions {
     /// HOST:PORT of each node.
     pub nodes: Vec<String>,
@@ -31,7 +33,8 @@ pub struct ClusterOptions {
     pub hot: Vec<(usize, usize)>,
 }
 
-/// A down node is tried again at the first MoE layer of a step, at most this often.
+/// A down node is dialled again this often, off the generation's path; a node that answers is used again
+/// from the next step.
 const RETRY_EVERY: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -41,17 +44,26 @@ pub struct Cluster {
     /// How the plan was made, for the user.
     plan_kind: String,
     names: Vec<String>,
-    opts: ClusterOptions,
+    opts: Arc<ClusterOptions>,
     state: Mutex<State>,
+    redial: Arc<Redial>,
     /// The slice endpoint nodes fetch their shards from, kept serving while the cluster runs.
     slices: Option<crate::slice_http::SliceServer>,
+}
+
+/// Down nodes being dialled again, on threads of their own (a hung node must not stall the generation).
+struct Redial {
+    /// A node's new connection, once it answered, until the next step takes it.
+    revived: Mutex<Vec<Option<Conn>>>,
+    /// Whether a thread is dialling the node.
+    dialing: Vec<AtomicBool>,
+    /// Set when the cluster is dropped: the threads stop.
+    closing: AtomicBool,
 }
 
 /// One node's connection and counters.
 struct Node {
     conn: Option<Conn>,
-    /// When a down node may be tried again.
-    retry_at: Instant,
     metrics: NodeMetrics,
     /// This layer's experts for the node: indices into the job's ids.
     assigned: Vec<usize>,
@@ -117,7 +129,7 @@ impl Cluster {
             budgets.push(welcome.budget);
             holdings.push(welcome.holds.map(|h| h.into_iter().map(|((l0, l1), (e0, e1))| SliceSpec { layers: l0..=l1, experts: e0..=e1 }).collect()));
             let ping_ns = ping(&mut conn, 21).with_context(|| format!("node {addr}: ping"))?;
-            nodes.push(Node { conn: Some(conn), retry_at: Instant::now(), metrics: NodeMetrics { ping_ns, ..Default::default() }, assigned: Vec::new(), rows: Vec::new(), local_rows: Vec::new(), pending: None });
+            nodes.push(Node { conn: Some(conn), metrics: NodeMetrics { ping_ns, ..Default::default() }, assigned: Vec::new(), rows: Vec::new(), local_rows: Vec::new(), pending: None });
         }
         let (plan, plan_kind) = if holdings.iter().any(Option::is_some) {
             // Shards decide: each node computes what it holds.
@@ -130,7 +142,12 @@ impl Cluster {
             (plan, format!("{:?} placement, {copies} of each expert{hot}", opts.placement).to_lowercase())
         };
         let state = State { nodes, next_id: 1, local: Vec::new(), sub_ids: Vec::new(), sub_rows: Vec::new(), sub_starts: Vec::new(), body: Vec::new(), frame: Vec::new(), floats: Vec::new(), row_map: Vec::new() };
-        Ok(Cluster { local, plan, plan_kind, names: opts.nodes.clone(), opts, state: Mutex::new(state), slices: None })
+        let redial = Arc::new(Redial {
+            revived: Mutex::new((0..opts.nodes.len()).map(|_| None).collect()),
+            dialing: (0..opts.nodes.len()).map(|_| AtomicBool::new(false)).collect(),
+            closing: AtomicBool::new(false),
+        });
+        Ok(Cluster { local, plan, plan_kind, names: opts.nodes.clone(), opts: Arc::new(opts), state: Mutex::new(state), redial, slices: None })
     }
 
     /// Keeps `server` running for as long as the cluster.
@@ -297,31 +314,45 @@ impl Experts for Cluster {
 }
 
 impl Cluster {
-    /// Marks node `n` down (its connection dropped) and says why, once.
+    /// Marks node `n` down (its connection dropped), says why, and starts dialling it again.
     fn down(&self, st: &mut State, n: usize, why: &str) {
         let node = &mut st.nodes[n];
         if node.conn.take().is_some() {
             node.metrics.downs += 1;
             eprintln!("cluster: node {} ({}) is down, its experts are computed elsewhere: {why}", n, self.names[n]);
         }
-        node.retry_at = Instant::now() + RETRY_EVERY;
+        if self.redial.dialing[n].swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (redial, opts, addr) = (self.redial.clone(), self.opts.clone(), self.names[n].clone());
+        std::thread::spawn(move || loop {
+            std::thread::sleep(RETRY_EVERY);
+            if redial.closing.load(Ordering::SeqCst) {
+                return;
+            }
+            if let Ok((conn, _)) = handshake(&addr, &opts) {
+                redial.revived.lock().unwrap_or_else(|e| e.into_inner())[n] = Some(conn);
+                return;
+            }
+        });
     }
 
-    /// Tries the down nodes whose retry time has come; one that answers is used again from this layer.
+    /// Takes back the down nodes that answered again; they are used from this layer on.
     fn revive(&self, st: &mut State) {
-        let now = Instant::now();
+        let mut revived = self.redial.revived.lock().unwrap_or_else(|e| e.into_inner());
         for (n, node) in st.nodes.iter_mut().enumerate() {
-            if node.conn.is_some() || node.retry_at > now {
-                continue;
-            }
-            match handshake(&self.names[n], &self.opts) {
-                Ok((conn, _)) => {
-                    eprintln!("cluster: node {n} ({}) is back", self.names[n]);
-                    node.conn = Some(conn);
-                }
-                Err(_) => node.retry_at = now + RETRY_EVERY,
+            if let Some(conn) = revived[n].take() {
+                eprintln!("cluster: node {n} ({}) is back", self.names[n]);
+                node.conn = Some(conn);
+                self.redial.dialing[n].store(false, Ordering::SeqCst);
             }
         }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.redial.closing.store(true, Ordering::SeqCst);
     }
 }
 
