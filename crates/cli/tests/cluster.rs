@@ -37,10 +37,7 @@ impl Worker {
 
     /// A worker serving `what` (`-m` a model, or `--shard` a shard).
     fn start_with(flag: &str, what: &Path, dir: &Path, name: &str, listen: &str) -> Worker {
-        let token = dir.join("node.token");
-        if !token.exists() {
-            std::fs::write(&token, TOKEN).unwrap();
-        }
+        let token = token_file(dir);
         let log = dir.join(format!("{name}.log"));
         let mut child = titan()
             .args(["worker", "--listen", listen, "--threads", "1", "--max-frame", "1048576", "--token-file"])
@@ -82,9 +79,14 @@ impl Drop for Worker {
     }
 }
 
+/// The node token file in `dir`, written once (atomically: a process may be reading it).
 fn token_file(dir: &Path) -> PathBuf {
     let p = dir.join("node.token");
-    std::fs::write(&p, TOKEN).unwrap();
+    if !p.exists() {
+        let tmp = dir.join("node.token.tmp");
+        std::fs::write(&tmp, TOKEN).unwrap();
+        std::fs::rename(&tmp, &p).unwrap();
+    }
     p
 }
 
@@ -389,11 +391,17 @@ fn fetching_workers(backbone: &str, caches: &[PathBuf], addrs: &[String], dir: &
     started
 }
 
-/// Waits until each worker says it is listening.
+/// Waits until each worker says it is listening (60 s at most: a worker whose peers never join would wait).
 fn wait_listening(workers: &mut [Worker]) {
     for w in workers {
-        let mut line = String::new();
-        BufReader::new(w.child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let stdout = w.child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_default();
         assert!(line.starts_with("listening on"), "worker said {line:?}: {}", w.log());
     }
 }
@@ -421,10 +429,24 @@ fn trace_serving_slices(m: &Path, out: &Path, nodes: &[String], slices: &str, di
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Killed if the workers fail to start, rather than left waiting for them to join.
+    let mut backbone = Backbone(Some(backbone));
     let workers = start_workers();
-    let o = backbone.wait_with_output().unwrap();
+    let o = backbone.0.take().unwrap().wait_with_output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     (o, workers)
+}
+
+/// A backbone process, killed when dropped unless it was waited for.
+struct Backbone(Option<Child>);
+
+impl Drop for Backbone {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 #[test]

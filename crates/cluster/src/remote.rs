@@ -228,7 +228,7 @@ fn ping(conn: &mut Conn, n: usize) -> Result<u64> {
 }
 
 impl Experts for Cluster {
-    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
+    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<(), EngineError>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
         let mut guard = self.lock();
         let st = &mut *guard;
         if job.layer == 0 {
@@ -259,7 +259,8 @@ impl Experts for Cluster {
             }
         }
 
-        // The backbone's own share while the nodes work.
+        // The caller's own work (the shared expert) and the backbone's share, while the nodes work.
+        meanwhile()?;
         let local = std::mem::take(&mut st.local);
         let r = compute_here(&*self.local, job, &local, st, s, deliver);
         st.local = local;
@@ -439,5 +440,5 @@ fn compute_here(local: &dyn Experts, job: &ExpertJob, which: &[usize], st: &mut 
         sub_starts.push(sub_rows.len());
     }
     let sub = ExpertJob { layer: job.layer, input: job.input, ids: sub_ids, rows: sub_rows, starts: sub_starts };
-    local.apply(&sub, s, &mut |j, y| deliver(which[j], y))
+    local.apply(&sub, s, &mut || Ok(()), &mut |j, y| deliver(which[j], y))
 }

@@ -340,7 +340,8 @@ impl Shards {
 }
 
 impl Experts for Shards {
-    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
+    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<(), EngineError>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
+        meanwhile()?;
         let mut batch = Vec::with_capacity(job.ids.len());
         for &e in job.ids {
             let w = self.0.iter().find_map(|sh| sh.weights(job.layer, e as usize));

@@ -186,7 +186,7 @@ impl Node {
         let d = self.model.n_embd;
         let job = req.job();
         start_output(out, job.ids.len(), d, job.rows.len());
-        self.model.experts.apply(&job, scratch, &mut |i, y| write_output(out, d, job.starts[i], y))?;
+        self.model.experts.apply(&job, scratch, &mut || Ok(()), &mut |i, y| write_output(out, d, job.starts[i], y))?;
         self.metrics.requests.fetch_add(1, Relaxed);
         self.metrics.experts.fetch_add(job.ids.len() as u64, Relaxed);
         self.metrics.rows.fetch_add(job.rows.len() as u64, Relaxed);

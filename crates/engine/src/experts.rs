@@ -40,7 +40,9 @@ impl ExpertJob<'_> {
 pub trait Experts: Send + Sync {
     /// Compute every expert of `job` and hand its output to `deliver(i, y)` — `y` holding one
     /// `n_embd`-long row per row of `job.rows_of(i)`, in that order — once per expert, in any order.
-    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()>;
+    /// `meanwhile` is the caller's own work for this layer (the shared expert), called exactly once, at the
+    /// point where it overlaps best: while other machines compute, for a remote source.
+    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<()>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()>;
 
     /// The expert cache, when experts stream from a store on this machine.
     fn cache(&self) -> Option<&ExpertCache> {
@@ -56,8 +58,8 @@ pub trait Experts: Send + Sync {
 
 /// A shared source (the CLI keeps a handle on a cluster to read its counters).
 impl<T: Experts + ?Sized> Experts for std::sync::Arc<T> {
-    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
-        (**self).apply(job, s, deliver)
+    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<()>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+        (**self).apply(job, s, meanwhile, deliver)
     }
 
     fn cache(&self) -> Option<&ExpertCache> {
@@ -98,7 +100,8 @@ pub struct ExpertWeights<'a> {
 }
 
 impl Experts for ExpertSource {
-    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<()>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+        meanwhile()?;
         let ExpertScratch { acts, views, ffn } = s;
         self.for_each_batch(job.layer, job.ids, views, |first, batch| compute_batch(job, first, batch, acts, ffn, deliver))
     }
@@ -178,6 +181,13 @@ impl ExpertSource {
                 failed.map_or(Ok(()), Err)
             }
         }
+    }
+}
+
+impl FfnScratch {
+    /// Output `i` of the last [`swiglu_many`].
+    pub fn output(&self, i: usize) -> &[f32] {
+        &self.out[i]
     }
 }
 

@@ -56,8 +56,9 @@ pub struct MoeScratch {
     runs: Vec<usize>,
     /// The row of each slot of `by_expert`.
     rows: Vec<usize>,
-    /// The layer's input, quantised once (and again for the shared expert).
+    /// The layer's input, quantised once for the experts, and apart for the shared expert.
     input: Activations,
+    shared_input: Activations,
     /// contributions[slot] = the expert's output for (row, slot).
     contributions: Vec<f32>,
     experts: ExpertScratch,
@@ -79,7 +80,7 @@ impl MoeScratch {
 pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x: &[f32], routing: &Routing, s: &mut MoeScratch) -> Result<usize> {
     let (d, k) = (c.n_embd, routing.k);
     let rows = x.len() / d;
-    let MoeScratch { by_expert, ids, runs, rows: slot_rows, input, contributions, experts: scratch, ffn, out } = s;
+    let MoeScratch { by_expert, ids, runs, rows: slot_rows, input, shared_input, contributions, experts: scratch, ffn, out } = s;
 
     // Group rows by expert so each expert's weights are read once per batch. (An unstable sort on a
     // unique key: sorts in place, and the order is still fully determined.)
@@ -103,7 +104,10 @@ pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x
 
     contributions.resize(rows * k * d, 0.0);
     let job = ExpertJob { layer, input, ids, rows: slot_rows, starts: runs };
-    experts.apply(&job, scratch, &mut |i, y| {
+    let shared = w.layers[layer].shared.as_ref();
+    // The shared expert runs while the routed experts are computed (elsewhere, when they are remote).
+    let mut shared_ffn = || shared.map_or(Ok(()), |sh| shared_expert(w, sh, x, d, shared_input, ffn));
+    experts.apply(&job, scratch, &mut shared_ffn, &mut |i, y| {
         for (yi, &slot) in y.chunks_exact(d).zip(&by_expert[runs[i]..runs[i + 1]]) {
             contributions[slot * d..(slot + 1) * d].copy_from_slice(yi);
         }
@@ -124,23 +128,24 @@ pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x
         }
     }
 
-    if let Some(sh) = &w.layers[layer].shared {
-        shared_expert(w, sh, x, d, input, ffn, out)?;
+    // Qwen2-MoE's shared expert, added after the combine: out += sigmoid(x · gate_inp) · ffn(x).
+    if let Some(sh) = shared {
+        let y = ffn.output(0);
+        for ((xr, yr), or) in x.chunks_exact(d).zip(y.chunks_exact(d)).zip(out.chunks_exact_mut(d)) {
+            let g = sigmoid(dot(xr, &sh.gate_inp));
+            for (o, &v) in or.iter_mut().zip(yr) {
+                *o += v * g;
+            }
+        }
     }
     Ok(ids.len())
 }
 
-/// Qwen2-MoE's shared expert: out += sigmoid(x · gate_inp) · ffn(x). `acts` receives x quantised for it.
-fn shared_expert(w: &Weights, sh: &SharedExpert, x: &[f32], d: usize, acts: &mut Activations, ffn: &mut FfnScratch, out: &mut [f32]) -> Result<()> {
+/// The shared expert's output for the rows of `x`, into `ffn` (output 0); `acts` receives x quantised for it.
+fn shared_expert(w: &Weights, sh: &SharedExpert, x: &[f32], d: usize, acts: &mut Activations, ffn: &mut FfnScratch) -> Result<()> {
     acts.quantize(sh.gate.ty.act_type(), x, x.len() / d, d)?;
     let weights = ExpertWeights { gate: w.view(&sh.gate), up: w.view(&sh.up), down: w.view(&sh.down) };
-    let y = &swiglu_many(&[weights], std::slice::from_ref(acts), ffn)?[0];
-    for ((xr, yr), or) in x.chunks_exact(d).zip(y.chunks_exact(d)).zip(out.chunks_exact_mut(d)) {
-        let g = sigmoid(dot(xr, &sh.gate_inp));
-        for (o, &v) in or.iter_mut().zip(yr) {
-            *o += v * g;
-        }
-    }
+    swiglu_many(&[weights], std::slice::from_ref(acts), ffn)?;
     Ok(())
 }
 
