@@ -164,26 +164,32 @@ fn read_at_least(out: &mut impl Read, n: usize) -> Vec<u8> {
     got
 }
 
-#[test]
-fn a_worker_killed_mid_generation_changes_no_byte_and_is_used_again_when_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = fixture("qwen3moe/q8_0.gguf");
-    let args = ["run", "-p", "Hello", "-n", "4000", "-c", "4096", "--temp", "0", "--threads", "1"];
-    let single = titan().args(args).arg("-m").arg(&m).output().unwrap();
+/// A long greedy generation: its text on this machine alone, and the same run started (streaming its output)
+/// as the backbone of `n` fresh workers, with `extra` options.
+fn long_run_on_workers(m: &Path, dir: &Path, n: usize, tokens: &str, extra: &[&str]) -> (Vec<u8>, Vec<Worker>, Child) {
+    let args = ["run", "-p", "Hello", "-n", tokens, "-c", "4096", "--temp", "0", "--threads", "1"];
+    let single = titan().args(args).arg("-m").arg(m).output().unwrap();
     assert!(single.status.success(), "{}", stderr(&single));
-
-    let mut workers: Vec<Worker> = (0..3).map(|i| Worker::start(&m, dir.path(), &format!("w{i}"), "127.0.0.1:0")).collect();
+    let workers: Vec<Worker> = (0..n).map(|i| Worker::start(m, dir, &format!("w{i}"), "127.0.0.1:0")).collect();
     let nodes = workers.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
-    let token = token_file(dir.path());
-    let mut run = titan()
+    let run = titan()
         .args(args)
         .arg("-m")
-        .arg(&m)
-        .args(["--nodes", &nodes, "--token-file", token.to_str().unwrap()])
+        .arg(m)
+        .args(["--nodes", &nodes, "--token-file", token_file(dir).to_str().unwrap()])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    (single.stdout, workers, run)
+}
+
+#[test]
+fn a_worker_killed_mid_generation_changes_no_byte_and_is_used_again_when_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("qwen3moe/q8_0.gguf");
+    let (single, mut workers, mut run) = long_run_on_workers(&m, dir.path(), 3, "4000", &[]);
     let mut stdout = run.stdout.take().unwrap();
     let mut text = read_at_least(&mut stdout, 64);
     // SIGKILL: no goodbye, the socket just dies.
@@ -196,7 +202,7 @@ fn a_worker_killed_mid_generation_changes_no_byte_and_is_used_again_when_back() 
     let o = run.wait_with_output().unwrap();
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
-    assert_eq!(String::from_utf8_lossy(&text), String::from_utf8_lossy(&single.stdout), "the cluster's text differs after a node died");
+    assert_eq!(String::from_utf8_lossy(&text), String::from_utf8_lossy(&single), "the cluster's text differs after a node died");
     assert!(err.contains(&format!("node 1 ({addr}) is down")), "{err}");
     assert!(err.contains(&format!("node 1 ({addr}) is back")), "{err}");
     let line = err.lines().find(|l| l.trim_start().starts_with(&addr)).unwrap_or_else(|| panic!("no report for {addr}: {err}"));
@@ -625,22 +631,8 @@ fn streaming_workers_and_backbone_give_the_single_node_trace() {
 fn a_hung_worker_misses_the_deadline_and_changes_no_byte() {
     let dir = tempfile::tempdir().unwrap();
     let m = fixture("qwen3moe/q8_0.gguf");
-    let args = ["run", "-p", "Hello", "-n", "3000", "-c", "4096", "--temp", "0", "--threads", "1"];
-    let single = titan().args(args).arg("-m").arg(&m).output().unwrap();
-    assert!(single.status.success(), "{}", stderr(&single));
-    let workers: Vec<Worker> = (0..2).map(|i| Worker::start(&m, dir.path(), &format!("w{i}"), "127.0.0.1:0")).collect();
-    let nodes = workers.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
-    let token = token_file(dir.path());
     let start = Instant::now();
-    let mut run = titan()
-        .args(args)
-        .arg("-m")
-        .arg(&m)
-        .args(["--nodes", &nodes, "--token-file", token.to_str().unwrap(), "--node-timeout", "300"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (single, workers, mut run) = long_run_on_workers(&m, dir.path(), 2, "3000", &["--node-timeout", "300"]);
     let mut stdout = run.stdout.take().unwrap();
     let mut text = read_at_least(&mut stdout, 64);
     unsafe { libc::kill(workers[1].child.id() as i32, libc::SIGSTOP) };
@@ -650,7 +642,7 @@ fn a_hung_worker_misses_the_deadline_and_changes_no_byte() {
     unsafe { libc::kill(workers[1].child.id() as i32, libc::SIGCONT) };
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
-    assert_eq!(String::from_utf8_lossy(&text), String::from_utf8_lossy(&single.stdout), "the text differs after a node hung");
+    assert_eq!(String::from_utf8_lossy(&text), String::from_utf8_lossy(&single), "the text differs after a node hung");
     assert!(err.contains(&format!("node 1 ({}) is down", workers[1].addr)) && err.contains("no answer within the deadline"), "{err}");
     assert!(took < Duration::from_secs(60), "the run took {took:?}: the hung node stalled it");
 }
