@@ -14,7 +14,7 @@ BIN="$(cd "$(dirname "$0")/.." && pwd)/build/llama.cpp/bin"
 
 cgroup() {
     local cg=/sys/fs/cgroup/memory/$1
-    mkdir -p "$cg" && echo "$LIMIT" > "$cg/memory.limit_in_bytes" && echo "$cg"
+    mkdir -p "$cg" && echo "$LIMIT" > "$cg/memory.limit_in_bytes" && echo 0 > "$cg/memory.max_usage_in_bytes" && echo "$cg"
 }
 in_cgroup() { local cg=$1; shift; sh -c "echo \$\$ > $cg/tasks && exec \"\$@\"" sh "$@"; }
 
@@ -24,7 +24,9 @@ addrs=()
 for i in $(seq 0 $((SERVERS - 1))); do
     port=$((50052 + i))
     cg=$(cgroup "llama-rpc$i")
-    in_cgroup "$cg" "$BIN/ggml-rpc-server" -H 127.0.0.1 -p "$port" -t 1 > "/tmp/llama-rpc$i.log" 2>&1 &
+    # exec all the way down, so that $! is the server itself and the trap below stops it.
+    (exec sh -c "echo \$\$ > $cg/tasks && exec \"\$@\"" sh "$BIN/ggml-rpc-server" -H 127.0.0.1 -p "$port" -t 1) \
+        > "/tmp/llama-rpc$i.log" 2>&1 &
     pids+=($!)
     addrs+=("127.0.0.1:$port")
 done
