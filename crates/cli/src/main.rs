@@ -142,10 +142,16 @@ struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    fn options(&self, model: &Model) -> GenerateOptions {
-        GenerateOptions {
+    /// The options for a prompt of `prompt_len` tokens, checked before anything is allocated: the sampler's
+    /// values, and a context within the model's and within memory (the KV cache is sized for what the
+    /// run can use: the prompt and `-n` tokens, at most the context).
+    fn options(&self, model: &Model, prompt_len: usize) -> Result<GenerateOptions> {
+        let n_ctx = self.ctx_size.unwrap_or(model.config.n_ctx_train.min(4096));
+        let used = n_ctx.min(prompt_len.saturating_add(self.n_predict));
+        model.check_context(n_ctx, u64::MAX).and_then(|()| model.check_context(used, store_args::mem_available().unwrap_or(u64::MAX))).context("--ctx-size")?;
+        let opts = GenerateOptions {
             max_tokens: self.n_predict,
-            n_ctx: self.ctx_size.unwrap_or(model.config.n_ctx_train.min(4096)),
+            n_ctx,
             sampler: SamplerOptions {
                 temperature: self.temperature,
                 top_k: self.top_k,
@@ -155,7 +161,9 @@ impl SamplingArgs {
                 seed: self.seed,
                 ..Default::default()
             },
-        }
+        };
+        opts.sampler.check().map_err(|e| anyhow::anyhow!("sampling: {e}"))?;
+        Ok(opts)
     }
 }
 
@@ -374,8 +382,10 @@ impl Command {
 /// Sizes rayon's global pool: `threads` workers, or one per core.
 fn start_pool(threads: Option<usize>) -> Result<()> {
     if let Some(n) = threads {
-        if n == 0 {
-            bail!("--threads must be at least 1");
+        // More threads than cores only adds contention; thousands take minutes just to start.
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        if n == 0 || n > 4 * cores {
+            bail!("--threads {n} is outside 1..={} (4 × the {cores} cores of this machine)", 4 * cores);
         }
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting up the thread pool")?;
     }
@@ -422,7 +432,7 @@ fn slice(a: SliceArgs) -> Result<()> {
 fn run(a: RunArgs) -> Result<()> {
     let model = load(&a.model)?;
     let prompt = model.tokenizer.encode(&a.prompt, true, true);
-    let opts = a.sampling.options(&model);
+    let opts = a.sampling.options(&model, prompt.len())?;
     let mut stdout = std::io::stdout().lock();
     let g = model.generate(&prompt, &opts, |text| {
         let _ = stdout.write_all(text.as_bytes());
@@ -462,6 +472,7 @@ fn run(a: RunArgs) -> Result<()> {
 fn logits(a: LogitsArgs) -> Result<()> {
     let model = load(&a.model)?;
     let tokens = a.prompt.tokens(&model)?;
+    model.check_context(tokens.len(), store_args::mem_available().unwrap_or(u64::MAX)).context("--tokens")?;
     let mut seq = model.new_sequence(tokens.len());
     let logits = model.forward(&tokens, 0, &mut seq, Outputs::All)?;
     let mut f = std::io::BufWriter::new(
@@ -479,6 +490,7 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     // As llama-perplexity: special tokens added as the vocabulary asks, control-token text kept as text.
     let tokens = model.tokenizer.encode(&text, true, false);
+    model.check_context(a.ctx_size, store_args::mem_available().unwrap_or(u64::MAX)).context("--ctx-size")?;
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(indicatif::ProgressStyle::with_template("perplexity [{bar:40}] chunk {pos}/{len} eta {eta} {msg}").expect("valid template").progress_chars("=> "));
     let t = std::time::Instant::now();
@@ -641,7 +653,7 @@ fn verify_store(a: VerifyArgs) -> Result<()> {
 fn profile(a: ProfileArgs) -> Result<()> {
     let model = load(&a.model)?;
     let prompt = a.prompt.tokens(&model)?;
-    let opts = a.sampling.options(&model);
+    let opts = a.sampling.options(&model, prompt.len())?;
     // The trace already records every routing decision; the profile counts them.
     let mut t = titan_engine::trace::Trace::default();
     model.generate_traced(&prompt, &opts, Some(&mut t), |_| {})?;
@@ -679,7 +691,7 @@ fn profile(a: ProfileArgs) -> Result<()> {
 fn trace(a: TraceArgs) -> Result<()> {
     let model = load(&a.model)?;
     let prompt = a.prompt.tokens(&model)?;
-    let opts = a.sampling.options(&model);
+    let opts = a.sampling.options(&model, prompt.len())?;
     let f = &model.weights.file;
     let header = f.bytes(0, f.data_offset as usize).expect("the header lies inside the file");
     let identity = serde_json::json!({

@@ -67,7 +67,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
 }
 
 /// Memory the kernel says is available for new allocations without swapping.
-fn mem_available() -> Option<u64> {
+pub fn mem_available() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
     Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)

@@ -382,3 +382,91 @@ fn the_demo_model_writes_english() {
     // llama.cpp's greedy continuation of this prompt starts so (models/demo/reference.json).
     assert!(text.starts_with(" you are a king, and all the world"), "{text}");
 }
+
+/// The fixture model rewritten with `edit` applied to its metadata (tensors copied as they are).
+fn with_metadata(dir: &Path, name: &str, edit: impl FnOnce(&mut Vec<(String, Value)>)) -> PathBuf {
+    let src = titan_gguf::GgufFile::open(fixture(MODEL)).unwrap();
+    let mut meta = src.metadata.clone();
+    edit(&mut meta);
+    let mut w = GgufWriter::new();
+    for (k, v) in meta {
+        w.set(&k, v);
+    }
+    for t in &src.tensors {
+        w.add_tensor(&t.name, &t.dims, t.ty).unwrap();
+    }
+    let data: Vec<&[u8]> = src.tensors.iter().map(|t| src.tensor_data(t)).collect();
+    let mut b = Vec::new();
+    w.write_all(&data, &mut b).unwrap();
+    write(dir, name, &b)
+}
+
+fn set(meta: &mut [(String, Value)], key: &str, value: Value) {
+    meta.iter_mut().find(|(k, _)| k == key).unwrap_or_else(|| panic!("the fixture has {key}")).1 = value;
+}
+
+/// A block count the tensors do not back (4294967295 once asked for 2.4 TB and aborted) is refused before
+/// anything is sized by it.
+#[test]
+fn a_block_count_the_tensors_do_not_back_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for n in [u32::MAX, 1 << 26, 3, 1] {
+        let p = with_metadata(dir.path(), "blocks.gguf", |m| set(m, "qwen3moe.block_count", Value::U32(n)));
+        let want = format!("qwen3moe.block_count is {n}, but the file holds tensors for 2 blocks");
+        assert_clean_error(&titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]), &p, &want);
+    }
+}
+
+#[test]
+fn non_finite_or_out_of_range_hyper_parameters_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("qwen3moe.attention.layer_norm_rms_epsilon", f32::NAN, "is NaN; it must be a finite number between 0 and 1"),
+        ("qwen3moe.attention.layer_norm_rms_epsilon", -1e-6, "is -0.000001; it must be a finite number between 0 and 1"),
+        ("qwen3moe.attention.layer_norm_rms_epsilon", 0.0, "is 0; it must be"),
+        ("qwen3moe.rope.freq_base", f32::INFINITY, "is inf; it must be a finite number greater than 1"),
+        ("qwen3moe.rope.freq_base", -10000.0, "is -10000; it must be a finite number greater than 1"),
+    ];
+    for (key, value, cause) in cases {
+        let p = with_metadata(dir.path(), "hp.gguf", |m| set(m, key, Value::F32(value)));
+        assert_clean_error(&titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]), &p, &format!("{key} {cause}"));
+    }
+}
+
+/// An expert tensor whose offset points into another tensor's bytes (here the token embeddings) used to load
+/// and compute with the wrong weights.
+#[test]
+fn tensors_whose_bytes_overlap_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = titan_gguf::GgufFile::open(fixture(MODEL)).unwrap();
+    let (victim, target) = (f.tensor("blk.0.ffn_gate_exps.weight").unwrap(), f.tensor("token_embd.weight").unwrap());
+    let mut b = std::fs::read(fixture(MODEL)).unwrap();
+    let name: Vec<u8> = [&(victim.name.len() as u64).to_le_bytes()[..], victim.name.as_bytes()].concat();
+    let at = b.windows(name.len()).position(|w| w == name).unwrap() + name.len() + 4 + 8 * victim.dims.len() + 4;
+    assert_eq!(b[at..at + 8], victim.offset.to_le_bytes());
+    b[at..at + 8].copy_from_slice(&target.offset.to_le_bytes());
+    let p = write(dir.path(), "overlap.gguf", &b);
+    assert_clean_error(&titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]), &p, "overlap");
+}
+
+/// Sizes and sampler values from the command line are checked before anything is allocated or run.
+#[test]
+fn out_of_range_options_are_refused() {
+    let m = fixture(MODEL);
+    let cases: [(&[&str], &str); 8] = [
+        (&["-n", "1000000000000", "--ctx-size", "1000000000"], "--ctx-size: a context of 1000000000 tokens is outside 1..=512, the model's training context"),
+        (&["--ctx-size", "0"], "a context of 0 tokens is outside 1..=512"),
+        (&["--threads", "10000"], "--threads 10000 is outside 1..="),
+        (&["--threads", "0"], "--threads 0 is outside 1..="),
+        (&["--temp", "nan"], "temperature is NaN"),
+        (&["--top-p", "2"], "top_p is 2; it must be in (0, 1]"),
+        (&["--min-p", "5"], "min_p is 5; it must be in [0, 1]"),
+        (&["--repeat-penalty", "0"], "repeat_penalty is 0; it must be greater than 0"),
+    ];
+    for (extra, cause) in cases {
+        let o = titan(&[&["run", "-m", m.to_str().unwrap(), "-p", "hi"][..], extra].concat());
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(err.contains(cause) && !err.contains("panicked") && err.trim_end().lines().count() == 1, "{extra:?}: {err}");
+    }
+}

@@ -58,6 +58,11 @@ pub struct Config {
     pub norm_topk: bool,
 }
 
+/// How many transformer blocks the file has tensors for: one more than the highest `blk.N.` prefix.
+fn blocks_in(f: &GgufFile) -> usize {
+    f.tensors.iter().filter_map(|t| t.name.strip_prefix("blk.")?.split_once('.')?.0.parse::<usize>().ok()).map(|n| n + 1).max().unwrap_or(0)
+}
+
 impl Config {
     pub fn from_gguf(f: &GgufFile) -> Result<Config> {
         let path = f.path().display().to_string();
@@ -80,6 +85,11 @@ impl Config {
         let need = |key: &str| -> Result<usize> { Ok(f.u64_of(&k(key))? as usize) };
         let n_embd = need("embedding_length")?;
         let n_layer = need("block_count")?;
+        // Every per-layer allocation is sized by block_count: it must be the number of blocks the file holds.
+        let blocks = blocks_in(f);
+        if n_layer != blocks {
+            return Err(bad(format!("{} is {n_layer}, but the file holds tensors for {blocks} blocks", k("block_count"))));
+        }
         let n_head = need("attention.head_count")?;
         let n_head_kv = f.get_u64(&k("attention.head_count_kv"))?.map(|v| v as usize).unwrap_or(n_head);
         let head_dim = match f.get_u64(&k("attention.key_length"))? {
@@ -119,6 +129,14 @@ impl Config {
         };
         let norm_topk = f.get_bool(&k("expert_weights_norm"))?.unwrap_or(default_norm);
 
+        for (key, value, ok, range) in [
+            ("attention.layer_norm_rms_epsilon", rms_eps, rms_eps > 0.0 && rms_eps < 1.0, "between 0 and 1"),
+            ("rope.freq_base", rope_base, rope_base > 1.0, "greater than 1"),
+        ] {
+            if !(value.is_finite() && ok) {
+                return Err(bad(format!("{} is {value}; it must be a finite number {range}", k(key))));
+            }
+        }
         let c = Config {
             arch, arch_name, n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ctx_train, rms_eps, rope_base,
             rope_dims, rope_style, qk_norm, qkv_bias, n_expert, n_expert_used, expert_ff, shared_ff, norm_topk,

@@ -46,9 +46,10 @@ impl Model {
         mut on_text: impl FnMut(&str),
     ) -> Result<Generation> {
         if prompt.is_empty() {
-            return Err(EngineError::Model { path: "prompt".into(), what: "the prompt has no tokens".into() });
+            return Err(EngineError::Request("the prompt has no tokens".into()));
         }
-        let need = prompt.len() + opts.max_tokens;
+        opts.sampler.check().map_err(EngineError::Request)?;
+        let need = prompt.len().saturating_add(opts.max_tokens);
         if prompt.len() >= opts.n_ctx {
             return Err(EngineError::ContextFull { ctx: opts.n_ctx, need });
         }

@@ -43,6 +43,10 @@ pub enum EngineError {
     Expert { layer: usize, expert: u32, what: String },
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     BadToken { id: u32, vocab: usize },
+    /// A caller's request that cannot be run as given (no tokens, a sampler value out of range, a context
+    /// larger than the model's or than memory).
+    #[error("{0}")]
+    Request(String),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

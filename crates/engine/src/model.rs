@@ -98,6 +98,30 @@ impl Model {
         Ok((config, source))
     }
 
+    /// Bytes of KV cache a sequence of `n_ctx` positions holds (f32 keys and values of every layer).
+    pub fn kv_bytes(&self, n_ctx: usize) -> u128 {
+        2 * 4 * self.config.n_layer as u128 * n_ctx as u128 * self.config.kv_dim() as u128
+    }
+
+    /// Refuse a context the model was not trained for, or whose KV cache would not fit in `memory` bytes,
+    /// before anything is allocated for it.
+    pub fn check_context(&self, n_ctx: usize, memory: u64) -> Result<()> {
+        let trained = self.config.n_ctx_train;
+        if n_ctx == 0 || n_ctx > trained {
+            return Err(EngineError::Request(format!("a context of {n_ctx} tokens is outside 1..={trained}, the model's training context")));
+        }
+        let need = self.kv_bytes(n_ctx);
+        if need > memory as u128 {
+            let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+            return Err(EngineError::Request(format!(
+                "a context of {n_ctx} tokens needs {:.1} GiB of KV cache, more than the {:.1} GiB of memory available",
+                gib(need),
+                gib(memory as u128)
+            )));
+        }
+        Ok(())
+    }
+
     /// A new sequence of up to `n_ctx` positions.
     pub fn new_sequence(&self, n_ctx: usize) -> Sequence {
         Sequence { kv: KvCache::new(self.config.n_layer, n_ctx, self.config.kv_dim()), scratch: Scratch::default() }
@@ -121,7 +145,10 @@ impl Model {
     ) -> Result<&'s [f32]> {
         let c = &self.config;
         let n = tokens.len();
-        if pos0 + n > seq.n_ctx() {
+        if n == 0 {
+            return Err(EngineError::Request("forward was given no tokens".into()));
+        }
+        if pos0.saturating_add(n) > seq.n_ctx() {
             return Err(EngineError::ContextFull { ctx: seq.n_ctx(), need: pos0 + n });
         }
         let (d, q_dim, kv_dim) = (c.n_embd, c.q_dim(), c.kv_dim());

@@ -23,6 +23,22 @@ impl SamplerOptions {
     pub fn greedy() -> Self {
         SamplerOptions { temperature: 0.0, ..Default::default() }
     }
+
+    /// Every value in its meaningful range (named as in the OpenAI and llama-server request fields).
+    pub fn check(&self) -> Result<(), String> {
+        let checks = [
+            ("temperature", self.temperature, self.temperature >= 0.0, "0 or more (0 is greedy)"),
+            ("top_p", self.top_p, self.top_p > 0.0 && self.top_p <= 1.0, "in (0, 1]"),
+            ("min_p", self.min_p, (0.0..=1.0).contains(&self.min_p), "in [0, 1]"),
+            ("repeat_penalty", self.repeat_penalty, self.repeat_penalty > 0.0, "greater than 0 (1 is off)"),
+        ];
+        for (name, value, ok, range) in checks {
+            if !(value.is_finite() && ok) {
+                return Err(format!("{name} is {value}; it must be {range}"));
+            }
+        }
+        Ok(())
+    }
 }
 
 pub struct Sampler {

@@ -138,6 +138,7 @@ impl GgufFile {
             }
             tensors.push(TensorInfo { name, dims, ty, offset, size });
         }
+        check_disjoint(&tensors).map_err(|what| c.invalid(what))?;
 
         Ok(GgufFile { path, map, version, alignment, metadata, tensors, data_offset, meta_index, tensor_index })
     }
@@ -250,6 +251,21 @@ impl GgufFile {
 pub(crate) fn tensor_size(dims: &[u64], ty: GgmlType) -> Option<u64> {
     let row = ty.row_bytes(usize::try_from(*dims.first()?).ok()?)? as u64;
     dims[1..].iter().try_fold(row, |acc, &d| acc.checked_mul(d))
+}
+
+/// No two tensors may share bytes: a tensor whose range overlaps another's (an expert tensor pointing at
+/// the LM head, say) would load and silently compute with the wrong weights.
+fn check_disjoint(tensors: &[TensorInfo]) -> Result<(), String> {
+    let mut ranges: Vec<(u64, u64, &str)> =
+        tensors.iter().filter(|t| t.size > 0).map(|t| (t.offset, t.offset + t.size, t.name.as_str())).collect();
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        let ((a0, a1, a), (b0, b1, b)) = (w[0], w[1]);
+        if b0 < a1 {
+            return Err(format!("tensors {a:?} (data bytes {a0}..{a1}) and {b:?} (data bytes {b0}..{b1}) overlap"));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn align_up(x: u64, a: u64) -> Option<u64> {
@@ -422,6 +438,19 @@ mod tests {
         // tensor data is a view into the mapping, not a copy
         let base = f.map.as_ptr() as usize;
         assert_eq!(data.as_ptr() as usize, base + (f.data_offset + a.offset) as usize);
+    }
+
+    #[test]
+    fn overlapping_tensors_are_refused() {
+        let mut bytes = sample();
+        // Tensor "b"'s info: name length 1, "b", rank 1, dim 32, type Q8_0 (8), then its offset (32): point it
+        // at "a"'s bytes.
+        let info: Vec<u8> = [&1u64.to_le_bytes()[..], b"b", &1u32.to_le_bytes(), &32u64.to_le_bytes(), &8u32.to_le_bytes()].concat();
+        let at = bytes.windows(info.len()).position(|w| w == info).unwrap() + info.len();
+        assert_eq!(bytes[at..at + 8], 32u64.to_le_bytes());
+        bytes[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+        let msg = open_err(&bytes);
+        assert!(msg.contains("tensors \"a\" (data bytes 0..32) and \"b\" (data bytes 0..34) overlap"), "{msg}");
     }
 
     #[test]

@@ -1,0 +1,11 @@
+//! The `gguf` fuzz target's corpus and regressions, replayed on stable (see `fuzz/README.md`).
+
+#[path = "../../../fuzz/replay.rs"]
+mod replay;
+#[path = "fuzz/gguf.rs"]
+mod gguf;
+
+#[test]
+fn gguf_corpus_opens_or_errors() {
+    replay::replay("gguf", gguf::run);
+}
