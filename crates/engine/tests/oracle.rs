@@ -11,31 +11,70 @@ mod common;
 use common::*;
 use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions};
 
-/// Allowed max |Δ| between TITAN's and llama.cpp's logits on the same file (logit std ≈ 1).
-/// Measured (see the README's oracle table); the bound leaves roughly 2× headroom. Both engines quantise
-/// activations the same way, but llama.cpp keeps its KV cache in f16 and f16 weights' activations in f16,
-/// and TITAN keeps both in f32: float files differ from llama.cpp mostly by llama.cpp's own rounding.
-fn llama_tolerance(file_type: &str) -> f32 {
-    match file_type {
-        // Same arithmetic up to summation order.
-        "f32" => 2e-5,
-        // llama.cpp rounds the activations of f16/bf16 weights to f16/bf16; TITAN keeps them in f32.
-        "f16" => 1e-2,
-        "bf16" => 5e-2,
-        // Identical activation quantisation (Q8_0, Q8_K): only the f32 summation order differs. Measured
-        // 4.8e-7 on every such file except mixtral's q8_0, where llama.cpp is 2–4e-2 away from TITAN at
-        // some prompt positions from position 19 on (cause not identified; TITAN's rms error against
-        // transformers on it is within 0.2% of llama.cpp's).
-        "q4_0" | "q5_0" => 1e-5,
-        "q8_0" => 5e-2,
-        // Q8_1 activations (measured ≤ 4.7e-2; cause not traced, TITAN follows llama.cpp's reference quantiser).
-        "q4_1" | "q5_1" => 1e-1,
-        // K-quant mixes (Q8_K activations): measured 1.2e-6 .. 1.7e-6 on q3_k_m, q4_k_m, q6_k; 4.1e-3 on q5_k_m
-        // and 4.8e-2 on q2_k (causes not traced).
-        "q3_k_m" | "q4_k_m" | "q6_k" => 1e-5,
-        "q5_k_m" => 1e-2,
-        _ => 1e-1,
-    }
+/// Allowed max |Δ| between TITAN's and llama.cpp's logits on each file (logit std ≈ 1), with what was measured
+/// (2026-12-01). Each bound is the first of 1, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10ⁿ at or above 1.5× the measured
+/// value, so any change that moves a file's logits shows here: measure again, and say why beside the new value.
+///
+/// Why the files differ as they do: both engines quantise activations the same way, so quantised files agree to f32
+/// summation order (a few ULPs) — except where a last-bit difference meets an 8-bit activation rounding or an
+/// expert choice at a few positions, which turns it into a visible step (the README's "How correctness is tested":
+/// the rms difference on those files is 6–24× below the maximum, and the maximum moved when only the summation
+/// order of TITAN's attention dot product did). llama.cpp rounds the activations of f16/bf16 weights to f16/bf16
+/// and TITAN keeps them in f32, so float files differ by llama.cpp's own rounding.
+const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
+    // f32: the same arithmetic up to summation order.
+    ("qwen3moe", "f32", 3e-6),    // 1.907e-6
+    ("olmoe", "f32", 3e-6),       // 1.669e-6
+    ("qwen2moe", "f32", 2e-6),    // 1.311e-6
+    ("mixtral", "f32", 3e-6),     // 1.907e-6
+    // f16/bf16: llama.cpp's f16/bf16 rounding of the activations.
+    ("qwen3moe", "f16", 4e-3),    // 2.065e-3
+    ("olmoe", "f16", 4e-3),       // 2.498e-3
+    ("qwen2moe", "f16", 3e-3),    // 1.976e-3
+    ("mixtral", "f16", 5e-3),     // 2.718e-3
+    ("qwen3moe", "bf16", 3e-2),   // 1.695e-2
+    ("olmoe", "bf16", 3e-2),      // 1.805e-2
+    ("qwen2moe", "bf16", 2.5e-2), // 1.534e-2
+    ("mixtral", "bf16", 4e-2),    // 2.575e-2
+    // Q8_0 activations (Q4_0, Q5_0, Q8_0 weights): summation order only.
+    ("qwen3moe", "q4_0", 8e-7),   // 4.768e-7
+    ("olmoe", "q4_0", 8e-7),      // 4.768e-7
+    ("qwen2moe", "q4_0", 8e-7),   // 4.768e-7
+    ("mixtral", "q4_0", 8e-7),    // 4.768e-7
+    ("qwen3moe", "q5_0", 8e-7),   // 4.768e-7
+    ("olmoe", "q5_0", 8e-7),      // 4.768e-7
+    ("qwen2moe", "q5_0", 8e-7),   // 4.768e-7
+    ("mixtral", "q5_0", 8e-7),    // 4.768e-7
+    ("qwen3moe", "q8_0", 8e-7),   // 4.768e-7
+    ("olmoe", "q8_0", 8e-7),      // 4.768e-7
+    ("qwen2moe", "q8_0", 8e-7),   // 4.768e-7
+    // 1.544e-2, at prompt positions only (the continuation agrees to 4.8e-7): a step as above.
+    ("mixtral", "q8_0", 2.5e-2),
+    // Q8_1 activations (Q4_1, Q5_1 weights): 4.8e-7 on olmoe and qwen3moe q5_1; elsewhere a step as above, from a
+    // prompt or continuation position on (TITAN follows llama.cpp's reference Q8_1 quantiser).
+    ("qwen3moe", "q4_1", 5e-2),   // 3.333e-2
+    ("olmoe", "q4_1", 8e-7),      // 4.768e-7
+    ("qwen2moe", "q4_1", 6e-2),   // 3.690e-2
+    ("mixtral", "q4_1", 8e-2),    // 4.657e-2
+    ("qwen3moe", "q5_1", 8e-7),   // 4.768e-7
+    ("olmoe", "q5_1", 8e-7),      // 4.768e-7
+    ("qwen2moe", "q5_1", 4e-2),   // 2.286e-2
+    ("mixtral", "q5_1", 8e-2),    // 4.028e-2
+    // K-quant mixes (Q8_K activations): summation order only, but for a step as above at prompt positions of q2_k
+    // and q5_k_m (their continuations agree to 1.7e-6 and 7.2e-7).
+    ("qwen3moe-k", "q2_k", 8e-2),   // 4.788e-2
+    ("qwen3moe-k", "q3_k_m", 3e-6), // 1.669e-6
+    ("qwen3moe-k", "q4_k_m", 2e-6), // 1.192e-6
+    ("qwen3moe-k", "q5_k_m", 8e-3), // 4.131e-3
+    ("qwen3moe-k", "q6_k", 1.5e-6), // 9.537e-7
+];
+
+fn llama_tolerance(model: &str, file_type: &str) -> f32 {
+    LLAMA_TOLERANCE
+        .iter()
+        .find(|&&(m, f, _)| m == model && f == file_type)
+        .map(|&(.., tol)| tol)
+        .unwrap_or_else(|| panic!("no tolerance for {model} {file_type}: measure it, and add it to LLAMA_TOLERANCE"))
 }
 
 struct Case {
@@ -74,15 +113,17 @@ fn titan_logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
 #[test]
 fn logits_match_llama_cpp_on_every_file() {
     let mut failures = Vec::new();
-    for c in cases() {
+    let cases = cases();
+    assert_eq!(cases.len(), LLAMA_TOLERANCE.len(), "LLAMA_TOLERANCE has one entry per file");
+    for c in cases {
         let model = Model::load(&c.path).unwrap();
         let tokens = ids(&c.entry["llama"]["tokens"]);
         let (shape, reference) = read_npy(c.entry["llama"]["logits"].as_str().unwrap());
         assert_eq!(shape, vec![tokens.len(), model.config.n_vocab]);
         let ours = titan_logits(&model, &tokens);
         let d = max_abs_diff(&ours, &reference);
-        let tol = llama_tolerance(&c.file_type);
-        println!("{:<12} {:<7} max|Δ| vs llama.cpp {d:.3e} (rms {:.3e}, tolerance {tol:.0e})", c.model, c.file_type, rms_diff(&ours, &reference));
+        let tol = llama_tolerance(&c.model, &c.file_type);
+        println!("{:<12} {:<7} max|Δ| vs llama.cpp {d:.3e} (rms {:.3e}, tolerance {tol:.1e})", c.model, c.file_type, rms_diff(&ours, &reference));
         if !(d <= tol) {
             failures.push(format!("{} {}: {d} > {tol}", c.model, c.file_type));
         }
@@ -156,7 +197,7 @@ fn greedy_continuation_matches_llama_cpp() {
         let (_, ll) = read_npy(c.entry["llama"]["logits"].as_str().unwrap());
         let v = model.config.n_vocab;
         let float = ["f32", "f16", "bf16"].contains(&c.file_type.as_str());
-        let tol = llama_tolerance(&c.file_type);
+        let tol = llama_tolerance(&c.model, &c.file_type);
         let n = expected.len() + stopped_at_eos as usize;
         // Steps whose decision is well separated in llama.cpp's own logits.
         let must_match = if float {
