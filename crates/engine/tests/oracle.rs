@@ -52,6 +52,8 @@ const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
     ("mixtral", "q8_0", 2.5e-2),
     // Q8_1 activations (Q4_1, Q5_1 weights): 4.8e-7 on olmoe and qwen3moe q5_1; elsewhere a step as above, from a
     // prompt or continuation position on (TITAN follows llama.cpp's reference Q8_1 quantiser).
+    // qwen3moe, qwen2moe and mixtral q4_1 are the files whose greedy check stays short (1, 3 and 0 steps): the
+    // difference reaches the continuation's first steps, where llama.cpp's own top-2 margin is inside twice it.
     ("qwen3moe", "q4_1", 5e-2),   // 3.333e-2
     ("olmoe", "q4_1", 8e-7),      // 4.768e-7
     ("qwen2moe", "q4_1", 6e-2),   // 3.690e-2
@@ -180,8 +182,8 @@ fn at_least_as_accurate_as_llama_cpp() {
 }
 
 /// TITAN's greedy continuation equals llama.cpp's: entirely on float files; on quantised files up to the
-/// first step where llama.cpp's own top-2 margin is inside the logit tolerance (there either engine's
-/// rounding may pick the other token, and the continuations legitimately part).
+/// first step where llama.cpp's own top-2 margin is within twice the difference between the two engines' logits
+/// at that step (there either engine's rounding may pick the other token, and the continuations legitimately part).
 #[test]
 fn greedy_continuation_matches_llama_cpp() {
     let mut failures = Vec::new();
@@ -199,11 +201,22 @@ fn greedy_continuation_matches_llama_cpp() {
         let float = ["f32", "f16", "bf16"].contains(&c.file_type.as_str());
         let tol = llama_tolerance(&c.model, &c.file_type);
         let n = expected.len() + stopped_at_eos as usize;
-        // Steps whose decision is well separated in llama.cpp's own logits.
-        let must_match = if float {
-            n
+        // TITAN's logits on llama.cpp's sequence (the prompt, then its continuation), to measure the difference at
+        // each step: a file's larger differences sit at a few positions (see LLAMA_TOLERANCE), mostly not these.
+        let tokens = ids(&c.entry["llama"]["tokens"]);
+        assert_eq!(tokens[..prompt.len()], prompt[..], "llama.cpp's sequence starts with the prompt");
+        let ours = titan_logits(&model, &tokens);
+        let step = |i: usize| (prompt.len() - 1 + i) * v;
+        // Steps whose decision is well separated: llama.cpp's top-2 margin exceeds twice the difference there,
+        // taken at most as the file's tolerance, so this never requires fewer steps than the tolerance would.
+        let separated = |bound: &dyn Fn(usize) -> f32| {
+            (0..n).take_while(|&i| margin(&ll[step(i)..][..v]) > 2.0 * bound(i)).count()
+        };
+        let (must_match, by_tolerance) = if float {
+            (n, n)
         } else {
-            (0..n).take_while(|&i| margin(&ll[(prompt.len() - 1 + i) * v..][..v]) > 2.0 * tol).count()
+            let diff = |i: usize| max_abs_diff(&ours[step(i)..][..v], &ll[step(i)..][..v]);
+            (separated(&|i| diff(i).min(tol)), separated(&|_| tol))
         };
         let opts = GenerateOptions { max_tokens: n, sampler: SamplerOptions::greedy(), n_ctx: prompt.len() + n + 1 };
         let g = model.generate(prompt, &opts, |_| {}).unwrap();
@@ -212,7 +225,10 @@ fn greedy_continuation_matches_llama_cpp() {
         if agree == expected.len() && got.len() == expected.len() && stopped_at_eos == (g.stop == titan_engine::StopReason::EndOfGeneration) {
             agree += stopped_at_eos as usize; // the stop itself agrees
         }
-        println!("{:<12} {:<7} greedy: {agree}/{n} tokens agree, {must_match} required", c.model, c.file_type);
+        println!(
+            "{:<12} {:<7} greedy: {agree}/{n} tokens agree, {must_match} required ({by_tolerance} by the tolerance alone)",
+            c.model, c.file_type
+        );
         if agree < must_match {
             failures.push(format!("{} {}: {got:?} vs {expected:?}", c.model, c.file_type));
         }
