@@ -304,6 +304,9 @@ struct ConvertArgs {
 struct VerifyArgs {
     /// The store directory.
     store: PathBuf,
+    /// Also check that every expert's bytes in this model are the ones the store holds.
+    #[arg(short = 'm', long)]
+    model: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -357,9 +360,24 @@ fn main() {
         })
     });
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", one_line(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes on one line, each cause once: many errors already quote their source in
+/// their own message (`path: No such file…`), and repeating it would only add noise.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain().map(|c| c.to_string()) {
+        if !line.contains(&cause) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&cause);
+        }
+    }
+    line
 }
 
 impl Command {
@@ -633,7 +651,13 @@ fn convert_store(a: ConvertArgs) -> Result<()> {
 }
 
 fn verify_store(a: VerifyArgs) -> Result<()> {
-    let store = Store::open_unchecked(&a.store, &StoreOptions::default())?;
+    let (store, model) = match &a.model {
+        Some(m) => {
+            let gguf = titan_gguf::GgufFile::open(m)?;
+            (Store::open(&a.store, &gguf)?, Some(gguf))
+        }
+        None => (Store::open_unchecked(&a.store, &StoreOptions::default())?, None),
+    };
     let bar = progress_bar(0, "verifying");
     let r = store.verify(&mut |done, total| {
         bar.set_length(total);
@@ -645,6 +669,19 @@ fn verify_store(a: VerifyArgs) -> Result<()> {
     }
     if !r.is_ok() {
         bail!("{}: {} of {} records failed verification", a.store.display(), r.bad.len(), r.records);
+    }
+    if let Some(gguf) = &model {
+        let bad = store.source_mismatches(gguf, true)?;
+        if let Some((layer, expert)) = bad.first() {
+            bail!(
+                "{} was not made from {}: {} experts differ, the first expert {expert} of layer {layer}",
+                a.store.display(),
+                gguf.path().display(),
+                bad.len()
+            );
+        }
+        println!("OK: {} records, {} verified, every expert equal to {}'s", r.records, human(r.bytes), gguf.path().display());
+        return Ok(());
     }
     println!("OK: {} records, {} verified", r.records, human(r.bytes));
     Ok(())

@@ -162,7 +162,14 @@ fn unsupported_tensor_type() {
 #[test]
 fn missing_file() {
     let p = PathBuf::from("/nonexistent/model.gguf");
-    assert_clean_error(&titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]), &p, "No such file");
+    let o = titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]);
+    assert_clean_error(&o, &p, "No such file");
+    // The cause is said once, not repeated by each layer of the error that carries it.
+    assert_eq!(stderr(&o).matches("No such file").count(), 1, "{}", stderr(&o));
+    let p = PathBuf::from("/nonexistent/store.titan");
+    let o = titan(&["verify", p.to_str().unwrap()]);
+    assert_clean_error(&o, &p, "No such file");
+    assert_eq!(stderr(&o).matches("No such file").count(), 1, "{}", stderr(&o));
 }
 
 fn trace_file(dir: &Path, name: &str, threads: &str) -> PathBuf {
@@ -469,4 +476,37 @@ fn out_of_range_options_are_refused() {
         assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
         assert!(err.contains(cause) && !err.contains("panicked") && err.trim_end().lines().count() == 1, "{extra:?}: {err}");
     }
+}
+
+/// A model whose header and size equal another's but whose experts differ (a fine-tune, a synthetic file of
+/// another seed) must not run with the other's store: the store binds to the expert bytes. Opening hashes one
+/// expert per layer (expert 0 of layer 0 here); `verify -m` hashes every expert.
+#[test]
+fn a_store_binds_to_the_expert_bytes_it_was_cut_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, store) = model_with_store(dir.path());
+    let f = titan_gguf::GgufFile::open(&m).unwrap();
+    let gate = f.tensor("blk.0.ffn_gate_exps.weight").unwrap();
+    let expert_bytes = gate.size / gate.dims[2];
+    let at = |expert: u64| (f.data_offset + gate.offset + expert * expert_bytes + 5) as usize;
+    let original = std::fs::read(&m).unwrap();
+    let twin = |expert: u64| {
+        let mut b = original.clone();
+        b[at(expert)] ^= 0x01;
+        let p = dir.path().join(format!("twin{expert}.gguf"));
+        std::fs::write(&p, &b).unwrap();
+        p
+    };
+    let store_arg = store.to_str().unwrap();
+    // Same size and header, another expert 0 in layer 0: refused at open, by run and by verify.
+    let t0 = twin(0);
+    let o = titan(&["run", "-m", t0.to_str().unwrap(), "-p", "hi", "-n", "2", "--expert-budget", "1", "--store", store_arg]);
+    assert_clean_error(&o, &t0, "was not made from");
+    assert!(stderr(&o).contains("expert 0 of layer 0 differs"), "{}", stderr(&o));
+    // Another expert 5 only: the open's sample does not cover it, verify -m does.
+    let t5 = twin(5);
+    let o = titan(&["verify", store_arg, "-m", t5.to_str().unwrap()]);
+    assert_clean_error(&o, &t5, "1 experts differ, the first expert 5 of layer 0");
+    let o = titan(&["verify", store_arg, "-m", m.to_str().unwrap()]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("every expert equal to"), "{}", stderr(&o));
 }

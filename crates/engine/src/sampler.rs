@@ -155,6 +155,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn values_out_of_range_are_named() {
+        assert_eq!(SamplerOptions::default().check(), Ok(()));
+        assert_eq!(SamplerOptions::greedy().check(), Ok(()));
+        let bad = |o: SamplerOptions| o.check().unwrap_err();
+        let d = SamplerOptions::default;
+        assert_eq!(bad(SamplerOptions { temperature: f32::NAN, ..d() }), "temperature is NaN; it must be 0 or more (0 is greedy)");
+        assert_eq!(bad(SamplerOptions { temperature: -0.5, ..d() }), "temperature is -0.5; it must be 0 or more (0 is greedy)");
+        assert_eq!(bad(SamplerOptions { top_p: 0.0, ..d() }), "top_p is 0; it must be in (0, 1]");
+        assert_eq!(bad(SamplerOptions { min_p: f32::INFINITY, ..d() }), "min_p is inf; it must be in [0, 1]");
+        assert_eq!(bad(SamplerOptions { repeat_penalty: -1.0, ..d() }), "repeat_penalty is -1; it must be greater than 0 (1 is off)");
+    }
+
+    #[test]
     fn greedy_takes_the_first_maximum() {
         let mut s = Sampler::new(SamplerOptions::greedy());
         assert_eq!(s.sample(&[0.0, 3.0, 3.0, 1.0], &[]), 1);

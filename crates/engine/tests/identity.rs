@@ -52,3 +52,24 @@ fn a_row_alone_equals_the_same_row_in_a_batch() {
         }
     }
 }
+
+/// The public API refuses what it cannot run, without panicking: no tokens, a position past the context,
+/// a sampler value out of range, a context beyond the model's or beyond memory.
+#[test]
+fn requests_that_cannot_run_are_errors() {
+    let model = Model::load(fixtures().join(FILES[0])).unwrap();
+    let mut seq = model.new_sequence(8);
+    let err = model.forward(&[], 0, &mut seq, Outputs::All).unwrap_err().to_string();
+    assert_eq!(err, "forward was given no tokens");
+    let err = model.forward(&[1], usize::MAX, &mut seq, Outputs::All).unwrap_err().to_string();
+    assert!(err.starts_with("context of 8 tokens exceeded"), "{err}");
+    let opts = GenerateOptions { max_tokens: usize::MAX, n_ctx: 8, sampler: SamplerOptions { top_p: 2.0, ..Default::default() } };
+    let err = model.generate(&[1, 2], &opts, |_| {}).unwrap_err().to_string();
+    assert_eq!(err, "top_p is 2; it must be in (0, 1]");
+    let trained = model.config.n_ctx_train;
+    let err = model.check_context(trained + 1, u64::MAX).unwrap_err().to_string();
+    assert!(err.contains(&format!("outside 1..={trained}")), "{err}");
+    let err = model.check_context(trained, 1 << 10).unwrap_err().to_string();
+    assert!(err.contains("of KV cache, more than the 0.0 GiB of memory available"), "{err}");
+    model.check_context(trained, u64::MAX).unwrap();
+}

@@ -38,7 +38,7 @@ pub enum KernelError {
     NotActivationType(GgmlType),
 
     /// Activations quantised to a different format than the weights need.
-    #[error("{weight} weights need {expected} activations, got {actual}: quantise with weight.ty.act_type()")]
+    #[error("{weight} weights need {expected} activations, got {actual}")]
     ActivationTypeMismatch {
         weight: GgmlType,
         expected: GgmlType,

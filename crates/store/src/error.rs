@@ -32,6 +32,14 @@ pub enum StoreError {
         made_size: u64,
         model: PathBuf,
     },
+    /// The manifest names this model, but an expert's bytes in the model are not the ones the store holds.
+    #[error("{dir} was not made from {model}: expert {expert} of layer {layer} differs; run titan convert {model} to make a store for this model", dir = dir.display(), model = model.display())]
+    NotFromModel {
+        dir: PathBuf,
+        layer: usize,
+        expert: usize,
+        model: PathBuf,
+    },
     /// `experts.bin` is shorter than the manifest says.
     #[error("{path} is {actual} bytes but the manifest needs {expected}: the store is truncated; re-run titan convert", path = path.display())]
     Truncated {

@@ -73,7 +73,8 @@ pub struct RecordEntry {
 
 impl LayerEntry {
     pub fn record_length(&self) -> u64 {
-        self.gate.bytes + self.up.bytes + self.down.bytes
+        // Saturating: a crafted manifest's sizes must not overflow; no real record comes near u64::MAX.
+        self.gate.bytes.saturating_add(self.up.bytes).saturating_add(self.down.bytes)
     }
 }
 

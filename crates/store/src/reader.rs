@@ -45,10 +45,9 @@ pub struct Store {
     file: File,
     opts: StoreOptions,
     manifest: Manifest,
-    /// Indexed by layer; `None` for dense layers.
-    shapes: Vec<Option<RecordShape>>,
-    /// Position of each layer's first record in `locs`; `None` for dense layers.
-    first_record: Vec<Option<usize>>,
+    /// One per MoE layer, in the order of `manifest.layers` (ascending layer numbers). Nothing here is
+    /// sized by the manifest's `n_layer`, which is only a number compared with the model's.
+    shapes: Vec<RecordShape>,
     locs: Vec<Loc>,
 }
 
@@ -91,17 +90,59 @@ impl Store {
             });
         }
         let layout = ExpertLayout::of(gguf, &expert_tensors(gguf)?)?;
-        if (m.n_layer, m.n_expert, &m.layers) != (layout.n_layer, layout.n_expert, &layout.layers) {
-            let what = format!(
-                "the layer table ({} layers, {} experts) does not match the model's expert tensors ({} layers, {} experts)",
-                m.n_layer, m.n_expert, layout.n_layer, layout.n_expert
-            );
+        if let Some(what) = layout_difference(m, &layout) {
             return Err(StoreError::Inconsistent {
                 path: dir.join(MANIFEST_FILE),
                 what,
             });
         }
+        // The header can be copied from another store's manifest, and models that differ only in their
+        // weights (fine-tunes, synthetic files of other seeds) share it: the binding is the expert bytes
+        // themselves. One expert per MoE layer is hashed here; `titan verify --model` hashes all of them.
+        if let Some(&(layer, expert)) = store.source_mismatches(gguf, false)?.first() {
+            return Err(StoreError::NotFromModel {
+                dir: dir.to_path_buf(),
+                layer,
+                expert,
+                model: gguf.path().to_path_buf(),
+            });
+        }
         Ok(store)
+    }
+
+    /// The (layer, expert) pairs whose bytes in `gguf` do not have the digest of their record here: every
+    /// expert when `all`, else one per MoE layer (a different one in each, so a few layers already cover
+    /// several expert ids). The model's layout must already match the manifest's.
+    pub fn source_mismatches(
+        &self,
+        gguf: &GgufFile,
+        all: bool,
+    ) -> Result<Vec<(usize, usize)>, StoreError> {
+        let tensors = expert_tensors(gguf)?;
+        let n_expert = self.manifest.n_expert;
+        let mut bad = Vec::new();
+        for (i, (lt, entry)) in tensors.iter().zip(&self.manifest.layers).enumerate() {
+            let experts = if all { 0..n_expert } else { i % n_expert..i % n_expert + 1 };
+            for e in experts {
+                let mut hasher = blake3::Hasher::new();
+                for (t, spec) in [(lt.gate, &entry.gate), (lt.up, &entry.up), (lt.down, &entry.down)] {
+                    let start = gguf.data_offset + t.offset + e as u64 * spec.bytes;
+                    let bytes = usize::try_from(start)
+                        .ok()
+                        .zip(usize::try_from(spec.bytes).ok())
+                        .and_then(|(s, n)| gguf.bytes(s, n))
+                        .ok_or_else(|| StoreError::Model {
+                            path: gguf.path().to_path_buf(),
+                            what: format!("{} expert {e} lies past the end of the file", t.name),
+                        })?;
+                    hasher.update(bytes);
+                }
+                if *hasher.finalize().as_bytes() != self.locs[i * n_expert + e].digest {
+                    bad.push((entry.layer, e));
+                }
+            }
+        }
+        Ok(bad)
     }
 
     /// Open `dir` without a model: the manifest is checked for consistency with itself and with the size
@@ -124,19 +165,19 @@ impl Store {
                 "alignment {align} is not a power of two of at least {MIN_ALIGNMENT}"
             )));
         }
-        let mut shapes = vec![None; manifest.n_layer];
-        let mut first_record = vec![None; manifest.n_layer];
+        let mut shapes = Vec::with_capacity(manifest.layers.len());
         for (i, l) in manifest.layers.iter().enumerate() {
-            let slot = shapes
-                .get_mut(l.layer)
-                .ok_or_else(|| bad(format!("layer {} is past n_layer", l.layer)))?;
-            *slot =
-                Some(record_shape(l).ok_or_else(|| {
-                    bad(format!("layer {} has a type TITAN does not know", l.layer))
-                })?);
-            first_record[l.layer] = Some(i * manifest.n_expert);
+            if l.layer >= manifest.n_layer || i > 0 && l.layer <= manifest.layers[i - 1].layer {
+                return Err(bad(format!(
+                    "layer {} is out of order or not below n_layer {}",
+                    l.layer, manifest.n_layer
+                )));
+            }
+            shapes.push(record_shape(l).ok_or_else(|| {
+                bad(format!("layer {} has a type TITAN does not know", l.layer))
+            })?);
         }
-        let locs = check_records(&manifest, &shapes).map_err(bad)?;
+        let locs = check_records(&manifest).map_err(bad)?;
 
         let bin_path = dir.join(EXPERTS_FILE);
         let file = open_records(&bin_path, opts.direct_io)?;
@@ -158,7 +199,6 @@ impl Store {
             opts: opts.clone(),
             manifest,
             shapes,
-            first_record,
             locs,
         })
     }
@@ -181,7 +221,12 @@ impl Store {
 
     /// Whether `layer` has experts in the store (dense layers do not).
     pub fn is_moe_layer(&self, layer: usize) -> bool {
-        self.shapes.get(layer).is_some_and(Option::is_some)
+        self.layer_index(layer).is_some()
+    }
+
+    /// Position of `layer` in the manifest's table of MoE layers.
+    fn layer_index(&self, layer: usize) -> Option<usize> {
+        self.manifest.layers.binary_search_by_key(&layer, |l| l.layer).ok()
     }
 
     /// Bytes a record takes to read and to hold: its length padded to the alignment.
@@ -211,8 +256,10 @@ impl Store {
         expert: usize,
         check: bool,
     ) -> Result<ExpertRecord, StoreError> {
-        let (Some(loc), Some(Some(shape))) = (self.loc(layer, expert), self.shapes.get(layer))
-        else {
+        let (Some(loc), Some(shape)) = (
+            self.loc(layer, expert),
+            self.layer_index(layer).map(|i| &self.shapes[i]),
+        ) else {
             return Err(StoreError::NoRecord { layer, expert });
         };
         let align = self.manifest.alignment as usize;
@@ -334,12 +381,48 @@ impl Store {
     }
 
     fn loc(&self, layer: usize, expert: usize) -> Option<&Loc> {
-        let first = (*self.first_record.get(layer)?)?;
         if expert >= self.manifest.n_expert {
             return None;
         }
-        self.locs.get(first + expert)
+        self.locs
+            .get(self.layer_index(layer)? * self.manifest.n_expert + expert)
     }
+}
+
+/// What differs between a manifest's layer table and a model's expert tensors, if anything.
+fn layout_difference(m: &Manifest, model: &ExpertLayout) -> Option<String> {
+    if (m.n_layer, m.n_expert) != (model.n_layer, model.n_expert) {
+        return Some(format!(
+            "the store has {} layers of {} experts, the model {} layers of {}",
+            m.n_layer, m.n_expert, model.n_layer, model.n_expert
+        ));
+    }
+    let layers = |t: &[LayerEntry]| t.iter().map(|l| l.layer).collect::<Vec<_>>();
+    if layers(&m.layers) != layers(&model.layers) {
+        return Some(format!(
+            "the store has experts in layers {:?}, the model in {:?}",
+            layers(&m.layers),
+            layers(&model.layers)
+        ));
+    }
+    let describe = |s: &TensorSpec| format!("{} {}×{} ({} bytes)", s.ty, s.rows, s.cols, s.bytes);
+    for (ours, theirs) in m.layers.iter().zip(&model.layers) {
+        for (part, a, b) in [
+            ("gate", &ours.gate, &theirs.gate),
+            ("up", &ours.up, &theirs.up),
+            ("down", &ours.down, &theirs.down),
+        ] {
+            if a != b {
+                return Some(format!(
+                    "layer {}'s {part} expert is {} in the store but {} in the model",
+                    ours.layer,
+                    describe(a),
+                    describe(b)
+                ));
+            }
+        }
+    }
+    None
 }
 
 fn record_shape(l: &LayerEntry) -> Option<RecordShape> {
@@ -355,23 +438,23 @@ fn record_shape(l: &LayerEntry) -> Option<RecordShape> {
     Some(RecordShape {
         gate: part(&l.gate, 0)?,
         up: part(&l.up, l.gate.bytes)?,
-        down: part(&l.down, l.gate.bytes + l.up.bytes)?,
+        down: part(&l.down, l.gate.bytes.checked_add(l.up.bytes)?)?,
     })
 }
 
 /// The record table must list every (MoE layer, expert) once, layer-major, at aligned, non-overlapping
 /// offsets, each with the length its layer's shapes give and a well-formed digest.
-fn check_records(m: &Manifest, shapes: &[Option<RecordShape>]) -> Result<Vec<Loc>, String> {
-    let want = m.layers.len() * m.n_expert;
-    if m.records.len() != want {
+fn check_records(m: &Manifest) -> Result<Vec<Loc>, String> {
+    let want = m.layers.len().checked_mul(m.n_expert);
+    if want != Some(m.records.len()) {
         return Err(format!(
-            "{} records listed; the model has {} MoE layers × {} experts = {want}",
+            "{} records listed; the model has {} MoE layers × {} experts",
             m.records.len(),
             m.layers.len(),
             m.n_expert
         ));
     }
-    let mut locs = Vec::with_capacity(want);
+    let mut locs = Vec::with_capacity(m.records.len());
     let mut end = 0u64;
     for (i, (r, l)) in m
         .records
@@ -391,7 +474,7 @@ fn check_records(m: &Manifest, shapes: &[Option<RecordShape>]) -> Result<Vec<Loc
                 l.layer
             ));
         }
-        if !shapes.get(r.layer).is_some_and(Option::is_some) || r.length != l.record_length() {
+        if r.length != l.record_length() {
             return Err(format!(
                 "{what} is {} bytes; the model's shapes give {}",
                 r.length,
@@ -747,7 +830,22 @@ mod tests {
         let mut bad = m.clone();
         bad.layers[1].down.ty = "Q5_K".into();
         let (msg, _) = open_with(&json(&bad));
-        assert!(msg.contains("layer table"), "{msg}");
+        assert!(
+            msg.contains("layer 2's down expert is Q5_K 256×512 (73728 bytes) in the store but Q4_K"),
+            "{msg}"
+        );
+        // A layer count nothing backs is compared, never allocated for.
+        let mut bad = m.clone();
+        bad.n_layer = usize::MAX;
+        let (msg, _) = open_with(&json(&bad));
+        assert!(
+            msg.contains(&format!("the store has {} layers of", usize::MAX)),
+            "{msg}"
+        );
+        let mut bad = m.clone();
+        bad.layers.swap(0, 1);
+        let (msg, _) = open_with(&json(&bad));
+        assert!(msg.contains("out of order"), "{msg}");
         let mut bad = m.clone();
         bad.records.pop();
         let (msg, _) = open_with(&json(&bad));
