@@ -8,10 +8,11 @@
 #
 #   tools/test_aarch64.sh [cargo test arguments, e.g. a test-name filter or -- --nocapture]
 #
-# The run fails if the emulated CPU lacks NEON + dotprod (TITAN_TEST_REQUIRE_ISA=neon), rather than
-# passing with only the scalar path tested. To test the scalar fallback of an older core instead:
+# The run fails if the emulated CPU lacks NEON + dotprod (AARCH64_REQUIRE_ISA, default neon, becomes the tests'
+# TITAN_TEST_REQUIRE_ISA), rather than passing with only the scalar path tested. To test the scalar fallback of an
+# older core instead:
 #
-#   QEMU_CPU=cortex-a72 TITAN_TEST_REQUIRE_ISA= tools/test_aarch64.sh
+#   QEMU_CPU=cortex-a72 AARCH64_REQUIRE_ISA= tools/test_aarch64.sh
 #
 # Needs the Rust target (rustup target add aarch64-unknown-linux-gnu) and the Debian/Ubuntu packages
 # qemu-user, gcc-aarch64-linux-gnu and libc6-dev-arm64-cross; installs nothing itself. Honours
@@ -41,7 +42,8 @@ fi
 
 # qemu-user reads QEMU_CPU itself; `max` has every extension qemu implements, dotprod included.
 export QEMU_CPU="${QEMU_CPU:-max}"
-export TITAN_TEST_REQUIRE_ISA="${TITAN_TEST_REQUIRE_ISA-neon}"
+# Its own knob: a TITAN_TEST_REQUIRE_ISA in the environment names the host's ISAs (.ci/run sets it), not qemu's.
+export TITAN_TEST_REQUIRE_ISA="${AARCH64_REQUIRE_ISA-neon}"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L $SYSROOT"
 

@@ -15,11 +15,14 @@ fn simd_isas() -> Vec<Isa> {
 
 #[test]
 fn required_isas_are_available() {
-    // The SIMD tests pass vacuously without SIMD: `TITAN_TEST_REQUIRE_ISA=neon` (set by
-    // `tools/test_aarch64.sh`, or by CI on a known machine; a comma-separated list) makes them fail
-    // instead when the emulator or CPU does not offer the ISA the run is meant to cover.
+    // The SIMD tests pass vacuously without SIMD: `TITAN_TEST_REQUIRE_ISA` (a comma-separated list, set by
+    // `.ci/run` to the paths the host CPU's flags promise and by `tools/test_aarch64.sh` to `neon`) makes them
+    // fail instead when the CPU or emulator does not offer an ISA the run is meant to cover.
     let names = std::env::var("TITAN_TEST_REQUIRE_ISA").unwrap_or_default();
-    eprintln!("available ISAs: {:?}", available_isas());
+    eprintln!(
+        "SIMD paths compared with scalar here: {:?}; required: {names:?}",
+        simd_isas()
+    );
     for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         let isa = Isa::ALL
             .into_iter()
@@ -30,6 +33,8 @@ fn required_isas_are_available() {
             "TITAN_TEST_REQUIRE_ISA asks for {isa}, but this CPU has only {:?}",
             available_isas()
         );
+        // Its own kernels, not the scalar fallback, are what the tests below compare with scalar.
+        assert_eq!(dot_kernel(isa, GgmlType::Q8_0, WeightLayout::Plain).isa, isa, "{isa} Q8_0 kernel");
     }
 }
 
