@@ -7,7 +7,7 @@ use crate::config::Config;
 use crate::experts::{swiglu_many, ExpertJob, ExpertScratch, ExpertWeights, Experts, FfnScratch};
 use crate::ops::{dot, sigmoid};
 use crate::weights::{SharedExpert, Weights};
-use crate::Result;
+use crate::{EngineError, Result};
 
 /// The routing decision for a batch: per row, `k` (expert id, weight) pairs in ascending expert-id order.
 #[derive(Debug, Default)]
@@ -61,6 +61,9 @@ pub struct MoeScratch {
     shared_input: Activations,
     /// contributions[slot] = the expert's output for (row, slot).
     contributions: Vec<f32>,
+    /// Whether expert `ids[i]` delivered its rows this layer: `contributions` is reused between layers,
+    /// so an expert that never delivered would otherwise be combined from a stale output.
+    delivered: Vec<bool>,
     experts: ExpertScratch,
     /// The shared expert's working buffers.
     ffn: FfnScratch,
@@ -80,7 +83,7 @@ impl MoeScratch {
 pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x: &[f32], routing: &Routing, s: &mut MoeScratch) -> Result<usize> {
     let (d, k) = (c.n_embd, routing.k);
     let rows = x.len() / d;
-    let MoeScratch { by_expert, ids, runs, rows: slot_rows, input, shared_input, contributions, experts: scratch, ffn, out } = s;
+    let MoeScratch { by_expert, ids, runs, rows: slot_rows, input, shared_input, contributions, delivered, experts: scratch, ffn, out } = s;
 
     // Group rows by expert so each expert's weights are read once per batch. (An unstable sort on a
     // unique key: sorts in place, and the order is still fully determined.)
@@ -107,11 +110,19 @@ pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x
     let shared = w.layers[layer].shared.as_ref();
     // The shared expert runs while the routed experts are computed (elsewhere, when they are remote).
     let mut shared_ffn = || shared.map_or(Ok(()), |sh| shared_expert(w, sh, x, d, shared_input, ffn));
+    delivered.clear();
+    delivered.resize(ids.len(), false);
     experts.apply(&job, scratch, &mut shared_ffn, &mut |i, y| {
-        for (yi, &slot) in y.chunks_exact(d).zip(&by_expert[runs[i]..runs[i + 1]]) {
+        let slots = &by_expert[runs[i]..runs[i + 1]];
+        delivered[i] = y.len() == slots.len() * d;
+        for (yi, &slot) in y.chunks_exact(d).zip(slots) {
             contributions[slot * d..(slot + 1) * d].copy_from_slice(yi);
         }
     })?;
+    if let Some(i) = delivered.iter().position(|&done| !done) {
+        let what = "its output was not delivered whole (a bug in the expert source), so the layer cannot be combined".into();
+        return Err(EngineError::Expert { layer, expert: ids[i], what });
+    }
 
     // Canonical combination: Σ w_e · y_e in ascending expert-id order (the slots are already in that order),
     // after every contribution has arrived, one multiply and one add per term.
@@ -163,5 +174,40 @@ mod tests {
         assert_eq!(r.ids, vec![0, 3]);
         assert!((r.weights[0] + r.weights[1] - 1.0).abs() < 1e-6);
         assert!(r.weights[0] > r.weights[1]);
+    }
+
+    /// A source that computes every expert but keeps one expert's output to itself.
+    struct Withholds<'a>(&'a dyn Experts, usize);
+
+    impl Experts for Withholds<'_> {
+        fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<()>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+            self.0.apply(job, s, meanwhile, &mut |i, y| if i != self.1 { deliver(i, y) })
+        }
+    }
+
+    /// An expert that delivers nothing is an error, not the previous layer's output combined in its place.
+    #[test]
+    fn an_undelivered_expert_is_an_error() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3moe/q8_0.gguf");
+        let model = crate::Model::load(path).unwrap();
+        let c = &model.config;
+        let x: Vec<f32> = (0..3 * c.n_embd).map(|i| (i as f32 * 0.37).sin()).collect();
+        let logits: Vec<f32> = (0..3 * c.n_expert).map(|i| (i as f32 * 1.3).cos()).collect();
+        let mut routing = Routing::default();
+        routing.route(&logits, c.n_expert, c.n_expert_used, c.norm_topk);
+        let mut s = MoeScratch::default();
+        let all = moe_block(&model.weights, &*model.experts, c, 0, &x, &routing, &mut s).unwrap();
+        let whole = s.out().to_vec();
+        let err = moe_block(&model.weights, &Withholds(&*model.experts, 1), c, 1, &x, &routing, &mut s).unwrap_err();
+        let second = {
+            let mut ids = routing.ids.clone();
+            ids.sort_unstable();
+            ids.dedup();
+            ids[1]
+        };
+        assert_eq!(err.to_string(), format!("expert {second} of layer 1: its output was not delivered whole (a bug in the expert source), so the layer cannot be combined"));
+        // The same scratch still computes correctly afterwards.
+        assert_eq!(moe_block(&model.weights, &*model.experts, c, 0, &x, &routing, &mut s).unwrap(), all);
+        assert_eq!(s.out(), &whole[..]);
     }
 }

@@ -449,13 +449,16 @@ impl ExpertCache {
                 lock(&self.shared.state).layers[layer].stall_ns += stall;
             }
         }
-        out.into_iter()
-            .zip(keys)
-            .map(|(rec, &(layer, expert))| match rec {
-                Some(rec) => Ok(rec),
-                None => self.shared.store.read(layer, expert).map(Arc::new),
-            })
-            .collect()
+        // Anything not delivered (a read job lost) is read here, and reported like every other record: a
+        // caller that computes in `on_ready` must see each record exactly once.
+        for (i, rec) in out.iter_mut().enumerate() {
+            if rec.is_none() {
+                let read = Arc::new(self.shared.store.read(keys[i].0, keys[i].1)?);
+                on_ready(i, &read);
+                *rec = Some(read);
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 
     fn submit(&self, key: Key, pending: Arc<Pending>) {
