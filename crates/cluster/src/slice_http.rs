@@ -47,6 +47,13 @@ pub struct Join {
     pub budget: u64,
 }
 
+impl Join {
+    /// A join's body as the endpoint reads it (public so the fuzz target reads it the same way).
+    pub fn parse(body: &[u8]) -> Result<Join, String> {
+        serde_json::from_slice(body).map_err(|e| format!("a join is {{\"node\": \"HOST:PORT\", \"budget\": BYTES}}: {e}"))
+    }
+}
+
 /// A join's answer: what to download.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Assignment {
@@ -139,9 +146,9 @@ async fn join(State(s): State<Arc<Shared>>, headers: HeaderMap, body: axum::body
     if let Some(r) = unauthorised(&s, &headers) {
         return r;
     }
-    let j: Join = match serde_json::from_slice(&body) {
+    let j = match Join::parse(&body) {
         Ok(j) => j,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("a join is {{\"node\": \"HOST:PORT\", \"budget\": BYTES}}: {e}")),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
     let i = match node_index(&s, &j.node) {
         Ok(i) => i,
@@ -170,15 +177,23 @@ async fn join(State(s): State<Arc<Shared>>, headers: HeaderMap, body: axum::body
     Json(Assignment { model: s.identity.clone(), shards }).into_response()
 }
 
+/// A slice request's query string (`node=HOST:PORT&layers=A-B&experts=X-Y`).
 #[derive(Deserialize)]
-struct SliceQuery {
-    node: String,
-    layers: String,
-    experts: String,
+pub struct SliceQuery {
+    pub node: String,
+    pub layers: String,
+    pub experts: String,
+}
+
+impl SliceQuery {
+    /// The rectangle asked for; `None` unless both are ranges like 0-47.
+    pub fn spec(&self) -> Option<SliceSpec> {
+        Some(SliceSpec { layers: parse_range(&self.layers).ok()?, experts: parse_range(&self.experts).ok()? })
+    }
 }
 
 /// `Range: bytes=A-` or `bytes=A-B` against a body of `len` bytes -> [start, end).
-fn byte_range(headers: &HeaderMap, len: u64) -> Result<Option<(u64, u64)>> {
+pub fn byte_range(headers: &HeaderMap, len: u64) -> Result<Option<(u64, u64)>> {
     let Some(v) = headers.get(header::RANGE) else { return Ok(None) };
     let v = v.to_str()?.strip_prefix("bytes=").context("only byte ranges")?;
     let (a, b) = v.split_once('-').context("a range is A-B")?;
@@ -199,10 +214,7 @@ async fn slice(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Query
         Err(r) => return *r,
     };
     let Some(plan) = s.plan.borrow().clone() else { return error(StatusCode::CONFLICT, "no plan yet: join first") };
-    let spec = match (parse_range(&q.layers), parse_range(&q.experts)) {
-        (Ok(layers), Ok(experts)) => SliceSpec { layers, experts },
-        _ => return error(StatusCode::BAD_REQUEST, "layers and experts are ranges like 0-47"),
-    };
+    let Some(spec) = q.spec() else { return error(StatusCode::BAD_REQUEST, "layers and experts are ranges like 0-47") };
     if *spec.layers.end() >= s.n_layer || *spec.experts.end() >= s.n_expert {
         return error(StatusCode::BAD_REQUEST, format!("the model has {} layers of {} experts", s.n_layer, s.n_expert));
     }
