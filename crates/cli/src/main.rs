@@ -136,9 +136,13 @@ struct SamplingArgs {
     /// Seed of the sampler's random generator.
     #[arg(short = 's', long, default_value_t = 0)]
     seed: u64,
-    /// KV cache size in tokens (default: the model's training context, at most 4096).
+    /// KV cache size in tokens (default: the model's training context, at most 4096; at most the training
+    /// context unless --allow-long-context).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
+    /// Allow a --ctx-size past the model's training context (positions it never saw: quality degrades).
+    #[arg(long)]
+    allow_long_context: bool,
 }
 
 impl SamplingArgs {
@@ -148,7 +152,11 @@ impl SamplingArgs {
     fn options(&self, model: &Model, prompt_len: usize) -> Result<GenerateOptions> {
         let n_ctx = self.ctx_size.unwrap_or(model.config.n_ctx_train.min(4096));
         let used = n_ctx.min(prompt_len.saturating_add(self.n_predict));
-        model.check_context(n_ctx, u64::MAX).and_then(|()| model.check_context(used, store_args::mem_available().unwrap_or(u64::MAX))).context("--ctx-size")?;
+        let past = self.allow_long_context;
+        model
+            .check_context(n_ctx, u64::MAX, past)
+            .and_then(|()| model.check_context(used, store_args::mem_available().unwrap_or(u64::MAX), past))
+            .context("--ctx-size")?;
         let opts = GenerateOptions {
             max_tokens: self.n_predict,
             n_ctx,
@@ -490,7 +498,7 @@ fn run(a: RunArgs) -> Result<()> {
 fn logits(a: LogitsArgs) -> Result<()> {
     let model = load(&a.model)?;
     let tokens = a.prompt.tokens(&model)?;
-    model.check_context(tokens.len(), store_args::mem_available().unwrap_or(u64::MAX)).context("--tokens")?;
+    model.check_context(tokens.len(), store_args::mem_available().unwrap_or(u64::MAX), false).context("--tokens")?;
     let mut seq = model.new_sequence(tokens.len());
     let logits = model.forward(&tokens, 0, &mut seq, Outputs::All)?;
     let mut f = std::io::BufWriter::new(
@@ -508,7 +516,7 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     // As llama-perplexity: special tokens added as the vocabulary asks, control-token text kept as text.
     let tokens = model.tokenizer.encode(&text, true, false);
-    model.check_context(a.ctx_size, store_args::mem_available().unwrap_or(u64::MAX)).context("--ctx-size")?;
+    model.check_context(a.ctx_size, store_args::mem_available().unwrap_or(u64::MAX), false).context("--ctx-size")?;
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(indicatif::ProgressStyle::with_template("perplexity [{bar:40}] chunk {pos}/{len} eta {eta} {msg}").expect("valid template").progress_chars("=> "));
     let t = std::time::Instant::now();

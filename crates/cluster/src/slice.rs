@@ -234,7 +234,7 @@ impl ShardExperts {
             }
         };
         let spec = SliceSpec { layers: range(KEY_LAYERS)?, experts: range(KEY_EXPERTS)? };
-        let config = Config::from_gguf(&file)?;
+        let config = Config::of_part(&file)?;
         if *spec.layers.end() >= config.n_layer || *spec.experts.end() >= config.n_expert {
             return Err(bad(format!("holds layers {:?} × experts {:?} of a model of {} × {}", spec.layers, spec.experts, config.n_layer, config.n_expert)));
         }

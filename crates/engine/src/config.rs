@@ -64,7 +64,19 @@ fn blocks_in(f: &GgufFile) -> usize {
 }
 
 impl Config {
+    /// The hyper-parameters of a whole model: `block_count` must be the number of blocks the file holds,
+    /// since every per-layer allocation is sized by it.
     pub fn from_gguf(f: &GgufFile) -> Result<Config> {
+        Config::parse(f, true)
+    }
+
+    /// The hyper-parameters of a file that holds some of a model's blocks (a shard): its `block_count` is
+    /// the whole model's, at least the blocks it holds, and nothing is sized by it.
+    pub fn of_part(f: &GgufFile) -> Result<Config> {
+        Config::parse(f, false)
+    }
+
+    fn parse(f: &GgufFile, whole: bool) -> Result<Config> {
         let path = f.path().display().to_string();
         let bad = |what: String| EngineError::Model { path: path.clone(), what };
         let arch_name = f.get_str("general.architecture")?.ok_or_else(|| bad("metadata has no general.architecture".into()))?.to_string();
@@ -85,9 +97,8 @@ impl Config {
         let need = |key: &str| -> Result<usize> { Ok(f.u64_of(&k(key))? as usize) };
         let n_embd = need("embedding_length")?;
         let n_layer = need("block_count")?;
-        // Every per-layer allocation is sized by block_count: it must be the number of blocks the file holds.
         let blocks = blocks_in(f);
-        if n_layer != blocks {
+        if n_layer != blocks && (whole || n_layer < blocks) {
             return Err(bad(format!("{} is {n_layer}, but the file holds tensors for {blocks} blocks", k("block_count"))));
         }
         let n_head = need("attention.head_count")?;

@@ -103,11 +103,12 @@ impl Model {
         2 * 4 * self.config.n_layer as u128 * n_ctx as u128 * self.config.kv_dim() as u128
     }
 
-    /// Refuse a context the model was not trained for, or whose KV cache would not fit in `memory` bytes,
-    /// before anything is allocated for it.
-    pub fn check_context(&self, n_ctx: usize, memory: u64) -> Result<()> {
+    /// Refuse a context longer than the model was trained for (unless `past_training`: its positions
+    /// beyond that are the caller's risk), or whose KV cache would not fit in `memory` bytes, before
+    /// anything is allocated for it.
+    pub fn check_context(&self, n_ctx: usize, memory: u64, past_training: bool) -> Result<()> {
         let trained = self.config.n_ctx_train;
-        if n_ctx == 0 || n_ctx > trained {
+        if n_ctx == 0 || n_ctx > trained && !past_training {
             return Err(EngineError::Request(format!("a context of {n_ctx} tokens is outside 1..={trained}, the model's training context")));
         }
         let need = self.kv_bytes(n_ctx);

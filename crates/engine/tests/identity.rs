@@ -67,9 +67,10 @@ fn requests_that_cannot_run_are_errors() {
     let err = model.generate(&[1, 2], &opts, |_| {}).unwrap_err().to_string();
     assert_eq!(err, "top_p is 2; it must be in (0, 1]");
     let trained = model.config.n_ctx_train;
-    let err = model.check_context(trained + 1, u64::MAX).unwrap_err().to_string();
+    let err = model.check_context(trained + 1, u64::MAX, false).unwrap_err().to_string();
     assert!(err.contains(&format!("outside 1..={trained}")), "{err}");
-    let err = model.check_context(trained, 1 << 10).unwrap_err().to_string();
+    let err = model.check_context(trained + 1, 1 << 10, true).unwrap_err().to_string();
     assert!(err.contains("of KV cache, more than the 0.0 GiB of memory available"), "{err}");
-    model.check_context(trained, u64::MAX).unwrap();
+    model.check_context(trained, u64::MAX, false).unwrap();
+    model.check_context(trained * 2, u64::MAX, true).unwrap();
 }
