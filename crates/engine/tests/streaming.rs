@@ -57,3 +57,80 @@ fn every_budget_and_io_mode_is_bit_identical_to_resident() {
         }
     }
 }
+
+/// A disk under the store that misbehaves on one read (numbered from 0), and from then on if `stays`:
+/// it fails with EIO, or it returns the bytes with one bit flipped (a lying disk or a bad cable).
+struct FaultyDisk {
+    file: std::fs::File,
+    reads: std::sync::atomic::AtomicUsize,
+    at: usize,
+    stays: bool,
+    lies: bool,
+}
+
+impl titan_store::RecordSource for FaultyDisk {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        let i = self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let faulty = i == self.at || self.stays && i > self.at;
+        if faulty && !self.lies {
+            return Err(std::io::Error::from_raw_os_error(5)); // EIO
+        }
+        let n = std::os::unix::fs::FileExt::read_at(&self.file, buf, offset)?;
+        if faulty && n > 0 {
+            buf[n / 2] ^= 0x04;
+        }
+        Ok(n)
+    }
+}
+
+/// The fixture with its experts streamed (a budget of one expert per layer: every layer reads) from its
+/// store through `disk`.
+fn on_disk(path: &std::path::Path, store: &std::path::Path, disk: FaultyDisk) -> Model {
+    let mut model = Model::load(path).unwrap();
+    let s = Store::open(store, &model.weights.file).unwrap().with_source(disk);
+    let cache = ExpertCache::new(std::sync::Arc::new(s), &titan_store::CacheOptions::new(titan_store::Budget::Bytes(1))).unwrap();
+    model.experts = Box::new(titan_engine::experts::ExpertSource::Streamed(cache));
+    model
+}
+
+/// A read that fails once, or returns a flipped bit once (caught by its digest), is read again and the run
+/// is the resident one, bit for bit; a disk that keeps failing or lying stops the run with an error naming
+/// the file, and what the cache kept is whole.
+#[test]
+fn a_failing_or_lying_disk_never_changes_the_output_silently() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = fixtures().join(FILES[0]);
+    let store = dir.path().join("m.titan");
+    convert(&GgufFile::open(&path).unwrap(), &store, &ConvertOptions::default(), &mut |_, _| {}).unwrap();
+    let bin = store.join("experts.bin");
+    let disk = |at, stays, lies| FaultyDisk { file: std::fs::File::open(&bin).unwrap(), reads: Default::default(), at, stays, lies };
+    let resident = Model::load(&path).unwrap();
+    let tokens = resident.tokenizer.encode("A disk that fails", true, false);
+    let want = trace_of(&resident, &tokens);
+    let run = |m: &Model| {
+        let opts = GenerateOptions { max_tokens: 8, n_ctx: 64, sampler: SamplerOptions { temperature: 0.9, seed: 3, ..Default::default() } };
+        let mut t = Trace::default();
+        m.generate_traced(&tokens, &opts, Some(&mut t), |_| {}).map(|_| t)
+    };
+    for at in [0, 5, 40] {
+        for lies in [false, true] {
+            let got = run(&on_disk(&path, &store, disk(at, false, lies))).unwrap();
+            assert!(diff(&want, &got, None).identical(), "one bad read at {at} (lies: {lies}) changed the output");
+        }
+        let err = run(&on_disk(&path, &store, disk(at, true, false))).err().unwrap().to_string();
+        assert!(err.contains("experts.bin") && err.contains("Input/output error"), "{err}");
+
+        let m = on_disk(&path, &store, disk(at, true, true));
+        let err = run(&m).err().unwrap().to_string();
+        assert!(err.contains("failed its digest check") && err.contains("experts.bin"), "{err}");
+        // Every record the cache kept is whole: read back through a healthy disk, each matches its digest.
+        let cache = m.experts.cache().unwrap();
+        let (n_layer, n_expert) = (m.config.n_layer, m.config.n_expert);
+        let kept: Vec<(usize, usize)> = (0..n_layer).flat_map(|l| (0..n_expert).map(move |e| (l, e))).filter(|&(l, e)| cache.is_resident(l, e)).collect();
+        let healthy = Store::open(&store, &m.weights.file).unwrap();
+        for (l, e) in kept {
+            let rec = cache.get_layer(l, &[e as u32]).unwrap();
+            assert_eq!(rec[0].bytes(), healthy.read(l, e).unwrap().bytes(), "layer {l} expert {e}: the cache kept a damaged record");
+        }
+    }
+}

@@ -28,7 +28,7 @@ pub use convert::{convert, ConvertOptions};
 pub use error::StoreError;
 pub use manifest::{LayerEntry, Manifest, RecordEntry, SourceIdentity, TensorSpec, FORMAT_VERSION};
 pub use profile::Profile;
-pub use reader::{Store, StoreOptions, VerifyReport};
+pub use reader::{RecordSource, Store, StoreOptions, VerifyReport};
 pub use record::{ExpertRecord, ExpertTensor};
 
 /// The file holding the records, inside a store directory.

@@ -42,13 +42,25 @@ struct Loc {
 pub struct Store {
     dir: PathBuf,
     bin_path: PathBuf,
-    file: File,
+    /// Where record bytes come from: `experts.bin`, or what [`Store::with_source`] put in its place.
+    source: Box<dyn RecordSource>,
     opts: StoreOptions,
     manifest: Manifest,
     /// One per MoE layer, in the order of `manifest.layers` (ascending layer numbers). Nothing here is
     /// sized by the manifest's `n_layer`, which is only a number compared with the model's.
     shapes: Vec<RecordShape>,
     locs: Vec<Loc>,
+}
+
+/// Positional reads of record bytes, as `pread` gives them.
+pub trait RecordSource: Send + Sync {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize>;
+}
+
+impl RecordSource for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        FileExt::read_at(self, buf, offset)
+    }
 }
 
 /// The outcome of `Store::verify`: every record was read; `bad` lists each one that failed.
@@ -195,12 +207,19 @@ impl Store {
         Ok(Store {
             dir: dir.to_path_buf(),
             bin_path,
-            file,
+            source: Box::new(file),
             opts: opts.clone(),
             manifest,
             shapes,
             locs,
         })
+    }
+
+    /// Reads the records through `source` instead of `experts.bin` (same offsets and lengths): how a test
+    /// puts a failing or lying disk under the store and the cache, everything above it unchanged.
+    pub fn with_source(mut self, source: impl RecordSource + 'static) -> Store {
+        self.source = Box::new(source);
+        self
     }
 
     pub fn dir(&self) -> &Path {
@@ -290,7 +309,7 @@ impl Store {
     fn read_exact_at(&self, mut dst: &mut [u8], mut offset: u64) -> Result<(), StoreError> {
         let expected = offset + dst.len() as u64;
         while !dst.is_empty() {
-            match self.file.read_at(dst, offset) {
+            match self.source.read_at(dst, offset) {
                 Ok(0) => {
                     return Err(StoreError::Truncated {
                         path: self.bin_path.clone(),
