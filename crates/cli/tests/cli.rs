@@ -22,6 +22,7 @@ fn stderr(o: &Output) -> String {
 /// Assert a clean failure: exit code 1, one line on stderr naming `path` and containing `cause`, no panic.
 fn assert_clean_error(o: &Output, path: &Path, cause: &str) {
     let err = stderr(o);
+    println!("{}", err.trim_end());
     assert_eq!(o.status.code(), Some(1), "stderr: {err}");
     assert!(!err.contains("panicked"), "panic: {err}");
     assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
@@ -473,6 +474,7 @@ fn out_of_range_options_are_refused() {
     for (extra, cause) in cases {
         let o = titan(&[&["run", "-m", m.to_str().unwrap(), "-p", "hi"][..], extra].concat());
         let err = stderr(&o);
+        println!("{extra:?}: {}", err.trim_end());
         assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
         assert!(err.contains(cause) && !err.contains("panicked") && err.trim_end().lines().count() == 1, "{extra:?}: {err}");
     }
