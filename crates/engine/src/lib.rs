@@ -22,7 +22,7 @@ pub mod weights;
 
 pub use config::{Arch, Config};
 pub use generate::{GenerateOptions, Generation, StopReason};
-pub use model::{LoadOptions, Model, Outputs, Sequence, StreamOptions};
+pub use model::{Batch, LoadOptions, Model, Outputs, Sequence, Span, StreamOptions};
 pub use sampler::{Sampler, SamplerOptions};
 
 #[derive(Debug, thiserror::Error)]

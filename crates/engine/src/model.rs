@@ -142,36 +142,61 @@ impl Model {
         pos0: usize,
         seq: &'s mut Sequence,
         outputs: Outputs,
-        mut trace: Option<&mut Trace>,
+        trace: Option<&mut Trace>,
     ) -> Result<&'s [f32]> {
+        let Sequence { kv, scratch } = seq;
+        self.step(&mut [Part { tokens, pos0, kv, outputs }], scratch, trace)?;
+        Ok(&scratch.logits)
+    }
+
+    /// One forward step over several sequences at once (continuous batching): each span's tokens at its
+    /// own positions of its own sequence. Returns the logits every span asked for, span after span (one
+    /// row per position of an `All` span, one for a `Last` span), valid until `batch`'s next use.
+    ///
+    /// Attention and RoPE are computed per span, everything else on all rows together, so experts chosen
+    /// by several sequences are read once for all of them. Every step is row-independent, so a
+    /// sequence's logits are the same bits whether it runs alone or beside others.
+    pub fn forward_batch<'b>(&self, spans: &mut [Span<'_>], batch: &'b mut Batch) -> Result<&'b [f32]> {
+        let mut parts: Vec<Part<'_>> = spans.iter_mut().map(|s| Part { tokens: s.tokens, pos0: s.pos0, kv: &mut s.seq.kv, outputs: s.outputs }).collect();
+        self.step(&mut parts, &mut batch.scratch, None)?;
+        Ok(&batch.scratch.logits)
+    }
+
+    /// The forward pass of `parts`, rows concatenated in order; the requested logits into `s.logits`.
+    fn step(&self, parts: &mut [Part<'_>], s: &mut Scratch, mut trace: Option<&mut Trace>) -> Result<()> {
         let c = &self.config;
-        let n = tokens.len();
-        if n == 0 {
+        if parts.is_empty() {
             return Err(EngineError::Request("forward was given no tokens".into()));
         }
-        if pos0.saturating_add(n) > seq.n_ctx() {
-            return Err(EngineError::ContextFull { ctx: seq.n_ctx(), need: pos0 + n });
+        for p in parts.iter() {
+            if p.tokens.is_empty() {
+                return Err(EngineError::Request("forward was given no tokens".into()));
+            }
+            if p.pos0.saturating_add(p.tokens.len()) > p.kv.n_ctx() {
+                return Err(EngineError::ContextFull { ctx: p.kv.n_ctx(), need: p.pos0.saturating_add(p.tokens.len()) });
+            }
+            if let Some(&t) = p.tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
+                return Err(EngineError::BadToken { id: t, vocab: c.n_vocab });
+            }
         }
+        let n: usize = parts.iter().map(|p| p.tokens.len()).sum();
         let (d, q_dim, kv_dim) = (c.n_embd, c.q_dim(), c.kv_dim());
         let w = &self.weights;
 
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-            return Err(EngineError::BadToken { id: t, vocab: c.n_vocab });
-        }
-        let cache = &mut seq.kv;
-        seq.scratch.size_for(c, n);
-        let Scratch { x, h, q, k, v, attn, attn_out, cos, sin, qkv_acts, acts, scores, route, next, moe, logits } = &mut seq.scratch;
+        s.size_for(c, n);
+        let Scratch { x, h, q, k, v, attn, attn_out, cos, sin, qkv_acts, acts, scores, route, next, moe, logits } = s;
         // token_embd: one (dequantised) row per token.
         let embd = w.view(&w.token_embd);
-        for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
+        for (row, &t) in x.chunks_exact_mut(d).zip(parts.iter().flat_map(|p| p.tokens)) {
             embd.dequantize_row(t as usize, row);
         }
 
         let shape = AttnShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
-        // RoPE angles of each position, once for all layers.
+        // RoPE angles of each row's position, once for all layers.
         let half = c.rope_dims / 2;
-        for (i, (cs, sn)) in cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)).enumerate() {
-            rope_angles(pos0 + i, c.rope_dims, c.rope_base, cs, sn);
+        let positions = parts.iter().flat_map(|p| p.pos0..p.pos0 + p.tokens.len());
+        for ((cs, sn), pos) in cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)).zip(positions) {
+            rope_angles(pos, c.rope_dims, c.rope_base, cs, sn);
         }
         let stats = &self.stats;
 
@@ -205,9 +230,14 @@ impl Model {
                         rope_head(&mut head[..c.rope_dims], cs, sn, halves);
                     }
                 }
-                // attention over the cache, then attn_output
-                cache.store(il, pos0, k, v);
-                attend(cache, il, &shape, pos0, q, attn, scores);
+                // attention of each span over its own cache, then attn_output on all rows
+                let mut row = 0;
+                for p in parts.iter_mut() {
+                    let rows = row..row + p.tokens.len();
+                    p.kv.store(il, p.pos0, &k[rows.start * kv_dim..rows.end * kv_dim], &v[rows.start * kv_dim..rows.end * kv_dim]);
+                    attend(p.kv, il, &shape, p.pos0, &q[rows.start * q_dim..rows.end * q_dim], &mut attn[rows.start * q_dim..rows.end * q_dim], scores);
+                    row = rows.end;
+                }
                 acts.quantize(l.wo.ty.act_type(), attn, n, q_dim)?;
                 matmul(&w.view(&l.wo), acts, attn_out)?;
                 Ok(())
@@ -235,14 +265,22 @@ impl Model {
             add(x, moe_out);
         }
 
-        // output_norm and the LM head, for the requested positions only.
-        let (first, rows) = match outputs {
-            Outputs::All => (0, n),
-            Outputs::Last => (n - 1, 1),
-        };
+        // output_norm and the LM head, for the requested rows only.
+        h.clear();
+        let mut row = 0;
+        for p in parts.iter() {
+            let end = row + p.tokens.len();
+            let first = match p.outputs {
+                Outputs::All => row,
+                Outputs::Last => end - 1,
+            };
+            h.extend_from_slice(&x[first * d..end * d]);
+            row = end;
+        }
+        let rows = h.len() / d;
         logits.resize(rows * c.n_vocab, 0.0);
         stats.time(Phase::Head, || -> Result<()> {
-            rms_norm_into(&x[first * d..], &w.output_norm, c.rms_eps, h);
+            rms_norm(h, &w.output_norm, c.rms_eps);
             acts.quantize(w.output.ty.act_type(), h, rows, d)?;
             matmul(&w.view(&w.output), acts, logits)?;
             Ok(())
@@ -251,7 +289,7 @@ impl Model {
         if let Some(t) = trace {
             t.tensor(None, "logits", &[rows, c.n_vocab], logits);
         }
-        Ok(logits)
+        Ok(())
     }
 
     /// The routing of layer `l` for the residual stream `x`, into `r`.
@@ -324,6 +362,30 @@ fn open_cache(s: &StreamOptions, file: &GgufFile) -> Result<ExpertCache> {
     let cache = ExpertCache::new(Arc::new(store), &CacheOptions { policy: s.policy, ..CacheOptions::new(Budget::Bytes(s.budget_bytes)) })?;
     cache.pin(&s.pinned)?;
     Ok(cache)
+}
+
+/// One sequence's share of a [`Model::forward_batch`] step: its new tokens, at positions pos0.., and
+/// which of their logits it wants.
+pub struct Span<'s> {
+    pub tokens: &'s [u32],
+    pub pos0: usize,
+    pub seq: &'s mut Sequence,
+    pub outputs: Outputs,
+}
+
+/// What a step computes for one span: the span with its cache alone (the step's buffers are elsewhere).
+struct Part<'s> {
+    tokens: &'s [u32],
+    pos0: usize,
+    kv: &'s mut KvCache,
+    outputs: Outputs,
+}
+
+/// The working buffers of batched steps ([`Model::forward_batch`]), kept from one step to the next;
+/// the sequences' own buffers stay unused.
+#[derive(Default)]
+pub struct Batch {
+    scratch: Scratch,
 }
 
 /// One sequence's state between forward calls: its KV cache, and the forward pass's working buffers,
