@@ -56,6 +56,45 @@ enum Command {
     Worker(WorkerCmdArgs),
     /// Start three workers on loopback, generate on one machine and on the cluster, and compare.
     Demo(demo::DemoArgs),
+    /// Serve the OpenAI API (completions, chat completions, models), metrics and a chat page over HTTP,
+    /// batching concurrent requests.
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Require `Authorization: Bearer KEY` on /v1/*.
+    #[arg(long = "api-key")]
+    api_key: Option<String>,
+    /// Sequences served at once.
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// KV cache positions of each sequence (default: the model's training context, at most 4096).
+    #[arg(short = 'c', long = "ctx-size")]
+    ctx_size: Option<usize>,
+    /// Allow a --ctx-size past the model's training context.
+    #[arg(long)]
+    allow_long_context: bool,
+    /// Requests that may wait for a slot; past that, new ones are answered 429.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Most tokens one step carries (every decoding sequence's next token, then prompt chunks).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    batch_size: usize,
+    /// A Jinja chat template file, instead of the model's tokenizer.chat_template.
+    #[arg(long = "chat-template")]
+    chat_template: Option<PathBuf>,
+    /// The model id clients use (default: the file name without .gguf).
+    #[arg(long)]
+    alias: Option<String>,
+    /// Largest request body in bytes (larger ones are answered 413).
+    #[arg(long = "max-body", default_value_t = 1 << 20)]
+    max_body: usize,
 }
 
 #[derive(Args)]
@@ -349,6 +388,10 @@ fn main() {
         if let Command::Worker(a) = cli.command {
             return worker(a);
         }
+        // And the server: its engine thread enters the pool itself, and its HTTP side never needs it.
+        if let Command::Serve(a) = cli.command {
+            return serve(a);
+        }
         rayon::scope(|_| match cli.command {
             Command::Run(a) => run(a),
             Command::Logits(a) => logits(a),
@@ -362,7 +405,7 @@ fn main() {
             Command::Profile(a) => profile(a),
             Command::Trace(a) => trace(a),
             Command::TraceDiff(a) => std::process::exit(trace_diff(a)),
-            Command::Worker(_) => unreachable!("served outside the pool"),
+            Command::Worker(_) | Command::Serve(_) => unreachable!("served outside the pool"),
             Command::Slice(a) => slice(a),
             Command::Demo(a) => demo::demo(a),
         })
@@ -400,6 +443,7 @@ impl Command {
             Command::Profile(a) => a.model.threads,
             Command::Worker(a) => a.threads,
             Command::Demo(a) => a.threads,
+            Command::Serve(a) => a.model.threads,
             _ => None,
         }
     }
@@ -453,6 +497,32 @@ fn slice(a: SliceArgs) -> Result<()> {
     bar.finish_and_clear();
     eprintln!("wrote {} ({}: layers {}, experts {} of {})", a.output.display(), human(bytes), a.layers, a.experts, a.model.display());
     Ok(())
+}
+
+fn serve(a: ServeArgs) -> Result<()> {
+    if a.parallel == 0 || a.parallel > 256 {
+        bail!("--parallel {} is outside 1..=256", a.parallel);
+    }
+    let chat_template = a.chat_template.as_ref().map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))).transpose()?;
+    let model = load(&a.model)?;
+    let ctx_size = a.ctx_size.unwrap_or(model.config.n_ctx_train.min(4096));
+    // Every slot holds a whole context's KV cache from the start.
+    let memory = store_args::mem_available().unwrap_or(u64::MAX) / a.parallel as u64;
+    model.check_context(ctx_size, memory, a.allow_long_context).context("--ctx-size (per slot of --parallel)")?;
+    let name = a.alias.clone().unwrap_or_else(|| a.model.model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned()));
+    eprintln!("serving {name}: {} slots of {ctx_size} tokens, steps of up to {} tokens, queue of {}", a.parallel, a.batch_size, a.queue);
+    titan_server::serve(
+        model,
+        titan_server::ServeOptions {
+            listen: a.listen,
+            api_key: a.api_key,
+            name,
+            chat_template,
+            scheduler: titan_server::SchedulerOptions { parallel: a.parallel, ctx_size, step_tokens: a.batch_size.max(1) },
+            queue_len: a.queue,
+            body_limit: a.max_body,
+        },
+    )
 }
 
 fn run(a: RunArgs) -> Result<()> {

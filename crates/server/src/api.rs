@@ -1,0 +1,237 @@
+//! The OpenAI-shaped requests and responses: parsing and checking a body into a [`Job`], and turning the
+//! engine's [`Event`]s into a completion, a chat completion, or a stream of their chunks.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use titan_engine::SamplerOptions;
+
+use crate::error::ApiError;
+use crate::scheduler::{Event, Finish};
+
+/// Sampling and length fields common to both endpoints (names as OpenAI and llama-server take them).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct Params {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct StreamOptions {
+    pub include_usage: bool,
+}
+
+#[derive(Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    /// Chat takes `logprobs: true`.
+    #[serde(default)]
+    pub logprobs: bool,
+    #[serde(flatten)]
+    pub params: Params,
+}
+
+#[derive(Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    /// A string, or OpenAI's list of parts (`[{"type": "text", "text": …}]`), whose texts are joined.
+    #[serde(default)]
+    pub content: Value,
+}
+
+#[derive(Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Value,
+    /// Completions take `logprobs: N` (TITAN gives the chosen token's, for any N ≥ 0).
+    #[serde(default)]
+    pub logprobs: Option<u32>,
+    #[serde(default)]
+    pub echo: bool,
+    #[serde(flatten)]
+    pub params: Params,
+}
+
+impl ChatMessage {
+    pub fn text(&self) -> Result<String, ApiError> {
+        match &self.content {
+            Value::String(s) => Ok(s.clone()),
+            Value::Null => Ok(String::new()),
+            Value::Array(parts) => parts
+                .iter()
+                .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => Ok(t),
+                    _ => Err(ApiError::bad_request("only text parts are supported in message content")),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(|t| t.concat()),
+            _ => Err(ApiError::bad_request("message content must be a string or a list of text parts")),
+        }
+    }
+}
+
+/// The prompt of a completion request: a string (a one-element list of strings, or a list of token ids,
+/// as the API allows, is taken too).
+pub fn completion_prompt(v: &Value) -> Result<PromptInput, ApiError> {
+    match v {
+        Value::String(s) => Ok(PromptInput::Text(s.clone())),
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => Ok(PromptInput::Text(a[0].as_str().unwrap_or_default().to_string())),
+        Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_u64) => {
+            let ids = a.iter().map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok())).collect::<Option<Vec<u32>>>();
+            ids.map(PromptInput::Tokens).ok_or_else(|| ApiError::bad_request("prompt token ids must be u32"))
+        }
+        _ => Err(ApiError::bad_request("prompt must be a string, a list of one string, or a list of token ids")),
+    }
+}
+
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// What a request asks of the engine, checked: sampler values in range, one choice, lengths that fit.
+pub struct Settings {
+    pub sampler: SamplerOptions,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+}
+
+impl Params {
+    pub fn settings(&self, prompt_len: usize, ctx_size: usize) -> Result<Settings, ApiError> {
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::bad_request("n must be 1: one choice per request").param("n"));
+        }
+        if prompt_len == 0 {
+            return Err(ApiError::bad_request("the prompt has no tokens").param("prompt"));
+        }
+        if prompt_len >= ctx_size {
+            return Err(ApiError::bad_request(format!("the prompt has {prompt_len} tokens; the context holds {ctx_size} (leave room for one generated token)")).code("context_length_exceeded"));
+        }
+        let room = ctx_size - prompt_len;
+        let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
+            None => room,
+            Some(m) if m >= 1 && m as u64 <= room as u64 => m as usize,
+            Some(m) => return Err(ApiError::bad_request(format!("max_tokens is {m}; with this prompt it must be in 1..={room}")).param("max_tokens")),
+        };
+        let d = SamplerOptions::default();
+        let sampler = SamplerOptions {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            seed: self.seed.unwrap_or(d.seed),
+            ..d
+        };
+        sampler.check().map_err(ApiError::bad_request)?;
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop.len() > 4 || stop.iter().any(String::is_empty) {
+            return Err(ApiError::bad_request("stop takes at most 4 non-empty strings").param("stop"));
+        }
+        Ok(Settings { sampler, max_tokens, stop })
+    }
+}
+
+/// Which endpoint a response is for: the shapes differ in their object names and where the text goes.
+#[derive(Clone, Copy)]
+pub enum Kind {
+    Chat,
+    Completion,
+}
+
+/// Builds the response objects of one request.
+pub struct Responder {
+    pub kind: Kind,
+    pub id: String,
+    pub model: String,
+    pub created: u64,
+    pub logprobs: bool,
+}
+
+impl Responder {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    fn logprobs_json(&self, entries: &[(String, f32)]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        match self.kind {
+            Kind::Chat => json!({ "content": entries.iter().map(|(t, l)| json!({"token": t, "logprob": l, "bytes": t.as_bytes(), "top_logprobs": []})).collect::<Vec<_>>() }),
+            Kind::Completion => json!({ "tokens": entries.iter().map(|(t, _)| t).collect::<Vec<_>>(), "token_logprobs": entries.iter().map(|(_, l)| l).collect::<Vec<_>>() }),
+        }
+    }
+
+    /// One streamed chunk: new text (`finish` None), or the last one (empty text, `finish` set).
+    pub fn chunk(&self, text: &str, entries: &[(String, f32)], finish: Option<Finish>, first: bool) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let delta = if first { json!({"role": "assistant", "content": text}) } else if finish.is_some() { json!({}) } else { json!({"content": text}) };
+                json!({"index": 0, "delta": delta, "logprobs": self.logprobs_json(entries), "finish_reason": finish.map(Finish::as_str)})
+            }
+            Kind::Completion => json!({"index": 0, "text": text, "logprobs": self.logprobs_json(entries), "finish_reason": finish.map(Finish::as_str)}),
+        };
+        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": [choice]})
+    }
+
+    /// The usage-only chunk that `stream_options.include_usage` asks for, last before `[DONE]`.
+    pub fn usage_chunk(&self, usage: &Value) -> Value {
+        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": [], "usage": usage})
+    }
+
+    /// The whole response of a request that was not streamed.
+    pub fn whole(&self, text: &str, entries: &[(String, f32)], finish: Finish, usage: &Value) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": self.logprobs_json(entries), "finish_reason": finish.as_str()}),
+            Kind::Completion => json!({"index": 0, "text": text, "logprobs": self.logprobs_json(entries), "finish_reason": finish.as_str()}),
+        };
+        json!({"id": self.id, "object": self.object(false), "created": self.created, "model": self.model, "choices": [choice], "usage": usage})
+    }
+}
+
+pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens})
+}
+
+/// Collects a request's events into its text, token log-probabilities and end.
+pub async fn collect(events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>, token_text: impl Fn(u32) -> String) -> Result<(String, Vec<(String, f32)>, Finish, Value), ApiError> {
+    let (mut text, mut entries) = (String::new(), Vec::new());
+    while let Some(e) = events.recv().await {
+        match e {
+            Event::Text { text: t, logprob } => {
+                text.push_str(&t);
+                entries.extend(logprob.map(|(id, l)| (token_text(id), l)));
+            }
+            Event::Done { finish, prompt_tokens, completion_tokens } => return Ok((text, entries, finish, usage(prompt_tokens, completion_tokens))),
+            Event::Failed(why) => return Err(ApiError::internal(why)),
+        }
+    }
+    Err(ApiError::internal("the engine stopped before the request finished"))
+}

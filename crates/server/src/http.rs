@@ -1,0 +1,203 @@
+//! The routes: the chat page, health, metrics, models, completions and chat completions, streamed as
+//! server-sent events or not, behind an optional API key and a body size limit.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream, StreamExt};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use titan_engine::Model;
+use tokio::sync::mpsc;
+
+use crate::api::{collect, completion_prompt, usage, ChatRequest, CompletionRequest, Kind, Params, PromptInput, Responder};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::scheduler::{Event, Job};
+use crate::template::{ChatTemplate, Message};
+
+pub struct AppState {
+    pub model: Arc<Model>,
+    /// The model id clients name (`GET /v1/models`).
+    pub name: String,
+    pub template: Option<ChatTemplate>,
+    pub queue: mpsc::Sender<Job>,
+    pub queue_len: usize,
+    pub metrics: Arc<Metrics>,
+    pub api_key: Option<String>,
+    pub ctx_size: usize,
+    pub body_limit: usize,
+    pub created: u64,
+}
+
+type Shared = Arc<AppState>;
+
+pub fn router(state: Shared) -> Router {
+    let api = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    Router::new()
+        .route("/", get(|| async { Html(include_str!("page.html")) }))
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/metrics", get(metrics))
+        .merge(api)
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(DefaultBodyLimit::max(state.body_limit))
+        .with_state(state)
+}
+
+/// `/v1/*` needs `Authorization: Bearer KEY` when the server has a key; the page, health and metrics
+/// do not (as llama-server).
+async fn require_key(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.api_key {
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| titan_net::secrets_equal(g.as_bytes(), key.as_bytes())) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render(&s.model))
+}
+
+async fn models(State(s): State<Shared>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [{"id": s.name, "object": "model", "created": s.created, "owned_by": "titan"}]}))
+}
+
+/// The body as JSON of `T`, every failure an OpenAI-shaped 4xx (axum's own rejections are plain text).
+fn parse<T: DeserializeOwned>(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let body = body.map_err(|e| if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::too_large(s.body_limit) } else { ApiError::bad_request(e.body_text()) })?;
+    serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("the body is not a valid request: {e}")))
+}
+
+fn check_model(s: &AppState, p: &Params) -> Result<(), ApiError> {
+    match &p.model {
+        Some(m) if m != &s.name => Err(ApiError::not_found(format!("the model {m:?} does not exist; this server has {:?}", s.name)).param("model").code("model_not_found")),
+        _ => Ok(()),
+    }
+}
+
+async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let r: CompletionRequest = parse(&s, body)?;
+    check_model(&s, &r.params)?;
+    if r.echo {
+        return Err(ApiError::bad_request("echo is not supported").param("echo"));
+    }
+    let prompt = match completion_prompt(&r.prompt)? {
+        PromptInput::Text(t) => s.model.tokenizer.encode(&t, true, true),
+        PromptInput::Tokens(t) => t,
+    };
+    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= s.model.config.n_vocab) {
+        return Err(ApiError::bad_request(format!("token id {t} is outside the vocabulary ({} tokens)", s.model.config.n_vocab)).param("prompt"));
+    }
+    let responder = Responder { kind: Kind::Completion, id: format!("cmpl-{}", request_id()), model: s.name.clone(), created: now(), logprobs: r.logprobs.is_some() };
+    respond(s, prompt, &r.params, responder).await
+}
+
+async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let r: ChatRequest = parse(&s, body)?;
+    check_model(&s, &r.params)?;
+    let Some(template) = &s.template else {
+        return Err(ApiError::bad_request("the model has no chat template (tokenizer.chat_template); start titan serve with --chat-template FILE, or use /v1/completions"));
+    };
+    if r.messages.is_empty() {
+        return Err(ApiError::bad_request("messages is empty").param("messages"));
+    }
+    let messages = r.messages.iter().map(|m| Ok(Message { role: m.role.clone(), content: m.text()? })).collect::<Result<Vec<_>, ApiError>>()?;
+    let text = template.render(&messages).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // The template usually writes the BOS token itself; it is added once, as a token.
+    let bos = s.model.tokenizer.added_bos().and_then(|b| s.model.tokenizer.token_bytes(b)).map(|b| String::from_utf8_lossy(b).into_owned());
+    let text = bos.as_deref().and_then(|b| text.strip_prefix(b)).unwrap_or(&text);
+    let prompt = s.model.tokenizer.encode(text, true, true);
+    let responder = Responder { kind: Kind::Chat, id: format!("chatcmpl-{}", request_id()), model: s.name.clone(), created: now(), logprobs: r.logprobs };
+    respond(s, prompt, &r.params, responder).await
+}
+
+/// Queues the request and answers it, whole or streamed.
+async fn respond(s: Shared, prompt: Vec<u32>, params: &Params, responder: Responder) -> Result<Response, ApiError> {
+    let settings = params.settings(prompt.len(), s.ctx_size)?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let prompt_len = prompt.len();
+    let job = Job { prompt, sampler: settings.sampler, max_tokens: settings.max_tokens, stop: settings.stop, logprobs: responder.logprobs, events: tx, queued_at: Instant::now() };
+    s.metrics.queued.fetch_add(1, Ordering::Relaxed);
+    if s.queue.try_send(job).is_err() {
+        s.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+        s.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::busy(s.queue_len));
+    }
+    s.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    s.metrics.prompt_tokens.fetch_add(prompt_len as u64, Ordering::Relaxed);
+    let token_text = {
+        let s = s.clone();
+        move |id: u32| s.model.tokenizer.token_bytes(id).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default()
+    };
+    if !params.stream {
+        let (text, entries, finish, usage) = collect(&mut rx, token_text).await?;
+        return Ok(Json(responder.whole(&text, &entries, finish, &usage)).into_response());
+    }
+    let include_usage = params.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    Ok(Sse::new(chunks(rx, responder, include_usage, token_text)).into_response())
+}
+
+/// The SSE stream of a request: a chunk per piece of text, the finishing chunk, the usage chunk if asked
+/// for, then `[DONE]`. Dropping the stream (the client went away) drops the receiver, which frees the
+/// request's slot at the engine's next step.
+fn chunks<F: Fn(u32) -> String + Send + 'static>(rx: mpsc::UnboundedReceiver<Event>, r: Responder, include_usage: bool, token_text: F) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    struct Open<F> {
+        rx: mpsc::UnboundedReceiver<Event>,
+        r: Responder,
+        token_text: F,
+        first: bool,
+    }
+    let data = |v: Value| SseEvent::default().data(v.to_string());
+    stream::unfold(Some(Open { rx, r, token_text, first: true }), move |open| async move {
+        let mut o = open?;
+        let events = match o.rx.recv().await {
+            Some(Event::Text { text, logprob }) => {
+                let entries: Vec<(String, f32)> = logprob.map(|(id, l)| ((o.token_text)(id), l)).into_iter().collect();
+                if text.is_empty() && entries.is_empty() {
+                    return Some((Vec::new(), Some(o)));
+                }
+                let chunk = data(o.r.chunk(&text, &entries, None, o.first));
+                o.first = false;
+                return Some((vec![chunk], Some(o)));
+            }
+            Some(Event::Done { finish, prompt_tokens, completion_tokens }) => {
+                let mut v = vec![data(o.r.chunk("", &[], Some(finish), false))];
+                if include_usage {
+                    v.push(data(o.r.usage_chunk(&usage(prompt_tokens, completion_tokens))));
+                }
+                v
+            }
+            Some(Event::Failed(why)) => vec![data(ApiError::internal(why).body())],
+            None => vec![data(ApiError::internal("the engine stopped before the request finished").body())],
+        };
+        Some((events.into_iter().chain([SseEvent::default().data("[DONE]")]).collect(), None))
+    })
+    .flat_map(|events| stream::iter(events.into_iter().map(Ok)))
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A request id unique within the process and unlikely to repeat across restarts.
+fn request_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!("{:x}{:06x}", now(), NEXT.fetch_add(1, Ordering::Relaxed))
+}

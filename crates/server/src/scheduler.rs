@@ -1,0 +1,278 @@
+//! Continuous batching: the engine loop. Requests wait in a bounded queue; between steps the loop admits
+//! as many as there are free slots, and each step carries every decoding sequence's next row plus prompt
+//! chunks of the sequences still reading their prompt, up to a token budget. A sequence leaves its slot
+//! the step it finishes, or as soon as its client has gone.
+//!
+//! The loop runs on its own thread and owns the model's sequences; the HTTP side only sends [`Job`]s and
+//! reads [`Event`]s. A sequence's tokens do not depend on what it is batched with (`forward_batch`'s
+//! contract), so a greedy request returns the same text alone or beside others.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use titan_engine::{Batch, Model, Outputs, Sampler, SamplerOptions, Sequence, Span};
+use titan_tokenizer::StreamDecoder;
+use tokio::sync::mpsc;
+
+use crate::metrics::Metrics;
+
+/// One request, as the engine runs it.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub sampler: SamplerOptions,
+    pub max_tokens: usize,
+    /// Generation ends before the first occurrence of any of these (not included in the text).
+    pub stop: Vec<String>,
+    pub logprobs: bool,
+    pub events: mpsc::UnboundedSender<Event>,
+    pub queued_at: Instant,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// Newly decoded text (possibly empty, while a multi-byte character is incomplete or a stop string
+    /// might be starting), with the token's log-probability when asked for.
+    Text { text: String, logprob: Option<(u32, f32)> },
+    Done { finish: Finish, prompt_tokens: usize, completion_tokens: usize },
+    Failed(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+pub struct SchedulerOptions {
+    /// Sequences served at once.
+    pub parallel: usize,
+    /// KV cache positions of each sequence.
+    pub ctx_size: usize,
+    /// Most tokens one step carries (decode rows first, then prompt chunks).
+    pub step_tokens: usize,
+}
+
+/// A request in a slot: its sequence, what it has generated, and what it has sent.
+struct Slot<'m> {
+    job: Job,
+    seq: Sequence,
+    sampler: Sampler,
+    /// The prompt, then each generated token.
+    history: Vec<u32>,
+    /// Positions of `history` already in the sequence's cache.
+    in_cache: usize,
+    generated: usize,
+    decoder: StreamDecoder<'m>,
+    /// Decoded text held back because it may be the start of a stop string.
+    held: String,
+    first_token: bool,
+}
+
+impl Slot<'_> {
+    fn reading_prompt(&self) -> bool {
+        self.in_cache < self.job.prompt.len()
+    }
+}
+
+/// Runs until every sender of `queue` is gone.
+pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job>, metrics: &Metrics) {
+    let mut slots: Vec<Slot<'_>> = Vec::new();
+    let mut batch = Batch::default();
+    loop {
+        // Admit: block for work when idle; otherwise take what is waiting, up to the free slots.
+        while slots.len() < opts.parallel {
+            let job = if slots.is_empty() {
+                match queue.blocking_recv() {
+                    Some(j) => j,
+                    None => return,
+                }
+            } else {
+                match queue.try_recv() {
+                    Ok(j) => j,
+                    Err(_) => break,
+                }
+            };
+            metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            if job.events.is_closed() {
+                continue;
+            }
+            slots.push(Slot {
+                seq: model.new_sequence(opts.ctx_size),
+                sampler: Sampler::new(job.sampler.clone()),
+                history: job.prompt.clone(),
+                in_cache: 0,
+                generated: 0,
+                decoder: model.tokenizer.stream(),
+                held: String::new(),
+                first_token: true,
+                job,
+            });
+        }
+        // A client that has gone frees its slot before the step, not after its request's end.
+        slots.retain(|s| !s.job.events.is_closed());
+        if slots.is_empty() {
+            continue;
+        }
+        metrics.active.store(slots.len() as u64, Ordering::Relaxed);
+        step(model, opts, &mut slots, &mut batch, metrics);
+    }
+}
+
+/// One forward step over the slots, then each finished row sampled and sent.
+fn step<'m>(model: &'m Model, opts: &SchedulerOptions, slots: &mut Vec<Slot<'m>>, batch: &mut Batch, metrics: &Metrics) {
+    // Decode rows first (one token each, latency matters), then prompt chunks in admission order.
+    let mut budget = opts.step_tokens.max(slots.len());
+    let mut take = vec![0usize; slots.len()];
+    for (t, s) in take.iter_mut().zip(slots.iter()).filter(|(_, s)| !s.reading_prompt()) {
+        *t = 1;
+        budget -= 1;
+        debug_assert_eq!(s.history.len() - s.in_cache, 1);
+    }
+    for (t, s) in take.iter_mut().zip(slots.iter()).filter(|(_, s)| s.reading_prompt()) {
+        *t = (s.job.prompt.len() - s.in_cache).min(budget);
+        budget -= *t;
+    }
+    let started = Instant::now();
+    let mut spans: Vec<Span<'_>> = Vec::new();
+    let mut members = Vec::new();
+    for (i, (s, &n)) in slots.iter_mut().zip(&take).enumerate() {
+        if n == 0 {
+            continue;
+        }
+        spans.push(Span { tokens: &s.history[s.in_cache..s.in_cache + n], pos0: s.in_cache, seq: &mut s.seq, outputs: Outputs::Last });
+        members.push(i);
+    }
+    let rows: usize = spans.iter().map(|s| s.tokens.len()).sum();
+    let result = model.forward_batch(&mut spans, batch).map(|l| l.to_vec());
+    drop(spans);
+    metrics.record_step(rows, members.len(), started.elapsed());
+    let logits = match result {
+        Ok(l) => l,
+        Err(e) => {
+            // The step failed for every member (a lost disk, a cluster with no way to compute a layer):
+            // each is told, and their slots are freed.
+            for &i in members.iter().rev() {
+                let s = slots.remove(i);
+                let _ = s.job.events.send(Event::Failed(e.to_string()));
+            }
+            return;
+        }
+    };
+    let v = model.config.n_vocab;
+    let mut finished = Vec::new();
+    for (row, &i) in members.iter().enumerate() {
+        let s = &mut slots[i];
+        s.in_cache += take[i];
+        if s.reading_prompt() {
+            continue;
+        }
+        let logits = &logits[row * v..(row + 1) * v];
+        if let Some(finish) = advance(model, opts, s, logits, metrics) {
+            let _ = s.job.events.send(Event::Done { finish, prompt_tokens: s.job.prompt.len(), completion_tokens: s.generated });
+            finished.push(i);
+        }
+    }
+    for &i in finished.iter().rev() {
+        slots.remove(i);
+        metrics.completed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Samples the slot's next token from `logits` and sends its text; the finish reason if the request is done.
+fn advance<'m>(model: &'m Model, opts: &SchedulerOptions, s: &mut Slot<'m>, logits: &[f32], metrics: &Metrics) -> Option<Finish> {
+    let token = s.sampler.sample(logits, &s.history);
+    if s.first_token {
+        s.first_token = false;
+        metrics.record_first_token(s.job.queued_at.elapsed());
+    }
+    if model.tokenizer.is_eog(token) {
+        let rest = std::mem::take(&mut s.held) + &std::mem::replace(&mut s.decoder, model.tokenizer.stream()).finish();
+        send_text(s, rest, None);
+        return Some(Finish::Stop);
+    }
+    s.generated += 1;
+    s.history.push(token);
+    metrics.generated.fetch_add(1, Ordering::Relaxed);
+    let logprob = s.job.logprobs.then(|| (token, log_softmax_at(logits, token)));
+    s.held.push_str(&s.decoder.push(token));
+    // A stop string ends the text where it begins; text that could still become one is held back.
+    if let Some(at) = s.job.stop.iter().filter_map(|stop| s.held.find(stop.as_str())).min() {
+        let text = s.held[..at].to_string();
+        s.held.clear();
+        send_text(s, text, logprob);
+        return Some(Finish::Stop);
+    }
+    let keep = s.job.stop.iter().map(|stop| partial_suffix(&s.held, stop)).max().unwrap_or(0);
+    let text = s.held[..s.held.len() - keep].to_string();
+    s.held.drain(..s.held.len() - keep);
+    send_text(s, text, logprob);
+    if s.generated >= s.job.max_tokens || s.history.len() >= opts.ctx_size {
+        let rest = std::mem::take(&mut s.held) + &std::mem::replace(&mut s.decoder, model.tokenizer.stream()).finish();
+        if !rest.is_empty() {
+            send_text(s, rest, None);
+        }
+        return Some(Finish::Length);
+    }
+    None
+}
+
+fn send_text(s: &Slot<'_>, text: String, logprob: Option<(u32, f32)>) {
+    let _ = s.job.events.send(Event::Text { text, logprob });
+}
+
+/// The length of the longest suffix of `text` that is a proper prefix of `stop` (on character boundaries).
+fn partial_suffix(text: &str, stop: &str) -> usize {
+    (1..stop.len().min(text.len() + 1)).rev().find(|&n| text.is_char_boundary(text.len() - n) && stop.starts_with(&text[text.len() - n..])).unwrap_or(0)
+}
+
+/// log p(token) under softmax(logits), in f64 for the sum.
+fn log_softmax_at(logits: &[f32], token: u32) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    (logits[token as usize] - max) as f32 - sum.ln() as f32
+}
+
+/// The queue the HTTP side sends jobs into, and the engine thread that drains it.
+pub fn start(model: Arc<Model>, opts: SchedulerOptions, queue_len: usize, metrics: Arc<Metrics>) -> mpsc::Sender<Job> {
+    let (tx, rx) = mpsc::channel(queue_len.max(1));
+    std::thread::Builder::new()
+        .name("engine".into())
+        .spawn(move || {
+            // Inside the global pool, as the CLI's commands run: the forward pass's parallel regions are
+            // then pushes onto this worker's own queue.
+            rayon::scope(|_| run(&model, &opts, rx, &metrics));
+        })
+        .expect("the engine thread starts");
+    tx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_back_text_is_the_longest_start_of_a_stop_string() {
+        assert_eq!(partial_suffix("Hello wor", "world"), 3);
+        assert_eq!(partial_suffix("Hello", "world"), 0);
+        assert_eq!(partial_suffix("ab", "abc"), 2);
+        assert_eq!(partial_suffix("xé", "éa"), "é".len());
+        assert_eq!(partial_suffix("", "abc"), 0);
+    }
+
+    #[test]
+    fn log_softmax_sums_to_one() {
+        let logits = [1.0f32, 2.0, 3.0];
+        let total: f32 = (0..3).map(|t| log_softmax_at(&logits, t).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+    }
+}
