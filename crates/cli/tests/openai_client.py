@@ -1,11 +1,13 @@
 """`titan serve` driven by the official `openai` client (and, for what the client cannot send, raw HTTP).
 
-Usage: openai_client.py BASE_URL MODEL API_KEY api|slots
+Usage: openai_client.py BASE_URL MODEL API_KEY api|slots|texts
 
 `api`: chat and completions, streamed and not; 8 concurrent streamed greedy requests each equal to the same
 request alone; stop strings; logprobs; usage; every error case with its status and OpenAI-shaped body.
 `slots` (a server with --parallel 1 --queue 1 and a long context): a client that disconnects mid-stream
 frees its slot, and a full queue answers 429 with Retry-After.
+`texts`: prints, as one JSON line, the greedy texts of four concurrent streamed requests (for comparing
+servers, e.g. one machine against a cluster).
 Prints what it checked; any failed check raises (non-zero exit).
 """
 
@@ -158,5 +160,12 @@ def slots():
     check(metric("titan_requests_rejected_total") >= 1, "the refusal is counted in /metrics")
 
 
-{"api": api, "slots": slots}[MODE]()
+def texts():
+    prompts = [f"Request {i}: the quick brown fox" for i in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        out = list(pool.map(lambda p: completion_streamed(p, max_tokens=48)[0], prompts))
+    print(json.dumps(out))
+
+
+{"api": api, "slots": slots, "texts": texts}[MODE]()
 print("all checks passed")
