@@ -74,12 +74,16 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // jinja2 calls `none` not iterable (`tools is iterable and tools | length > 0`, as
+        // Qwen3-Coder and Nemotron 3 write it); minijinja iterates none as empty and would go on
+        // to `none | length`.
+        env.add_test("iterable", |v: &Value| !v.is_none() && v.try_iter().is_ok());
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         // Replaces minijinja's own, which escapes `<`, `>`, `&` and `'` for HTML and writes no
         // spaces.
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, source.to_owned())
+        env.add_template_owned(NAME, without_generation_tags(source))
             .map_err(|e| TemplateError::Syntax {
                 line: e.line().unwrap_or(0),
                 cause: cause(&e),
@@ -106,6 +110,38 @@ impl ChatTemplate {
         };
         template.render(ctx).map_err(|e| render_error(&e))
     }
+}
+
+/// `{% generation %}…{% endgeneration %}` is transformers' own tag (it marks the assistant's tokens
+/// for training masks and renders its body unchanged); LFM2 and Laguna templates use it. It becomes
+/// `{% if true %}…{% endif %}`, which keeps its `-`/`+` whitespace control and its place as a block
+/// for trim_blocks and lstrip_blocks, so the output is what transformers renders.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        let tag = &rest[start..];
+        // An unclosed tag is left as it is, for the parser to report.
+        let Some(end) = tag[2..].find("%}").map(|i| i + 2) else {
+            break;
+        };
+        out.push_str(&rest[..start]);
+        let inner = &tag[2..end];
+        let after_open = inner.strip_prefix(['-', '+']).unwrap_or(inner);
+        let word = after_open.strip_suffix(['-', '+']).unwrap_or(after_open);
+        let open = &inner[..inner.len() - after_open.len()];
+        let close = &after_open[word.len()..];
+        let word = word.trim();
+        match word {
+            "generation" => write!(out, "{{%{open} if true {close}%}}"),
+            "endgeneration" => write!(out, "{{%{open} endif {close}%}}"),
+            _ => write!(out, "{}", &tag[..end + 2]),
+        }
+        .expect("writing to a String");
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn render_error(e: &Error) -> TemplateError {
@@ -369,7 +405,7 @@ mod tests {
     fn real_templates_render_as_transformers_does() {
         let expected = expected();
         let templates = expected["templates"].as_object().unwrap();
-        assert_eq!(templates.len(), 4, "one entry per fixture template");
+        assert_eq!(templates.len(), 7, "one entry per fixture template");
         for (file, entry) in templates {
             let source = std::fs::read_to_string(format!("{FIXTURES}/{file}")).unwrap();
             let bos = entry["bos_token"].as_str().unwrap();
@@ -395,6 +431,21 @@ mod tests {
             let template =
                 ChatTemplate::new(source, "<s>", "</s>").unwrap_or_else(|e| panic!("{name}: {e}"));
             check(template.render(&messages), want, name);
+        }
+    }
+
+    #[test]
+    fn generation_tags_become_plain_blocks() {
+        let source = "{%- generation -%}a{% endgeneration %}{%+generation+%}b{%endgeneration-%}";
+        let want = "{%- if true -%}a{% endif %}{%+ if true +%}b{% endif -%}";
+        assert_eq!(without_generation_tags(source), want);
+        for untouched in [
+            "{% if x %}{%}{{ y }}{% endif %}",
+            "text {% generation",
+            "{%%}",
+            "{#{%#}",
+        ] {
+            assert_eq!(without_generation_tags(untouched), untouched);
         }
     }
 
