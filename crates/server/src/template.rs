@@ -78,6 +78,18 @@ impl ChatTemplate {
         // Qwen3-Coder and Nemotron 3 write it); minijinja iterates none as empty and would go on
         // to `none | length`.
         env.add_test("iterable", |v: &Value| !v.is_none() && v.try_iter().is_ok());
+        // jinja2 prints Python's str() of a value: `True`, `False`, `None` where minijinja writes
+        // `true`, `false`, `none`. (Only `{{ … }}` output; `~` and `| string` keep minijinja's
+        // spelling, as do printed lists and maps.)
+        env.set_formatter(|out, state, value| {
+            let python = match value.kind() {
+                ValueKind::Bool if value.is_true() => "True",
+                ValueKind::Bool => "False",
+                ValueKind::None => "None",
+                _ => return minijinja::escape_formatter(out, state, value),
+            };
+            out.write_str(python).map_err(Error::from)
+        });
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         // Replaces minijinja's own, which escapes `<`, `>`, `&` and `'` for HTML and writes no
