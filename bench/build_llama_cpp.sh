@@ -14,6 +14,7 @@
 #   JOBS                      parallel build jobs (default: nproc)
 #   FORCE=1                   reconfigure and rebuild even if the binaries exist
 #   LLAMA_RPC=1               also build the RPC backend and ggml-rpc-server (for bench/cluster_llama_rpc.sh)
+#   LLAMA_SERVER=1            also build llama-server (for bench/serve.py)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,6 +29,7 @@ TOOLS_VENV="$BUILD/bench-tools-venv"
 JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
 TARGETS=(llama-bench llama-completion)
 [[ "${LLAMA_RPC:-0}" == 1 ]] && TARGETS+=(ggml-rpc-server)
+[[ "${LLAMA_SERVER:-0}" == 1 ]] && TARGETS+=(llama-server)
 
 log() { echo "[build_llama_cpp] $*" >&2; }
 
@@ -94,7 +96,7 @@ CONFIG_ARGS=(-S "$SRC" -B "$OUT" -G Ninja -DCMAKE_MAKE_PROGRAM="$NINJA"
     -DGGML_NATIVE=ON
     "-DCMAKE_C_FLAGS=$CFLAGS_EXTRA" "-DCMAKE_CXX_FLAGS=$CFLAGS_EXTRA"
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER="$([[ "${LLAMA_SERVER:-0}" == 1 ]] && echo ON || echo OFF)" -DLLAMA_BUILD_EXAMPLES=OFF
     -DLLAMA_BUILD_TOOLS=ON)
 [[ "${LLAMA_RPC:-0}" == 1 ]] && CONFIG_ARGS+=(-DGGML_RPC=ON)
 STAMP="$OUT/bench-configure-args.txt"
