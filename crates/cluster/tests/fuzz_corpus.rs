@@ -1,5 +1,5 @@
-//! The `proto` and `http_body` fuzz targets' corpora and regressions, replayed on stable (see
-//! `fuzz/README.md`).
+//! The `proto`, `http_body` and `shard` fuzz targets' corpora and regressions, replayed on stable
+//! (see `fuzz/README.md`).
 
 #[path = "../../../fuzz/replay.rs"]
 mod replay;
@@ -7,6 +7,8 @@ mod replay;
 mod http_body;
 #[path = "fuzz/proto.rs"]
 mod proto;
+#[path = "fuzz/shard.rs"]
+mod shard;
 
 #[test]
 fn proto_corpus_decodes_or_errors() {
@@ -16,4 +18,9 @@ fn proto_corpus_decodes_or_errors() {
 #[test]
 fn http_body_corpus_parses_or_errors() {
     replay::replay("http_body", http_body::run);
+}
+
+#[test]
+fn shard_corpus_opens_or_errors() {
+    replay::replay("shard", shard::run);
 }
