@@ -11,6 +11,7 @@ mod body;
 static MODEL: OnceLock<GgufFile> = OnceLock::new();
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let model = MODEL.get_or_init(|| body::model(&Path::new(env!("CARGO_MANIFEST_DIR")).join("..")));
+    let model =
+        MODEL.get_or_init(|| body::model(&Path::new(env!("CARGO_MANIFEST_DIR")).join("..")));
     body::run(model, data)
 });

@@ -1,12 +1,12 @@
 //! The `proto`, `http_body` and `shard` fuzz targets' corpora and regressions, replayed on stable
 //! (see `fuzz/README.md`).
 
-#[path = "../../../fuzz/replay.rs"]
-mod replay;
 #[path = "fuzz/http_body.rs"]
 mod http_body;
 #[path = "fuzz/proto.rs"]
 mod proto;
+#[path = "../../../fuzz/replay.rs"]
+mod replay;
 #[path = "fuzz/shard.rs"]
 mod shard;
 

@@ -11,16 +11,36 @@ pub fn run(data: &[u8]) {
     // The reader maps a path (as the loader does), so the bytes go through a file.
     let mut file = tempfile::NamedTempFile::new().expect("creating a temp file");
     file.write_all(data).expect("writing the temp file");
-    let Ok(g) = GgufFile::open(file.path()) else { return };
+    let Ok(g) = GgufFile::open(file.path()) else {
+        return;
+    };
 
     assert_eq!(g.file_len(), data.len() as u64);
     // The cluster hashes the header as the model's identity (`model_identity`).
-    assert!(g.bytes(0, g.data_offset as usize).is_some() || g.tensors.is_empty(), "header past the end with tensors present");
+    assert!(
+        g.bytes(0, g.data_offset as usize).is_some() || g.tensors.is_empty(),
+        "header past the end with tensors present"
+    );
     for (key, value) in &g.metadata {
         let _ = value.to_string();
-        assert!(g.get(key).is_some(), "metadata key {key:?} listed but not found");
-        let _ = (g.get_u64(key), g.get_f64(key), g.get_bool(key), g.get_str(key), g.get_array(key));
-        let _ = (g.strings(key), g.f32s(key), g.i64s(key), g.u64_of(key), g.require(key));
+        assert!(
+            g.get(key).is_some(),
+            "metadata key {key:?} listed but not found"
+        );
+        let _ = (
+            g.get_u64(key),
+            g.get_f64(key),
+            g.get_bool(key),
+            g.get_str(key),
+            g.get_array(key),
+        );
+        let _ = (
+            g.strings(key),
+            g.f32s(key),
+            g.i64s(key),
+            g.u64_of(key),
+            g.require(key),
+        );
     }
     for t in &g.tensors {
         let found = g.tensor(&t.name).expect("a listed tensor is found by name");

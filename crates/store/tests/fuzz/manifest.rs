@@ -1,7 +1,7 @@
 //! The `manifest` fuzz target's body, shared by `fuzz/fuzz_targets/manifest.rs` and
-//! `tests/fuzz_corpus.rs`: arbitrary bytes as a store's `manifest.json`, beside an `experts.bin` whose
-//! length the first bytes choose (through `arbitrary`), opened as `titan verify` opens a store (no
-//! model) and as the loader opens one (against a fixture model), then every record read.
+//! `tests/fuzz_corpus.rs`: arbitrary bytes as a store's `manifest.json`, beside an `experts.bin`
+//! whose length the first bytes choose (through `arbitrary`), opened as `titan verify` opens a
+//! store (no model) and as the loader opens one (against a fixture model), then every record read.
 
 use std::path::Path;
 
@@ -15,7 +15,9 @@ pub const MODEL: &str = "tests/fixtures/qwen3moe/q8_0.gguf";
 pub fn run(model: &GgufFile, data: &[u8]) {
     let mut u = Unstructured::new(data);
     // Enough for the fixture's records at the default alignment, small enough to read every one.
-    let Ok(bin_len) = u.int_in_range(0..=1u64 << 20) else { return };
+    let Ok(bin_len) = u.int_in_range(0..=1u64 << 20) else {
+        return;
+    };
     let manifest = u.take_rest();
 
     let dir = tempfile::tempdir().expect("creating a temp dir");
@@ -38,8 +40,15 @@ fn read_every_record(store: &Store, bin_len: u64) {
     assert!(store.max_record_bytes() <= bin_len);
     for r in &store.manifest().records {
         assert!(store.is_moe_layer(r.layer));
-        let bytes = store.record_bytes(r.layer, r.expert).expect("a listed record has a size");
-        assert!(r.offset + bytes <= bin_len, "record of layer {} expert {} past the end", r.layer, r.expert);
+        let bytes = store
+            .record_bytes(r.layer, r.expert)
+            .expect("a listed record has a size");
+        assert!(
+            r.offset + bytes <= bin_len,
+            "record of layer {} expert {} past the end",
+            r.layer,
+            r.expert
+        );
         let _ = store.read(r.layer, r.expert);
     }
 }
