@@ -50,6 +50,11 @@ pub fn serve(model: Model, opts: ServeOptions) -> Result<()> {
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&opts.listen).await.with_context(|| format!("listening on {}", opts.listen))?;
         println!("listening on {}", listener.local_addr()?);
+        // A streamed answer is many small writes: without TCP_NODELAY each waits for the client's delayed ACK
+        // (Nagle), about 40 ms a token on Linux.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         axum::serve(listener, http::router(state)).await.context("serving HTTP")
     })
 }
