@@ -239,7 +239,7 @@ fn partial_suffix(text: &str, stop: &str) -> usize {
 fn log_softmax_at(logits: &[f32], token: u32) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
-    (logits[token as usize] - max) as f32 - sum.ln() as f32
+    (logits[token as usize] - max) - sum.ln() as f32
 }
 
 /// The queue the HTTP side sends jobs into, and the engine thread that drains it.
