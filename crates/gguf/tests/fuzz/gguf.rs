@@ -1,7 +1,8 @@
 //! The `gguf` fuzz target's body, shared by `fuzz/fuzz_targets/gguf.rs` and `tests/fuzz_corpus.rs`:
 //! arbitrary bytes as a model file, opened as the loader opens one, then every accessor the loader
-//! and the cluster call on a file that opened. The reader promises an error, never a panic, and
-//! views that lie inside the file; the asserts check the views.
+//! and the cluster call on a file that opened, then the model loader itself (config, weights, tokenizer).
+//! The reader promises an error, never a panic, and views that lie inside the file; the asserts check
+//! the views.
 
 use std::io::Write;
 
@@ -47,5 +48,11 @@ pub fn run(data: &[u8]) {
         assert_eq!(found.offset, t.offset);
         assert_eq!(g.tensor_data(t).len() as u64, t.size, "tensor {:?}", t.name);
         let _ = t.n_rows();
+    }
+    // The loader checks every size against the tensors before it allocates: a file that opened either
+    // loads or is refused with an error, and a model that loaded has the shapes its config says.
+    drop(g);
+    if let Ok(model) = titan_engine::Model::load(file.path()) {
+        assert_eq!(model.weights.layers.len(), model.config.n_layer);
     }
 }
