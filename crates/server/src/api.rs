@@ -7,6 +7,7 @@ use titan_engine::SamplerOptions;
 
 use crate::error::ApiError;
 use crate::scheduler::{Event, Finish};
+use crate::template::{ChatTemplate, Message};
 
 /// Sampling and length fields common to both endpoints (names as OpenAI and llama-server take them).
 #[derive(Deserialize, Default)]
@@ -152,6 +153,35 @@ impl Params {
         }
         Ok(Settings { sampler, max_tokens, stop })
     }
+}
+
+/// A body as JSON of `T`; a malformed one is a 400 that quotes serde's reason.
+fn from_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body is not a valid request: {e}")))
+}
+
+/// A `/v1/completions` body, checked as far as it can be without the model: the request and its prompt.
+pub fn completion_body(body: &[u8]) -> Result<(CompletionRequest, PromptInput), ApiError> {
+    let r: CompletionRequest = from_json(body)?;
+    if r.echo {
+        return Err(ApiError::bad_request("echo is not supported").param("echo"));
+    }
+    let prompt = completion_prompt(&r.prompt)?;
+    Ok((r, prompt))
+}
+
+/// A `/v1/chat/completions` body: the request and its prompt text, rendered by the model's `template`.
+pub fn chat_body(body: &[u8], template: Option<&ChatTemplate>) -> Result<(ChatRequest, String), ApiError> {
+    let r: ChatRequest = from_json(body)?;
+    let Some(template) = template else {
+        return Err(ApiError::bad_request("the model has no chat template (tokenizer.chat_template); start titan serve with --chat-template FILE, or use /v1/completions"));
+    };
+    if r.messages.is_empty() {
+        return Err(ApiError::bad_request("messages is empty").param("messages"));
+    }
+    let messages = r.messages.iter().map(|m| Ok(Message { role: m.role.clone(), content: m.text()? })).collect::<Result<Vec<_>, ApiError>>()?;
+    let text = template.render(&messages).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok((r, text))
 }
 
 /// Which endpoint a response is for: the shapes differ in their object names and where the text goes.

@@ -16,16 +16,15 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
-use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use titan_engine::Model;
 use tokio::sync::mpsc;
 
-use crate::api::{collect, completion_prompt, usage, ChatRequest, CompletionRequest, Kind, Params, PromptInput, Responder};
+use crate::api::{chat_body, collect, completion_body, usage, Kind, Params, PromptInput, Responder};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::scheduler::{Event, Job};
-use crate::template::{ChatTemplate, Message};
+use crate::template::ChatTemplate;
 
 pub struct AppState {
     pub model: Arc<Model>,
@@ -79,10 +78,10 @@ async fn models(State(s): State<Shared>) -> Json<Value> {
     Json(json!({"object": "list", "data": [{"id": s.name, "object": "model", "created": s.created, "owned_by": "titan"}]}))
 }
 
-/// The body as JSON of `T`, every failure an OpenAI-shaped 4xx (axum's own rejections are plain text).
-fn parse<T: DeserializeOwned>(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let body = body.map_err(|e| if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::too_large(s.body_limit) } else { ApiError::bad_request(e.body_text()) })?;
-    serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("the body is not a valid request: {e}")))
+/// The body's bytes, or the OpenAI-shaped 4xx for a body too large or unreadable (axum's own rejections
+/// are plain text).
+fn bytes(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::too_large(s.body_limit) } else { ApiError::bad_request(e.body_text()) })
 }
 
 fn check_model(s: &AppState, p: &Params) -> Result<(), ApiError> {
@@ -93,12 +92,9 @@ fn check_model(s: &AppState, p: &Params) -> Result<(), ApiError> {
 }
 
 async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let r: CompletionRequest = parse(&s, body)?;
+    let (r, prompt) = completion_body(&bytes(&s, body)?)?;
     check_model(&s, &r.params)?;
-    if r.echo {
-        return Err(ApiError::bad_request("echo is not supported").param("echo"));
-    }
-    let prompt = match completion_prompt(&r.prompt)? {
+    let prompt = match prompt {
         PromptInput::Text(t) => s.model.tokenizer.encode(&t, true, true),
         PromptInput::Tokens(t) => t,
     };
@@ -110,16 +106,8 @@ async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection
 }
 
 async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let r: ChatRequest = parse(&s, body)?;
+    let (r, text) = chat_body(&bytes(&s, body)?, s.template.as_ref())?;
     check_model(&s, &r.params)?;
-    let Some(template) = &s.template else {
-        return Err(ApiError::bad_request("the model has no chat template (tokenizer.chat_template); start titan serve with --chat-template FILE, or use /v1/completions"));
-    };
-    if r.messages.is_empty() {
-        return Err(ApiError::bad_request("messages is empty").param("messages"));
-    }
-    let messages = r.messages.iter().map(|m| Ok(Message { role: m.role.clone(), content: m.text()? })).collect::<Result<Vec<_>, ApiError>>()?;
-    let text = template.render(&messages).map_err(|e| ApiError::bad_request(e.to_string()))?;
     // The template usually writes the BOS token itself; it is added once, as a token.
     let bos = s.model.tokenizer.added_bos().and_then(|b| s.model.tokenizer.token_bytes(b)).map(|b| String::from_utf8_lossy(b).into_owned());
     let text = bos.as_deref().and_then(|b| text.strip_prefix(b)).unwrap_or(&text);

@@ -1,8 +1,8 @@
 //! `titan serve`: an OpenAI-compatible server. Requests become sequences of one engine, batched together
 //! step by step (continuous batching); the HTTP side only parses, queues and streams.
 
-mod api;
-mod error;
+pub mod api;
+pub mod error;
 mod http;
 mod metrics;
 mod scheduler;
