@@ -43,6 +43,16 @@ impl Drop for Server {
     }
 }
 
+/// The body of `GET path` (plain HTTP/1.1 over a socket; the response is small and closes).
+fn get(server: &Server, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(server.url.trim_start_matches("http://")).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
+
 /// Runs the client script in `mode` against `server` and returns what it printed, or None when it cannot
 /// run here (no python with `openai`).
 fn client(server: &Server, model: &str, mode: &str) -> Option<String> {
@@ -84,6 +94,14 @@ fn a_server_over_a_cluster_answers_as_on_one_machine() {
     let cluster = Server::start(&m, &["--nodes", &nodes, "--token-file", token_file(dir.path()).to_str().unwrap()]);
     let spread = client(&cluster, "q8_0", "texts").unwrap();
     assert_eq!(spread, alone, "the cluster's texts differ from one machine's");
+    // /metrics has each node's exchanges.
+    let metrics = get(&cluster, "/metrics");
+    for w in &workers {
+        let line = metrics.lines().find(|l| l.starts_with(&format!("titan_node_exchanges_total{{node=\"{}\"}}", w.addr))).unwrap_or_else(|| panic!("no exchanges of {} in\n{metrics}", w.addr));
+        let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(n > 0.0, "{line}");
+        assert!(metrics.contains(&format!("titan_node_exchange_seconds_total{{node=\"{}\"}}", w.addr)), "{metrics}");
+    }
     let served: Vec<String> = workers.iter().map(Worker::log).collect();
     drop(cluster);
     for (w, log) in workers.iter().zip(&served) {

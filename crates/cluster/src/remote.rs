@@ -295,6 +295,13 @@ impl Experts for Cluster {
         self.local.cache()
     }
 
+    fn exchanges(&self) -> Vec<titan_engine::experts::NodeExchange> {
+        self.metrics()
+            .into_iter()
+            .map(|(node, m)| titan_engine::experts::NodeExchange { node, exchanges: m.round_trips, exchange_ns: m.exchange_ns, wait_ns: m.wait_ns, bytes_out: m.bytes_out, bytes_in: m.bytes_in, failovers: m.failovers })
+            .collect()
+    }
+
     fn report(&self) -> Option<String> {
         let mut out = String::from("cluster (per node: layer exchanges, experts and rows computed, bytes, ms per exchange against an empty round trip, failovers):\n");
         for ((name, m), node) in self.metrics().into_iter().zip(self.node_metrics()) {

@@ -54,6 +54,26 @@ pub trait Experts: Send + Sync {
     fn report(&self) -> Option<String> {
         None
     }
+
+    /// Each remote node's exchange counters so far (a cluster's; none for a source on this machine).
+    fn exchanges(&self) -> Vec<NodeExchange> {
+        Vec::new()
+    }
+}
+
+/// One remote node's layer exchanges as the backbone saw them (for the server's `/metrics`).
+#[derive(Clone, Debug, Default)]
+pub struct NodeExchange {
+    pub node: String,
+    pub exchanges: u64,
+    /// From sending a layer's request to having its answer, summed.
+    pub exchange_ns: u64,
+    /// Of that, the time the backbone waited after finishing its own share.
+    pub wait_ns: u64,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    /// Layers whose experts were computed elsewhere because this node failed them.
+    pub failovers: u64,
 }
 
 /// A shared source (the CLI keeps a handle on a cluster to read its counters).
@@ -68,6 +88,10 @@ impl<T: Experts + ?Sized> Experts for std::sync::Arc<T> {
 
     fn report(&self) -> Option<String> {
         (**self).report()
+    }
+
+    fn exchanges(&self) -> Vec<NodeExchange> {
+        (**self).exchanges()
     }
 }
 

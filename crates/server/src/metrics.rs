@@ -5,6 +5,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use titan_engine::experts::NodeExchange;
 use titan_engine::Model;
 
 #[derive(Default)]
@@ -65,6 +66,24 @@ impl Metrics {
             put("expert_cache_hits_total", "counter", "Expert records found in the cache.", s.total.hits as f64);
             put("expert_cache_misses_total", "counter", "Expert records read from the store.", s.total.misses as f64);
             put("expert_cache_resident_bytes", "gauge", "Bytes of expert records held.", s.resident_bytes as f64);
+        }
+        // A cluster's nodes, one labelled series each.
+        let nodes = model.experts.exchanges();
+        if !nodes.is_empty() {
+            let series: [(&str, &str, &str, fn(&NodeExchange) -> f64); 6] = [
+                ("node_exchanges_total", "counter", "Layer exchanges with the node.", |n| n.exchanges as f64),
+                ("node_exchange_seconds_total", "counter", "From sending a layer's request to the node to having its answer.", |n| n.exchange_ns as f64 / 1e9),
+                ("node_wait_seconds_total", "counter", "Of the exchange time, what the backbone waited after its own share.", |n| n.wait_ns as f64 / 1e9),
+                ("node_sent_bytes_total", "counter", "Bytes sent to the node.", |n| n.bytes_out as f64),
+                ("node_received_bytes_total", "counter", "Bytes received from the node.", |n| n.bytes_in as f64),
+                ("node_failovers_total", "counter", "Layers whose experts were computed elsewhere because the node failed them.", |n| n.failovers as f64),
+            ];
+            for (name, kind, help, value) in series {
+                let _ = writeln!(out, "# HELP titan_{name} {help}\n# TYPE titan_{name} {kind}");
+                for n in &nodes {
+                    let _ = writeln!(out, "titan_{name}{{node=\"{}\"}} {}", n.node, value(n));
+                }
+            }
         }
         out
     }
