@@ -153,7 +153,7 @@ fn step<'m>(model: &'m Model, opts: &SchedulerOptions, slots: &mut Vec<Slot<'m>>
         members.push(i);
     }
     let rows: usize = spans.iter().map(|s| s.tokens.len()).sum();
-    let result = model.forward_batch(&mut spans, batch).map(|l| l.to_vec());
+    let result = model.forward_batch(&mut spans, batch);
     drop(spans);
     metrics.record_step(rows, members.len(), started.elapsed());
     let logits = match result {
