@@ -123,7 +123,6 @@ def corpus_lines() -> list[str]:
 def train_bytelevel_bpe(kind: str, out_dir: Path) -> dict:
     """kind: 'qwen' (Qwen2 regex split + ByteLevel) or 'olmoe' (plain GPT-2 ByteLevel)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     if kind == "qwen":
@@ -154,6 +153,16 @@ def train_bytelevel_bpe(kind: str, out_dir: Path) -> dict:
         eos, bos, pad = "<|endoftext|>", "<|endoftext|>", "<|endoftext|>"
     else:
         eos, bos, pad = "<|endoftext|>", "<|endoftext|>", "<|padding|>"
+    info = save_bpe_tokenizer(tok, out_dir, eos, bos, pad)
+    del info["tokenizer"]
+    return info
+
+
+def save_bpe_tokenizer(tok, out_dir: Path, eos: str, bos: str, pad: str) -> dict:
+    """Saves a trained `tokenizers` BPE as a transformers tokenizer that adds no BOS/EOS when tokenizing (as the
+    real models' do); returns it with its vocabulary size and special ids (also used by tools/train_demo.py)."""
+    from transformers import PreTrainedTokenizerFast
+
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=bos, pad_token=pad,
                                      unk_token=None, model_max_length=512, clean_up_tokenization_spaces=False)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -165,6 +174,7 @@ def train_bytelevel_bpe(kind: str, out_dir: Path) -> dict:
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
     vocab = hf_tok.get_vocab()
     return {
+        "tokenizer": hf_tok,
         "vocab_size": len(vocab),
         "eos_token_id": vocab[eos],
         "bos_token_id": vocab[bos],

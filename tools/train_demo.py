@@ -60,7 +60,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(ROOT / "tools"))
 import make_fixtures  # noqa: E402
 from make_fixtures import (  # noqa: E402
-    llama_batch_logits, llama_detokenize_raw, llama_greedy, quantize, sha256, tensor_types)
+    llama_batch_logits, llama_detokenize_raw, llama_greedy, quantize, save_bpe_tokenizer, sha256, tensor_types)
 
 make_fixtures.WORK = WORK
 
@@ -148,7 +148,6 @@ def split_work(text: str) -> tuple[str, str]:
 
 def train_tokenizer(train_texts: list[str], out_dir: Path) -> dict:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -162,18 +161,7 @@ def train_tokenizer(train_texts: list[str], out_dir: Path) -> dict:
     tok.train_from_iterator(train_texts, trainer=trainer)
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
     eos = "<|endoftext|>"
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=eos, pad_token=eos,
-                                     unk_token=None, model_max_length=512, clean_up_tokenization_spaces=False)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hf_tok.save_pretrained(out_dir)
-    cfg_path = out_dir / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["add_bos_token"] = False
-    cfg["add_eos_token"] = False
-    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
-    vocab = hf_tok.get_vocab()
-    return {"tokenizer": hf_tok, "vocab_size": len(vocab), "eos_token_id": vocab[eos], "bos_token_id": vocab[eos],
-            "pad_token_id": vocab[eos]}
+    return save_bpe_tokenizer(tok, out_dir, eos, eos, eos)
 
 
 # --------------------------------------------------------------------------------------------------------------------
