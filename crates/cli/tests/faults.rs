@@ -4,7 +4,6 @@
 //! damaged is kept.
 
 use std::io::Read;
-use std::process::Stdio;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use titan_net::Kind;
@@ -99,36 +98,12 @@ fn a_slice_download_cut_mid_body_resumes_and_is_verified() {
     let url = format!("http://{}", cutter.addr);
     let cache = dir.path().join("cache");
     let out = dir.path().join("cluster.trace");
-    let backbone = titan()
-        .args(["trace", "-p", "The quick brown fox", "-n", "6", "--temp", "0", "--threads", "2", "-m"])
-        .arg(&m)
-        .arg("-o")
-        .arg(&out)
-        .args(["--nodes", &node, "--token-file", token_file(dir.path()).to_str().unwrap(), "--serve-slices", &slices, "--join-timeout", "120"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut backbone = Backbone(Some(backbone));
-    let worker = titan()
-        .args(["worker", "--backbone", &url, "--listen", &node, "--threads", "1", "--token-file"])
-        .arg(token_file(dir.path()))
-        .arg("--cache-dir")
-        .arg(&cache)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.path().join("w.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let log = dir.path().join("w.log");
-    let _worker = Worker { child: worker, addr: node.clone(), log };
-    let o = backbone.0.take().unwrap().wait_with_output().unwrap();
-    let log = _worker.log();
-    assert!(o.status.success(), "{}\n{log}", stderr(&o));
+    let nodes = [node];
+    let (_, workers) = trace_serving_slices(&m, &out, &nodes, &slices, dir.path(), || fetching_workers(&url, std::slice::from_ref(&cache), &nodes, dir.path(), "w"));
+    let log = workers[0].log();
     assert!(cutter.has_cut(), "the download was not cut: {log}");
     assert!(log.contains("download cut at byte"), "{log}");
-    let received: u64 = log.lines().find_map(|l| l.strip_prefix("worker: downloaded ")?.split(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("{log}"));
-    let on_disk: u64 = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
-    assert_eq!(received, on_disk, "the resumed download fetched bytes twice or lost some: {log}");
+    assert_eq!(downloaded(&workers[0]), dir_bytes(&cache), "the resumed download fetched bytes twice or lost some: {log}");
     assert!(std::fs::read_dir(&cache).unwrap().all(|e| e.unwrap().path().extension().is_some_and(|x| x == "gguf")), "a partial file was left in the cache");
     let diff = trace_diff(&single, &out);
     assert!(diff.starts_with("IDENTICAL"), "{diff}");

@@ -107,6 +107,6 @@ fn a_server_over_a_cluster_answers_as_on_one_machine() {
     for (w, log) in workers.iter().zip(&served) {
         assert!(!w.log().contains("panicked"), "{log}");
     }
-    let computed: u64 = workers.iter().map(|w| w.log_with("requests)").lines().filter_map(|l| l.split("closed (").nth(1)?.split(' ').next()?.parse::<u64>().ok()).sum::<u64>()).sum();
+    let computed: u64 = workers.iter().map(|w| requests_served(&w.log_with("requests)"))).sum();
     assert!(computed > 0, "the workers computed nothing: {served:?}");
 }

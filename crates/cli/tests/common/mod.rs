@@ -161,3 +161,73 @@ impl Drop for Backbone {
     }
 }
 
+/// Workers that fetch their shards from `backbone`, worker `i` into `caches[i]`, listening on `addrs[i]`.
+/// All are started before any is waited for: none serves before every node has joined.
+pub fn fetching_workers(backbone: &str, caches: &[PathBuf], addrs: &[String], dir: &Path, name: &str) -> Vec<Worker> {
+    let mut started = Vec::new();
+    for (i, (cache, addr)) in caches.iter().zip(addrs).enumerate() {
+        let log = dir.join(format!("{name}{i}.log"));
+        let child = titan()
+            .args(["worker", "--backbone", backbone, "--listen", addr, "--threads", "1", "--token-file"])
+            .arg(token_file(dir))
+            .arg("--cache-dir")
+            .arg(cache)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        started.push(Worker { child, addr: addr.clone(), log });
+    }
+    started
+}
+
+/// Waits until each worker says it is listening (60 s at most: a worker whose peers never join would wait).
+pub fn wait_listening(workers: &mut [Worker]) {
+    for w in workers {
+        let stdout = w.child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_default();
+        assert!(line.starts_with("listening on"), "worker said {line:?}: {}", w.log());
+    }
+}
+
+/// The bytes a fetching worker says it downloaded.
+pub fn downloaded(w: &Worker) -> u64 {
+    let log = w.log();
+    log.lines().find_map(|l| l.strip_prefix("worker: downloaded ")?.split(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("{log}"))
+}
+
+pub fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum()
+}
+
+/// Runs a backbone trace that serves slices at `slices` to `nodes`, while `start_workers` starts them.
+pub fn trace_serving_slices(m: &Path, out: &Path, nodes: &[String], slices: &str, dir: &Path, start_workers: impl FnOnce() -> Vec<Worker>) -> (Output, Vec<Worker>) {
+    let nodes = nodes.join(",");
+    let backbone = titan()
+        .args(["trace", "-p", "The quick brown fox", "-n", "6", "--temp", "0", "--threads", "2", "-m"])
+        .arg(m)
+        .arg("-o")
+        .arg(out)
+        .args(["--nodes", &nodes, "--token-file", token_file(dir).to_str().unwrap(), "--serve-slices", slices, "--join-timeout", "120"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Killed if the workers fail to start, rather than left waiting for them to join.
+    let mut backbone = Backbone(Some(backbone));
+    let workers = start_workers();
+    let o = backbone.0.take().unwrap().wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    (o, workers)
+}
+
+/// The requests a worker's log says it served, over its closed connections ("…: closed (12 requests)").
+pub fn requests_served(log: &str) -> u64 {
+    log.lines().filter_map(|l| l.split("closed (").nth(1)?.split(' ').next()?.parse::<u64>().ok()).sum()
+}
