@@ -2,8 +2,8 @@
 """Generate the quantisation test vectors in tests/fixtures/quant/ (read by crates/kernels' tests).
 
 For every tensor format gguf-py can dequantise, writes random blocks (fixed seed, scale fields set to
-sane finite values) as <TYPE>.bin and gguf-py's dequantisation of them as <TYPE>.f32 (raw little-endian
-f32). For every activation format gguf-py can quantise (Q8_0), also writes a fixed f32 vector as
+sane finite values; MXFP4's exponent bytes also at the edges of its conversion) as <TYPE>.bin and
+gguf-py's dequantisation of them as <TYPE>.f32 (raw little-endian f32). For every activation format gguf-py can quantise (Q8_0), also writes a fixed f32 vector as
 <TYPE>.quantize.f32 and gguf-py's quantisation of it as <TYPE>.quantize.bin.
 
 Set up once and run from the repository root:
@@ -60,6 +60,17 @@ def random_blocks(rng: np.random.Generator, qtype: T) -> np.ndarray:
     return blocks.reshape(-1)
 
 
+def mxfp4_blocks(rng: np.random.Generator) -> np.ndarray:
+    """Random MXFP4 blocks. The scale is an E8M0 exponent byte: the first four blocks take the edges of
+    ggml's conversion (the subnormal halves 2^-128 and 2^-127 of e = 0 and 1, and e = 254 and 255, whose
+    larger values overflow f32), the others sane scales 2^-10 .. 2^-4."""
+    block_len, block_bytes = GGML_QUANT_SIZES[T.MXFP4]
+    blocks = rng.integers(0, 256, size=(BLOCKS, block_bytes), dtype=np.uint8)
+    blocks[:4, 0] = [0, 1, 254, 255]
+    blocks[4:, 0] = rng.integers(118, 125, size=BLOCKS - 4)
+    return blocks.reshape(-1)
+
+
 def main() -> None:
     rng = np.random.default_rng(SEED)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -79,6 +90,14 @@ def main() -> None:
     q = quantize(x, T.Q8_0)
     (OUT / "Q8_0.quantize.f32").write_bytes(x.tobytes())
     (OUT / "Q8_0.quantize.bin").write_bytes(np.asarray(q, dtype=np.uint8).tobytes())
+
+    # MXFP4 last and from its own generator, so that adding it left every earlier file unchanged.
+    raw = mxfp4_blocks(np.random.default_rng([SEED, int(T.MXFP4)]))
+    with np.errstate(over="ignore"):  # 12 · 2^126 and 12 · 2^127 overflow to inf, as in ggml
+        values = dequantize(raw, T.MXFP4).astype("<f4").reshape(-1)
+    (OUT / "MXFP4.bin").write_bytes(raw.tobytes())
+    (OUT / "MXFP4.f32").write_bytes(values.tobytes())
+    written.append("MXFP4")
 
     print("wrote", ", ".join(written), "and Q8_0.quantize to", OUT)
 

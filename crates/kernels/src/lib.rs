@@ -3,10 +3,12 @@
 //!
 //! # Formats
 //!
-//! Weights: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Activations: F32,
-//! Q8_0, Q8_1, Q8_K ([`GgmlType::act_type`] says which goes with which; the activation formats also work
-//! as weights, paired with themselves). One module per format under `formats/` holds its byte layout,
-//! dequantisation, dot product and, for activation formats, quantisation.
+//! Weights: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4.
+//! Activations: F32, Q8_0, Q8_1, Q8_K ([`GgmlType::act_type`] says which goes with which; the
+//! activation formats also work as weights, paired with themselves). One module per format under
+//! `formats/` holds its byte layout, dequantisation, dot product and, for activation formats,
+//! quantisation. MXFP4's 4-bit floats are read as integers (twice their value, with the scale halved,
+//! as ggml does), so it follows the integer rules below like the other 32-element formats.
 //!
 //! # Determinism contract
 //!
@@ -88,7 +90,7 @@ pub use simd::{available_isas, isa, kernel_isa, regrouped_weights_pay, set_isa, 
 pub use types::GgmlType;
 
 use formats::{
-    bf16, fp16, fp32, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,
+    bf16, fp16, fp32, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,
 };
 
 /// Bytes taken by `n` elements of `ty`, or the error that says why `n` does not fit.
@@ -140,6 +142,7 @@ pub(crate) fn dequantize_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::Q5_K => q5_k::dequantize(src, dst),
         GgmlType::Q6_K => q6_k::dequantize(src, dst),
         GgmlType::Q8_K => q8_k::dequantize(src, dst),
+        GgmlType::MXFP4 => mxfp4::dequantize(src, dst),
     }
 }
 

@@ -91,7 +91,7 @@ pub(crate) fn f16_scale_fields(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
         GgmlType::Q6_K => &[208],
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_K => &[],
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_K | GgmlType::MXFP4 => &[],
     }
 }
 
@@ -113,6 +113,10 @@ pub(crate) fn random_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
                 }
                 if ty == GgmlType::Q8_K {
                     block[..4].copy_from_slice(&rng.scale().to_le_bytes());
+                }
+                if ty == GgmlType::MXFP4 {
+                    // Its scale is the exponent byte: 2^-10 .. 2^-4, like the others' 1e-3 .. 1e-1.
+                    block[0] = 118 + (rng.next_u64() % 7) as u8;
                 }
             }
             bytes

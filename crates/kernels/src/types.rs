@@ -1,7 +1,7 @@
 //! The tensor formats TITAN understands, numbered and sized exactly as ggml numbers and sizes them.
 
 use crate::formats::{
-    bf16, fp16, fp32, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,
+    bf16, fp16, fp32, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,
 };
 
 /// A GGUF / ggml tensor encoding. The discriminant is the `GGML_TYPE_*` id stored in GGUF files.
@@ -24,11 +24,12 @@ pub enum GgmlType {
     Q6_K = 14,
     Q8_K = 15,
     BF16 = 30,
+    MXFP4 = 39,
 }
 
 impl GgmlType {
     /// Every supported type, in id order.
-    pub const ALL: [GgmlType; 15] = [
+    pub const ALL: [GgmlType; 16] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -44,9 +45,10 @@ impl GgmlType {
         GgmlType::Q6_K,
         GgmlType::Q8_K,
         GgmlType::BF16,
+        GgmlType::MXFP4,
     ];
 
-    /// The type with ggml id `id`, or `None` for ids TITAN does not support (IQ*, TQ*, MXFP4, I8..I64, ...).
+    /// The type with ggml id `id`, or `None` for ids TITAN does not support (IQ*, TQ*, NVFP4, I8..I64, ...).
     pub fn from_id(id: u32) -> Option<GgmlType> {
         GgmlType::ALL.into_iter().find(|t| t.id() == id)
     }
@@ -74,10 +76,12 @@ impl GgmlType {
             GgmlType::Q6_K => "Q6_K",
             GgmlType::Q8_K => "Q8_K",
             GgmlType::BF16 => "BF16",
+            GgmlType::MXFP4 => "MXFP4",
         }
     }
 
-    /// Elements per block: 1 for the float formats, 32 for the legacy quants, 256 for the K-quants.
+    /// Elements per block: 1 for the float formats, 32 for the legacy quants and MXFP4, 256 for the
+    /// K-quants.
     pub fn block_len(self) -> usize {
         match self {
             GgmlType::F32 => fp32::BLOCK_LEN,
@@ -95,6 +99,7 @@ impl GgmlType {
             GgmlType::Q5_K => q5_k::BLOCK_LEN,
             GgmlType::Q6_K => q6_k::BLOCK_LEN,
             GgmlType::Q8_K => q8_k::BLOCK_LEN,
+            GgmlType::MXFP4 => mxfp4::BLOCK_LEN,
         }
     }
 
@@ -116,6 +121,7 @@ impl GgmlType {
             GgmlType::Q5_K => q5_k::BLOCK_BYTES,
             GgmlType::Q6_K => q6_k::BLOCK_BYTES,
             GgmlType::Q8_K => q8_k::BLOCK_BYTES,
+            GgmlType::MXFP4 => mxfp4::BLOCK_BYTES,
         }
     }
 
@@ -135,7 +141,7 @@ impl GgmlType {
     pub fn act_type(self) -> GgmlType {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => GgmlType::F32,
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::MXFP4 => GgmlType::Q8_0,
             GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => GgmlType::Q8_1,
             GgmlType::Q2_K
             | GgmlType::Q3_K
@@ -170,8 +176,8 @@ mod tests {
         for t in GgmlType::ALL {
             assert_eq!(GgmlType::from_id(t.id()), Some(t));
         }
-        // Q4_2/Q4_3 (removed), IQ2_XXS, I8, MXFP4 and an id past the end.
-        for id in [4, 5, 16, 24, 39, 1000] {
+        // Q4_2/Q4_3 (removed), IQ2_XXS, I8, NVFP4 and an id past the end.
+        for id in [4, 5, 16, 24, 40, 1000] {
             assert_eq!(GgmlType::from_id(id), None);
         }
     }
@@ -195,6 +201,7 @@ mod tests {
             (GgmlType::Q5_K, 256, 176),
             (GgmlType::Q6_K, 256, 210),
             (GgmlType::Q8_K, 256, 292),
+            (GgmlType::MXFP4, 32, 17),
         ];
         for (t, len, bytes) in table {
             assert_eq!((t.block_len(), t.block_bytes()), (len, bytes), "{t}");
@@ -217,5 +224,6 @@ mod tests {
         }
         assert_eq!(GgmlType::Q4_1.act_type(), GgmlType::Q8_1);
         assert_eq!(GgmlType::Q6_K.act_type(), GgmlType::Q8_K);
+        assert_eq!(GgmlType::MXFP4.act_type(), GgmlType::Q8_0);
     }
 }

@@ -9,6 +9,7 @@
 pub(crate) mod bf16;
 pub(crate) mod fp16;
 pub(crate) mod fp32;
+pub(crate) mod mxfp4;
 pub(crate) mod q2_k;
 pub(crate) mod q3_k;
 pub(crate) mod q4_0;

@@ -323,7 +323,8 @@ fn scalar_regrouped_rows(ty: GgmlType) -> DotFn {
 /// The scalar twin of every dot kernel: one `vec_dot` per activation row.
 fn scalar_dot_rows(ty: GgmlType) -> DotFn {
     use crate::formats::{
-        bf16, fp16, fp32, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,
+        bf16, fp16, fp32, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1,
+        q8_k,
     };
     macro_rules! rows {
         ($m:ident) => {{
@@ -353,6 +354,7 @@ fn scalar_dot_rows(ty: GgmlType) -> DotFn {
         GgmlType::Q5_K => rows!(q5_k),
         GgmlType::Q6_K => rows!(q6_k),
         GgmlType::Q8_K => rows!(q8_k),
+        GgmlType::MXFP4 => rows!(mxfp4),
     }
 }
 
