@@ -10,10 +10,10 @@
 //!   offsets (Q4_0's `-8`, Q6_K's `-32`) applied — Q8_K's `bsums` are used only where the scalar twin
 //!   uses them (Q4_K/Q5_K mins);
 //! - each block's f32 term uses the scalar formula with separate `fmul` and `fadd` (never `fmla`),
-//!   operands in the scalar code's order, and is added to lane `block % 8` — for Q4_0 and Q8_0 by
-//!   handling 8 blocks at once in the grouped layout of `grouped.rs` (blocks 0..4 in one register,
-//!   4..8 in the other); for K-quants by reducing the block's integers to scalars and using
-//!   [`Lanes8`] directly;
+//!   operands in the scalar code's order, and is added to lane `block % 8` — for Q4_0, Q8_0 and
+//!   MXFP4 by handling 8 blocks at once in the grouped layout of `grouped.rs` (blocks 0..4 in one
+//!   register, 4..8 in the other); for K-quants by reducing the block's integers to scalars and
+//!   using [`Lanes8`] directly;
 //! - the lanes are reduced by [`Lanes8::sum`] (lane `k` of the low register is lane `k`, of the high
 //!   register lane `k + 4`), not by `vaddvq`, whose pairwise order differs.
 //!
@@ -35,7 +35,7 @@ use std::array;
 
 use super::{ActLayout, DotFn, DotKernel, Isa, QuantFn, MAX_ROWS};
 use crate::accum::Lanes8;
-use crate::formats::{f16_at, f16_bytes, q8_0, q8_k};
+use crate::formats::{f16_at, f16_bytes, mxfp4, q8_0, q8_k};
 use crate::{grouped, GgmlType};
 
 /// The dot-product kernel for `ty` on `isa`, if there is a NEON one. The caller checks the CPU.
@@ -48,6 +48,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotKernel> {
     let (f, layout, max_rows): (DotFn, _, _) = match ty {
         GgmlType::Q4_0 => (q4_0, Grouped, 8),
         GgmlType::Q8_0 => (q8_0, Grouped, 8),
+        GgmlType::MXFP4 => (mxfp4, Grouped, 8),
         GgmlType::Q4_K => (q4_k, Plain, 4),
         GgmlType::Q5_K => (q5_k, Plain, 4),
         GgmlType::Q6_K => (q6_k, Plain, 4),
@@ -96,6 +97,7 @@ macro_rules! entry {
 
 entry!(q4_0, q4_0_rows, 1 2 3 4 5 6 7 8);
 entry!(q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
+entry!(mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
 entry!(q4_k, q4_k_rows, 1 2 3 4);
 entry!(q5_k, q5_k_rows, 1 2 3 4);
 entry!(q6_k, q6_k_rows, 1 2 3 4);
@@ -185,9 +187,9 @@ unsafe fn lanes8([lo, hi]: [float32x4_t; 2]) -> Lanes8 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Q4_0 and Q8_0 weights times Q8_0 activations in the grouped layout (`grouped.rs`): eight blocks at
-// a time, block `k` in 32-bit lane `k % 4` of register `k / 4` of every pair, so each block's exact
-// sum comes out in its own lane and its f32 term goes straight to lane `block % 8`.
+// Q4_0, Q8_0 and MXFP4 weights times Q8_0 activations in the grouped layout (`grouped.rs`): eight
+// blocks at a time, block `k` in 32-bit lane `k % 4` of register `k / 4` of every pair, so each
+// block's exact sum comes out in its own lane and its f32 term goes straight to lane `block % 8`.
 
 /// Register `m` holds, in lane `k`, 32-bit word `m` of `x[k]`: a 4 × 4 transpose of words.
 #[inline(always)]
@@ -219,12 +221,15 @@ unsafe fn transpose_quads(w: *const u8, stride: usize, at: usize) -> [[int8x16_t
     array::from_fn(|m| [lo[m], hi[m]])
 }
 
-/// A weight format of 32-element blocks whose f16 scale comes first (Q4_0, Q8_0).
+/// A weight format of 32-element blocks with one scale, whose quants Q8_0 activations multiply
+/// (Q4_0, Q8_0, MXFP4).
 trait Grouped {
     const BYTES: usize;
     /// The eight blocks at `w` as signed quants in the grouped register layout: register `j` of
     /// `grouped.rs`, as its halves for blocks 0..4 and 4..8.
     unsafe fn prep(w: *const u8) -> [[int8x16_t; 2]; 8];
+    /// The eight blocks' scales as the scalar twin widens them to f32: lanes 0..4 and 4..8.
+    unsafe fn scales(w: *const u8) -> [float32x4_t; 2];
 }
 
 struct Q4_0;
@@ -250,6 +255,11 @@ impl Grouped for Q4_0 {
             })
         })
     }
+
+    #[inline(always)]
+    unsafe fn scales(w: *const u8) -> [float32x4_t; 2] {
+        f16x8(w, Self::BYTES)
+    }
 }
 
 struct Q8_0;
@@ -266,6 +276,54 @@ impl Grouped for Q8_0 {
         ];
         array::from_fn(|j| halves[j % 2][j / 2])
     }
+
+    #[inline(always)]
+    unsafe fn scales(w: *const u8) -> [float32x4_t; 2] {
+        f16x8(w, Self::BYTES)
+    }
+}
+
+struct Mxfp4;
+
+impl Grouped for Mxfp4 {
+    const BYTES: usize = mxfp4::BLOCK_BYTES;
+
+    #[inline(always)]
+    unsafe fn prep(w: *const u8) -> [[int8x16_t; 2]; 8] {
+        // As Q4_0's nibbles, each looked up in the table of doubled E2M1 values (`tbl`).
+        let quads = transpose_quads(w, Self::BYTES, 1);
+        let (m4, table) = (vdupq_n_u8(0x0F), vld1q_s8(mxfp4::KVALUES.as_ptr()));
+        array::from_fn(|j| {
+            quads[j / 2].map(|q| {
+                let q = vreinterpretq_u8_s8(q);
+                let nibbles = if j % 2 == 0 {
+                    vandq_u8(q, m4)
+                } else {
+                    vshrq_n_u8::<4>(q)
+                };
+                vqtbl1q_s8(table, nibbles)
+            })
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn scales(w: *const u8) -> [float32x4_t; 2] {
+        // The exponent bytes, 17 apart, packed by scalar loads as in `f16x8`, then `mxfp4::scale`
+        // on each lane: `(e - 1) << 23`, or `0x0020_0000 << e` for the subnormals e < 2 (`ushl`
+        // takes the low byte of `e` as a signed count, so lanes with larger `e` shift elsewhere and
+        // are not selected).
+        let e = (0..8).fold(0u64, |acc, k| {
+            acc | u64::from(*w.add(k * Self::BYTES)) << (8 * k)
+        });
+        let e = vmovl_u8(vcreate_u8(e));
+        let (one, two) = (vdupq_n_u32(1), vdupq_n_u32(2));
+        let scale = |e: uint32x4_t| {
+            let normal = vshlq_n_u32::<23>(vsubq_u32(e, one));
+            let subnormal = vshlq_u32(vdupq_n_u32(0x0020_0000), vreinterpretq_s32_u32(e));
+            vreinterpretq_f32_u32(vbslq_u32(vcltq_u32(e, two), subnormal, normal))
+        };
+        [scale(vmovl_u16(vget_low_u16(e))), scale(vmovl_high_u16(e))]
+    }
 }
 
 /// One group: block `k`'s term `(d_w · d_a) · f32(sumi)` is added to lane `k` of each row's
@@ -277,7 +335,7 @@ unsafe fn grouped_step<K: Grouped, const R: usize>(
     acc: &mut [[float32x4_t; 2]; R],
 ) {
     let p = K::prep(w);
-    let d_w = f16x8(w, K::BYTES);
+    let d_w = K::scales(w);
     for (acc, a) in acc.iter_mut().zip(a) {
         for h in 0..2 {
             // Two chains of `sdot`, for one row's latency; integer sums are exact in any order.
@@ -313,9 +371,10 @@ unsafe fn grouped_rows<K: Grouped, const R: usize>(w: &[u8], acts: [&[u8]; R], o
     }
     let tail = nb % 8;
     if tail > 0 {
-        // Pad the weights to a whole group with zero blocks, as the activations already are: their
-        // scales are 0, so their terms are ±0.0, and adding ±0.0 leaves a lane unchanged (lanes start
-        // at +0.0 and so are never -0.0).
+        // Pad the weights to a whole group with zero blocks, as the activations already are: the
+        // activation scales are 0 (and a zero weight block's scale finite: 0, or MXFP4's 2^-128), so
+        // their terms are ±0.0, and adding ±0.0 leaves a lane unchanged (lanes start at +0.0 and so
+        // are never -0.0).
         let w0 = full * 8 * K::BYTES;
         let mut w_pad = [0u8; 8 * q8_0::BLOCK_BYTES];
         w_pad[..tail * K::BYTES].copy_from_slice(&w[w0..w0 + tail * K::BYTES]);
@@ -335,6 +394,11 @@ unsafe fn q4_0_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32])
 #[inline(always)]
 unsafe fn q8_0_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
     grouped_rows::<Q8_0, R>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn mxfp4_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    grouped_rows::<Mxfp4, R>(w, acts, out)
 }
 
 // ---------------------------------------------------------------------------------------------

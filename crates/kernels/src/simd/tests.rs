@@ -69,9 +69,18 @@ fn activations(n: usize, rng: &mut Rng, level: u8) -> Vec<f32> {
     x
 }
 
-/// A weight row whose block scales include extremes (0, ±65504, a subnormal) as well as sane values.
+/// A weight row whose block scales include extremes (0, ±65504, a subnormal; for MXFP4 the
+/// subnormal and largest exponents) as well as sane values.
 fn weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     let mut w = random_row(ty, n, rng);
+    if ty == GgmlType::MXFP4 {
+        let extremes = [0, 1, 2, 127, 254, 255];
+        for block in w.chunks_exact_mut(ty.block_bytes()) {
+            if rng.next_u64().is_multiple_of(3) {
+                block[0] = extremes[(rng.next_u64() % 6) as usize];
+            }
+        }
+    }
     if ty.block_len() > 1 {
         let extremes = [0.0, 65504.0, -65504.0, 6e-8, 1.0];
         for block in w.chunks_exact_mut(ty.block_bytes()) {
@@ -148,6 +157,41 @@ fn every_dot_kernel_matches_scalar_for_every_row_count() {
                     );
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn mxfp4_kernels_match_scalar_for_every_exponent() {
+    // Block `e` of 256 has E8M0 exponent byte `e`, so each lane's scale conversion is checked for
+    // all 256; 32 weight rows of 8 blocks, so all but the largest exponents give finite results.
+    const W_ROWS: usize = 32;
+    let (ty, n) = (GgmlType::MXFP4, 8 * 32);
+    let mut rng = Rng::new(39);
+    let mut w = random_row(ty, W_ROWS * n, &mut rng);
+    for (e, block) in w.chunks_exact_mut(ty.block_bytes()).enumerate() {
+        block[0] = e as u8;
+    }
+    let row_bytes = w.len() / W_ROWS;
+    let acts: Vec<Vec<u8>> = (0..MAX_ROWS)
+        .map(|_| quantize(GgmlType::Q8_0, Isa::Scalar, &activations(n, &mut rng, 0)))
+        .collect();
+    let plain_refs: Vec<&[u8]> = acts.iter().map(|a| a.as_slice()).collect();
+    let mut expected = [0f32; W_ROWS * MAX_ROWS];
+    dot_kernel(Isa::Scalar, ty, WeightLayout::Plain).run(&w, row_bytes, &plain_refs, &mut expected);
+    let finite = expected.iter().filter(|v| v.is_finite() && **v != 0.0).count();
+    assert!(finite > W_ROWS * MAX_ROWS * 3 / 4, "{expected:?}");
+    for isa in simd_isas() {
+        let kernel = dot_kernel(isa, ty, WeightLayout::Plain);
+        assert_eq!(kernel.isa, isa);
+        let laid_out: Vec<Vec<u8>> = acts.iter().map(|a| in_layout(kernel, a)).collect();
+        let act_refs: Vec<&[u8]> = laid_out.iter().map(|a| a.as_slice()).collect();
+        for rows in 1..=kernel.max_rows {
+            let mut got = vec![0f32; W_ROWS * rows];
+            kernel.run(&w, row_bytes, &act_refs[..rows], &mut got);
+            let want: Vec<f32> =
+                expected.chunks_exact(MAX_ROWS).flat_map(|r| r[..rows].to_vec()).collect();
+            assert_eq!(bits(&got), bits(&want), "{isa}, {rows} rows");
         }
     }
 }
@@ -396,6 +440,7 @@ fn matmul_bits_do_not_depend_on_thread_count_on_any_isa() {
             GgmlType::Q5_K,
             GgmlType::Q6_K,
             GgmlType::F32,
+            GgmlType::MXFP4,
         ] {
             let (data, acts) = problem(ty, 300, 512, 5, 3);
             let w = WeightView::new(ty, 300, 512, &data).unwrap();
@@ -417,6 +462,7 @@ fn a_chosen_isa_runs_its_own_kernels() {
             GgmlType::Q6_K,
             GgmlType::F32,
             GgmlType::F16,
+            GgmlType::MXFP4,
         ] {
             assert_eq!(dot_kernel(isa, ty, WeightLayout::Plain).isa, isa, "{ty}");
         }

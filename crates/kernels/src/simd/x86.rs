@@ -8,9 +8,9 @@
 //! - integer sums are exact, so they are formed in whatever order the registers allow, with care that
 //!   no intermediate saturates (each use of `maddubs` below states its bound);
 //! - each block's f32 term uses the scalar formula with separate `mul` and `add` (never FMA), and is
-//!   added to lane `block % 8` — for Q4_0 and Q8_0 by handling 8 blocks at once, one per lane, with
-//!   the activations in the grouped layout of `grouped.rs`; for K-quants by reducing the block's
-//!   integers to scalars and using [`Lanes8`] directly;
+//!   added to lane `block % 8` — for Q4_0, Q8_0 and MXFP4 by handling 8 blocks at once, one per
+//!   lane, with the activations in the grouped layout of `grouped.rs`; for K-quants by reducing the
+//!   block's integers to scalars and using [`Lanes8`] directly;
 //! - the lanes are reduced by [`Lanes8::sum`].
 //!
 //! Every kernel takes one weight row and `R` (1..=its `max_rows`) activation rows, unpacks each weight
@@ -31,7 +31,7 @@ use std::array;
 use super::{ActLayout, DotFn, DotKernel, Isa, QuantFn, MAX_ROWS};
 use crate::WeightLayout;
 use crate::accum::Lanes8;
-use crate::formats::{f16_at, f16_bytes, q8_0, q8_k};
+use crate::formats::{f16_at, f16_bytes, mxfp4, q8_0, q8_k};
 use crate::{grouped, GgmlType};
 
 /// The dot-product kernel for `ty` on `isa`, if there is a SIMD one. The caller checks the CPU.
@@ -57,11 +57,13 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> Option
     let (f, layout, max_rows): (DotFn, _, _) = match (isa, ty) {
         (Isa::Avx2, GgmlType::Q4_0) => (avx2::q4_0, Grouped, 8),
         (Isa::Avx2, GgmlType::Q8_0) => (avx2::q8_0, Grouped, 8),
+        (Isa::Avx2, GgmlType::MXFP4) => (avx2::mxfp4, Grouped, 8),
         (Isa::Avx2, GgmlType::Q4_K) => (avx2::q4_k, Plain, 4),
         (Isa::Avx2, GgmlType::Q5_K) => (avx2::q5_k, Plain, 4),
         (Isa::Avx2, GgmlType::Q6_K) => (avx2::q6_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q4_0) => (avx512::q4_0, Grouped, 8),
         (Isa::Avx512, GgmlType::Q8_0) => (avx512::q8_0, Grouped, 8),
+        (Isa::Avx512, GgmlType::MXFP4) => (avx512::mxfp4, Grouped, 8),
         (Isa::Avx512, GgmlType::Q4_K) => (avx512::q4_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q5_K) => (avx512::q5_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q6_K) => (avx512::q6_k, Plain, 4),
@@ -163,6 +165,7 @@ mod avx2 {
 
     entry!("avx2,f16c", Avx2Dot: q4_0, q4_0_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c", Avx2Dot: mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q4_0g, q4_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q4_k, q4_k_rows, 1 2 3 4);
@@ -178,6 +181,7 @@ mod avx512 {
 
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_0, q4_0_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_0g, q4_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_k, q4_k_rows, 1 2 3 4);
@@ -240,11 +244,12 @@ unsafe fn lanes_sum(v: __m256) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Q4_0 and Q8_0 weights times Q8_0 activations in the grouped layout (`grouped.rs`): eight blocks at
-// a time, block `k` in lane `k` of every register, so each block's exact sum comes out in its own lane
-// and its f32 term goes straight to lane `block % 8` — no horizontal reduction anywhere.
+// Q4_0, Q8_0 and MXFP4 weights times Q8_0 activations in the grouped layout (`grouped.rs`): eight
+// blocks at a time, block `k` in lane `k` of every register, so each block's exact sum comes out in
+// its own lane and its f32 term goes straight to lane `block % 8` — no horizontal reduction anywhere.
 
-/// A weight format of 32-element blocks whose f16 scale comes first (Q4_0, Q8_0).
+/// A weight format of 32-element blocks with one scale, whose quants Q8_0 activations multiply
+/// (Q4_0, Q8_0, MXFP4).
 trait Grouped {
     const BYTES: usize;
     /// What every activation row reuses of eight weight blocks.
@@ -252,6 +257,8 @@ trait Grouped {
     /// The eight blocks at `w`, quants in the grouped register layout: transposed here from plain
     /// blocks, or (`REGROUPED`) loaded as `grouped::regroup_weights` stored them.
     unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8) -> Self::Prep;
+    /// Lane `k`: the scale of plain block `k` at `w`, as the scalar twin widens it to f32.
+    unsafe fn scales(w: *const u8) -> __m256;
     /// Lane `k`: block `k`'s exact `Σ w·a` with the activation group at `a`.
     unsafe fn sums<D: IntDot>(p: &Self::Prep, a: *const u8) -> __m256i;
 }
@@ -275,15 +282,19 @@ unsafe fn transpose_quads(w: *const u8, stride: usize, at: usize) -> [__m256i; 4
     ]
 }
 
-/// Each lane's sum of activation quants times `2^SHIFT`, negated: the offset an unsigned weight
-/// encoding (`q + 2^SHIFT`) puts into the products.
+/// Lane `k`: block `k`'s exact `Σ q·a`, from the unsigned weight encoding `u = q + 2^SHIFT` in the
+/// eight grouped registers: `Σ u·a - 2^SHIFT · Σa`, with the activations' block sums `Σa`.
 #[inline(always)]
-unsafe fn offset_sums<const SHIFT: i32>(a: *const u8) -> __m256i {
+unsafe fn offset_dot<D: IntDot, const SHIFT: i32>(u: &[__m256i; 8], a: *const u8) -> __m256i {
     // |Σa| <= 32 · 128, so even 128 · Σa is far inside i32.
-    _mm256_sub_epi32(
+    let mut acc = _mm256_sub_epi32(
         _mm256_setzero_si256(),
         _mm256_slli_epi32::<SHIFT>(load(a.add(32))),
-    )
+    );
+    for (j, &uj) in u.iter().enumerate() {
+        acc = D::dot(acc, uj, load(a.add(grouped::QUANTS_AT + 32 * j)));
+    }
+    acc
 }
 
 struct Q4_0;
@@ -312,13 +323,14 @@ impl Grouped for Q4_0 {
     }
 
     #[inline(always)]
+    unsafe fn scales(w: *const u8) -> __m256 {
+        f16x8(w, Self::BYTES)
+    }
+
+    #[inline(always)]
     unsafe fn sums<D: IntDot>(p: &Self::Prep, a: *const u8) -> __m256i {
-        // Σ (n - 8)·a = Σ n·a - 8·Σa; nibble pairs <= 15 · 128 · 2 suit `maddubs` too.
-        let mut acc = offset_sums::<3>(a);
-        for (j, &n) in p.iter().enumerate() {
-            acc = D::dot(acc, n, load(a.add(grouped::QUANTS_AT + 32 * j)));
-        }
-        acc
+        // The nibbles are the quants + 8; pairs <= 15 · 128 · 2 suit `maddubs` too.
+        offset_dot::<D, 3>(p, a)
     }
 }
 
@@ -355,15 +367,16 @@ impl Grouped for Q8_0 {
     }
 
     #[inline(always)]
+    unsafe fn scales(w: *const u8) -> __m256 {
+        f16x8(w, Self::BYTES)
+    }
+
+    #[inline(always)]
     unsafe fn sums<D: IntDot>((u, w): &Self::Prep, a: *const u8) -> __m256i {
         let act = |j: usize| load(a.add(grouped::QUANTS_AT + 32 * j));
         if D::WIDE_PRODUCTS {
-            // Σ (q + 128)·a - 128·Σa.
-            let mut acc = offset_sums::<7>(a);
-            for (j, &uj) in u.iter().enumerate() {
-                acc = D::dot(acc, uj, act(j));
-            }
-            acc
+            // The quants + 128 (VNNI has no pair bound).
+            offset_dot::<D, 7>(u, a)
         } else {
             // |w| · (a · sign w) = w · a; |w| <= 128 and |a| <= 127 keep pairs <= 32512 (`sign_epi8`
             // would wrap an activation of -128, which no quantiser produces).
@@ -373,6 +386,63 @@ impl Grouped for Q8_0 {
             }
             acc
         }
+    }
+}
+
+/// `mxfp4::KVALUES` + 16, the unsigned bytes `maddubs` and `vpdpbusd` need, by nibble.
+const MXFP4_UNSIGNED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut n = 0;
+    while n < 16 {
+        t[n] = (mxfp4::KVALUES[n] + 16) as u8;
+        n += 1;
+    }
+    t
+};
+
+struct Mxfp4;
+
+impl Grouped for Mxfp4 {
+    const BYTES: usize = mxfp4::BLOCK_BYTES;
+    /// The doubled E2M1 values + 16 (4..=28, unsigned), register `2m + h` as for Q4_0.
+    type Prep = [__m256i; 8];
+
+    #[inline(always)]
+    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8) -> Self::Prep {
+        // Always plain blocks: MXFP4 rows are never regrouped (`grouped::weights_regroupable`).
+        let quads = transpose_quads(w, Self::BYTES, 1);
+        let table =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(MXFP4_UNSIGNED.as_ptr() as *const __m128i));
+        let m4 = _mm256_set1_epi8(0x0F);
+        array::from_fn(|j| {
+            let q = quads[j / 2];
+            let nibbles = if j % 2 == 0 {
+                _mm256_and_si256(q, m4)
+            } else {
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4)
+            };
+            _mm256_shuffle_epi8(table, nibbles)
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn scales(w: *const u8) -> __m256 {
+        // The exponent bytes, 17 apart, packed by scalar loads as in `f16x8`, then `mxfp4::scale`
+        // on each lane: `(e - 1) << 23`, or `0x0020_0000 << e` for the subnormals e < 2.
+        let e = (0..8).fold(0u64, |acc, k| {
+            acc | u64::from(*w.add(k * Self::BYTES)) << (8 * k)
+        });
+        let e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e as i64));
+        let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+        let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+        let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+        _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, small))
+    }
+
+    #[inline(always)]
+    unsafe fn sums<D: IntDot>(p: &Self::Prep, a: *const u8) -> __m256i {
+        // Pairs <= 28 · 128 · 2 suit `maddubs`.
+        offset_dot::<D, 4>(p, a)
     }
 }
 
@@ -388,7 +458,7 @@ unsafe fn grouped_step<D: IntDot, K: Grouped, const R: usize, const REGROUPED: b
     let d_w = if REGROUPED {
         _mm256_cvtph_ps(_mm_loadu_si128(w as *const __m128i))
     } else {
-        f16x8(w, K::BYTES)
+        K::scales(w)
     };
     for (acc, a) in acc.iter_mut().zip(a) {
         let sumi = K::sums::<D>(&p, a);
@@ -423,9 +493,10 @@ unsafe fn grouped_rows<D: IntDot, K: Grouped, const R: usize, const REGROUPED: b
     // Regrouped rows are whole groups (`grouped::weights_regroupable`).
     debug_assert!(!REGROUPED || tail == 0);
     if tail > 0 {
-        // Pad the weights to a whole group with zero blocks, as the activations already are: their
-        // scales are 0, so their terms are ±0.0, and adding ±0.0 leaves a lane unchanged (lanes start
-        // at +0.0 and so are never -0.0).
+        // Pad the weights to a whole group with zero blocks, as the activations already are: the
+        // activation scales are 0 (and a zero weight block's scale finite: 0, or MXFP4's 2^-128), so
+        // their terms are ±0.0, and adding ±0.0 leaves a lane unchanged (lanes start at +0.0 and so
+        // are never -0.0).
         let w0 = full * 8 * K::BYTES;
         let mut w_pad = [0u8; 8 * q8_0::BLOCK_BYTES];
         w_pad[..tail * K::BYTES].copy_from_slice(&w[w0..w0 + tail * K::BYTES]);
@@ -445,6 +516,11 @@ unsafe fn q4_0_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: 
 #[inline(always)]
 unsafe fn q8_0_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
     grouped_rows::<D, Q8_0, R, false>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn mxfp4_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    grouped_rows::<D, Mxfp4, R, false>(w, acts, out)
 }
 
 #[inline(always)]
