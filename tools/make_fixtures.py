@@ -6,8 +6,19 @@ llama.cpp's own converter (convert_hf_to_gguf.py from the llama.cpp vendored in 
 distribution), quantises them with llama.cpp's quantiser (through llama-cpp-python's `llama_model_quantize`), and
 records reference tokens and logits from llama.cpp (llama-cpp-python) and from transformers.
 
-Run it through `bash tools/make_fixtures.sh`, which sets up the environment. Outputs go to tests/fixtures/ (see
-tests/fixtures/README.md); intermediate files (HF checkpoints, GGUFs not committed) go to build/fixtures/.
+Run it through `bash tools/make_fixtures.sh [--only NAME[,NAME...]]`, which sets up the environments. Outputs go to
+tests/fixtures/ (see tests/fixtures/README.md); intermediate files (HF checkpoints, GGUFs not committed) go to
+build/fixtures/.
+
+--only NAME[,NAME...] regenerates only those models and merges them into the existing manifest.json (their entries in
+`models` and rows in `summary` replaced in place, new ones appended, everything else kept; dequant/ and the other
+models' files untouched).
+
+A MODELS entry may name a `venv` (a directory under the repository root) whose Python must build it, for
+transformers classes that the main .venv's transformers lacks (Qwen3.5 MoE needs transformers 5.x: .venv-tf5, set up
+by tools/python_env_tf5.sh). The main run trains the tokenizers, then runs this script under that venv's Python with
+`--worker NAME` (internal), which builds that one model and writes its manifest entry, summary rows and GGUF list to
+build/fixtures/NAME/result.json for the main run to collect.
 
 Everything is deterministic: fixed seeds, single-threaded tokenizer training, fixed thread count for llama.cpp.
 """
@@ -275,6 +286,63 @@ MODELS = [
             num_experts=8, norm_topk_prob=True, mlp_only_layers=[], tie_word_embeddings=False,
         ),
     },
+    # Gated-DeltaNet hybrids: layers alternate linear attention (Gated DeltaNet, more value heads than key heads) and
+    # gated full attention (q_proj gives q and a sigmoid gate, q/k norms, partial rotary); MoE with a shared expert
+    # and its sigmoid gate; norms parametrised as (1 + w). The converter asserts that MTP layers exist unless told
+    # --no-mtp (these models have none).
+    {
+        "name": "qwen3next", "arch": "qwen3next", "hf_class": "Qwen3NextForCausalLM", "tokenizer": "qwen", "seed": 6,
+        "types": ["f32", "f16", "bf16", "q8_0", "q4_0"],
+        "convert_args": ["--no-mtp"],
+        "config": dict(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=32, hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000000.0,
+            partial_rotary_factor=0.25, attention_bias=False,
+            layer_types=["linear_attention", "full_attention"] * 2, full_attention_interval=2,
+            linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+            linear_num_value_heads=4, decoder_sparse_step=1, moe_intermediate_size=32,
+            shared_expert_intermediate_size=64, num_experts_per_tok=4, num_experts=8, norm_topk_prob=True,
+            mlp_only_layers=[], tie_word_embeddings=False,
+        ),
+    },
+    # Qwen3.5/3.6 MoE: only transformers 5.x has it, so it is built in the .venv-tf5 environment (the script runs
+    # itself there as a subprocess, see `venv`). Always top-k normalised; interleaved M-RoPE on the rotary quarter of
+    # the head (mrope_section sums to rotary_dim / 2; text positions are the same in all three sections).
+    {
+        "name": "qwen35moe", "arch": "qwen35moe", "hf_class": "Qwen3_5MoeForCausalLM", "tokenizer": "qwen", "seed": 7,
+        "venv": ".venv-tf5",
+        "types": ["f32", "f16", "bf16", "q8_0", "q4_0"],
+        "convert_args": ["--no-mtp"],
+        "config": dict(
+            hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6,
+            rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
+                                 mrope_section=[2, 1, 1], mrope_interleaved=True),
+            attention_bias=False, layer_types=["linear_attention", "full_attention"] * 2, full_attention_interval=2,
+            linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+            linear_num_value_heads=4, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+            num_experts_per_tok=2, num_experts=8, tie_word_embeddings=False,
+        ),
+    },
+    {
+        # Rows of 256 everywhere (hidden, heads x head_dim, linear-attention value dim, expert and shared-expert ffn),
+        # so that K-quants apply without fallback; MXFP4_MOE for the experts. One linear and one full attention layer.
+        "name": "qwen35moe-k", "arch": "qwen35moe", "hf_class": "Qwen3_5MoeForCausalLM", "tokenizer": "qwen",
+        "seed": 8, "venv": ".venv-tf5",
+        # As qwen3moe-k: the f32 GGUF stays in build/fixtures/ (size) and is still the transformers reference.
+        "types": ["q4_k_m", "q6_k", "mxfp4_moe"],
+        "convert_args": ["--no-mtp"],
+        "config": dict(
+            hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+            hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6,
+            rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
+                                 mrope_section=[3, 3, 2], mrope_interleaved=True),
+            attention_bias=False, layer_types=["linear_attention", "full_attention"], full_attention_interval=2,
+            linear_conv_kernel_dim=4, linear_key_head_dim=64, linear_value_head_dim=64, linear_num_key_heads=2,
+            linear_num_value_heads=4, moe_intermediate_size=256, shared_expert_intermediate_size=256,
+            num_experts_per_tok=2, num_experts=8, tie_word_embeddings=False,
+        ),
+    },
 ]
 
 CONVERTER_TYPES = {"f32", "f16", "bf16"}
@@ -289,6 +357,7 @@ QUANT_FTYPES = {
     "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
     "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
     "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K",
+    "mxfp4_moe": "LLAMA_FTYPE_MOSTLY_MXFP4_MOE",
 }
 REQUIRED_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 INIT_STD = 0.1
@@ -306,20 +375,31 @@ def build_hf_model(spec: dict, tok_info: dict, hf_dir: Path):
         eos_token_id=tok_info["eos_token_id"],
         pad_token_id=tok_info["pad_token_id"],
         initializer_range=INIT_STD,
-        torch_dtype="float32",
     )
+    # transformers 5 renamed torch_dtype to dtype.
+    cfg["dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"] = "float32"
     config = config_cls(**cfg)
     config._attn_implementation = "eager"
     torch.manual_seed(spec["seed"])
     model = cls(config).to(torch.float32).eval()
-    # transformers' init gives normal(0, initializer_range) to Linear/Embedding, ones to norms and zeros to biases.
-    # Perturb norms and biases too (so that a wrong norm or a missing bias shows), and scale the LM head so that
-    # logits have std ~1.
+    # transformers' init gives normal(0, initializer_range) to Linear/Embedding, ones to norms (zeros to the norms
+    # parametrised as 1 + w) and zeros to biases. Perturb norms and biases too (so that a wrong norm or a missing bias
+    # shows), and scale the LM head so that logits have std ~1. Gated DeltaNet: transformers draws A = exp(A_log)
+    # from U(0, 16) and sets dt_bias to ones, so the per-step decay exp(-A softplus(a + dt_bias)) is ~0 and the
+    # recurrent state is forgotten at once; draw A from U(0.05, 1.5) and dt_bias from N(0, 0.5^2) instead (decays
+    # mostly 0.3 ... 0.97), and the depthwise conv weights from N(0, 0.5^2) (4 taps: output about the input's scale).
     g = torch.Generator().manual_seed(1000 + spec["seed"])
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name and p.dim() == 1:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            if name.endswith("linear_attn.A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.05, 1.5, generator=g).log())
+            elif name.endswith("linear_attn.dt_bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            elif name.endswith("linear_attn.conv1d.weight"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            elif "norm" in name and p.dim() == 1:
+                # around the initial value: 1 + N(0, 0.1^2) for plain norms, N(0, 0.1^2) for (1 + w) norms
+                p.copy_(p + 0.1 * torch.randn(p.shape, generator=g))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             elif name == "lm_head.weight":
@@ -334,12 +414,14 @@ def routing_stats(model, config, ids: list[int]) -> dict:
     gates = []
 
     def hook(_mod, _inp, out):
-        gates.append(out.detach())
+        gates.append(out[0].detach() if isinstance(out, tuple) else out.detach())
 
+    n_experts = getattr(config, "num_experts", getattr(config, "num_local_experts", -1))
     router = None
     for name, mod in model.named_modules():
-        if (".layers.0." in name and name.endswith(".gate") and isinstance(mod, torch.nn.Linear)
-                and mod.out_features == getattr(config, "num_experts", getattr(config, "num_local_experts", -1))):
+        if ".layers.0." in name and name.endswith(".gate") and (
+                (isinstance(mod, torch.nn.Linear) and mod.out_features == n_experts)
+                or getattr(mod, "num_experts", None) == n_experts):  # transformers 5's TopKRouter modules
             router = mod
             break
     if router is None:
@@ -348,12 +430,36 @@ def routing_stats(model, config, ids: list[int]) -> dict:
     with torch.no_grad():
         model(torch.tensor([ids]))
     h.remove()
-    logits = gates[0].reshape(len(ids), -1)
+    logits = gates[0].reshape(len(ids), -1)  # TopKRouter returns (router_logits, scores, indices): the first
     k = getattr(config, "num_experts_per_tok")
     top = torch.topk(logits, k, dim=-1).indices.sort(dim=-1).values
     distinct = len({tuple(r.tolist()) for r in top})
     used = len(set(top.flatten().tolist()))
     return {"distinct_topk_sets": distinct, "experts_used": used, "router_logit_std": float(logits.std())}
+
+
+def gdn_stats(model, ids: list[int]) -> dict:
+    """Gated DeltaNet of the first linear-attention layer on `ids`: the per-step decay exp(g) of its recurrent state
+    (g = -exp(A_log) * softplus(a + dt_bias)) and the write strength beta = sigmoid(b), to check they are neither ~0
+    nor ~1 everywhere (which would hide bugs in the recurrence)."""
+    gdn = next((m for n, m in model.named_modules() if n.endswith(".linear_attn")), None)
+    if gdn is None:
+        return {}
+    seen = []
+    h = gdn.register_forward_pre_hook(lambda _m, args, kwargs: seen.append(kwargs.get("hidden_states", args[0] if args else None)), with_kwargs=True)
+    with torch.no_grad():
+        model(torch.tensor([ids]), use_cache=False)
+        h.remove()
+        x = seen[0]
+        if hasattr(gdn, "in_proj_ba"):  # Qwen3-Next: a and b interleaved per key head
+            _, _, _, _, b, a = gdn.fix_query_key_value_ordering(gdn.in_proj_qkvz(x), gdn.in_proj_ba(x))
+        else:
+            a, b = gdn.in_proj_a(x), gdn.in_proj_b(x)
+        decay = torch.exp(-gdn.A_log.float().exp() * torch.nn.functional.softplus(a.float() + gdn.dt_bias))
+        beta = torch.sigmoid(b.float())
+    q = torch.quantile(decay.flatten(), torch.tensor([0.1, 0.5, 0.9])).tolist()
+    return {"decay_min": float(decay.min()), "decay_p10_p50_p90": q, "decay_max": float(decay.max()),
+            "beta_mean": float(beta.mean()), "beta_min": float(beta.min()), "beta_max": float(beta.max())}
 
 
 def hf_logits(model, ids: list[int]) -> np.ndarray:
@@ -397,12 +503,12 @@ def converter():
     return _converter
 
 
-def convert(hf_dir: Path, out: Path, outtype: str, pre: str | None) -> None:
+def convert(hf_dir: Path, out: Path, outtype: str, pre: str | None, extra_args: list[str] = ()) -> None:
     mod = converter()
     if pre is not None:
         os.environ["TITAN_FIXTURE_PRE"] = pre
     argv = sys.argv
-    sys.argv = ["convert_hf_to_gguf.py", str(hf_dir), "--outfile", str(out), "--outtype", outtype]
+    sys.argv = ["convert_hf_to_gguf.py", str(hf_dir), "--outfile", str(out), "--outtype", outtype, *extra_args]
     try:
         mod.main()
     finally:
@@ -583,174 +689,287 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def hf_versions() -> dict:
+    return {k: importlib.metadata.version(k) for k in ("transformers", "torch", "tokenizers", "huggingface_hub")}
+
+
+def make_model(spec: dict, tok_info: dict, tok_dir: Path) -> dict:
+    """Builds one model and all its references; returns its manifest entry, its summary rows and its GGUF files."""
+    name = spec["name"]
+    pre = {"qwen": "qwen2", "olmoe": "olmo", "spm": None}[spec["tokenizer"]]
+    conv_args = spec.get("convert_args", [])
+    log.info("=== %s (transformers %s)", name, importlib.metadata.version("transformers"))
+    hf_dir = WORK / name / "hf"
+    model, config = build_hf_model(spec, tok_info, hf_dir)
+    for f in tok_dir.iterdir():
+        shutil.copy(f, hf_dir / f.name)
+    fdir = FIX / name
+    fdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(hf_dir / "config.json", fdir / "config.json")
+    if spec["tokenizer"] != "spm":
+        # The Hugging Face tokenizer too, so `--tokenizer tokenizer.json` is tested against llama.cpp's ids.
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tok_dir / f, fdir / f)
+
+    # --- GGUF files
+    f32_path = WORK / name / "f32.gguf"
+    convert(hf_dir, f32_path, "f32", pre, conv_args)
+    paths: dict[str, Path] = {}
+    gguf_files: list[tuple[str, str]] = []
+    for t in spec["types"]:
+        dst = fdir / f"{t}.gguf"
+        if t == "f32":
+            shutil.copy(f32_path, dst)
+        elif t in CONVERTER_TYPES:
+            convert(hf_dir, dst, t, pre, conv_args)
+        else:
+            quantize(f32_path, dst, t)
+        paths[t] = dst
+        gguf_files.append((f"{name}/{t}.gguf", str(dst)))
+
+    # --- llama.cpp references
+    files = {}
+    prompt_ids = None
+    tok_refs = None
+    llama_seqs = {}
+    llama_logits = {}
+    for t, path in paths.items():
+        llm = open_llama(path)
+        ids = [int(i) for i in llm.tokenize(PROMPT.encode("utf-8"), add_bos=True, special=False)]
+        if prompt_ids is None:
+            prompt_ids = ids
+            tok_refs = tokenizer_refs(llm)
+            eos_id = int(llm.token_eos())
+            bos_id = int(llm.token_bos())
+            add_bos = bool(llm._model.add_bos_token())
+        elif ids != prompt_ids:
+            raise RuntimeError(f"{name}/{t}: prompt tokenised differently ({ids} vs {prompt_ids})")
+        greedy, stopped = llama_greedy(llm, prompt_ids, N_GREEDY)
+        seq = prompt_ids + greedy
+        logits = llama_batch_logits(llm, seq)
+        llm.close()
+        del llm
+        gc.collect()
+        np.save(fdir / f"llama_{t}.npy", logits)
+        llama_seqs[t] = seq
+        llama_logits[t] = logits
+        files[t] = {
+            "path": f"{name}/{t}.gguf",
+            "sha256": sha256(path),
+            "bytes": path.stat().st_size,
+            "tensor_types": tensor_types(path),
+            "llama": {"tokens": seq, "logits": f"{name}/llama_{t}.npy", "greedy": greedy,
+                      "stopped_at_eos": stopped},
+        }
+        log.info("%s/%s: types %s greedy %s%s", name, t, files[t]["tensor_types"], greedy,
+                 " (EOS)" if stopped else "")
+
+    # The f32 GGUF of the -k models is not committed; its llama.cpp sequence is still the transformers reference.
+    ref_type = "f32"
+    ref_note = None
+    if "f32" not in paths:
+        llm = open_llama(f32_path)
+        g, ref_stopped = llama_greedy(llm, prompt_ids, N_GREEDY)
+        llama_seqs["f32"] = prompt_ids + g
+        llama_logits["f32"] = llama_batch_logits(llm, prompt_ids + g)
+        llm.close()
+        del llm
+        ref_note = {"path": f"build/fixtures/{name}/f32.gguf (not committed)", "greedy": g,
+                    "stopped_at_eos": ref_stopped}
+
+    # --- transformers references
+    hf_tokens = llama_seqs[ref_type]
+    hf_l = hf_logits(model, hf_tokens)
+    np.save(fdir / "hf_logits.npy", hf_l.astype(np.float32))
+    hf_g, hf_stopped = hf_greedy(model, prompt_ids, N_GREEDY, tok_info["eos_token_id"])
+    routing = routing_stats(model, config, hf_tokens)
+    gdn = gdn_stats(model, hf_tokens)
+    from transformers import AutoTokenizer
+    hf_tok = AutoTokenizer.from_pretrained(hf_dir, use_fast=spec["tokenizer"] != "spm")
+    hf_prompt_ids = [int(i) for i in hf_tok(PROMPT, add_special_tokens=True)["input_ids"]]
+
+    summary = []
+    for t, logits in llama_logits.items():
+        row = {"model": name, "file": t if t in paths else f"{t} (not committed)",
+               "logit_std": float(logits.std())}
+        if llama_seqs[t] == hf_tokens:
+            d = np.abs(logits - hf_l)
+            row.update(max_abs=float(d.max()), rms=float(np.sqrt(np.mean((logits - hf_l) ** 2))))
+        else:
+            # different continuation: compare the shared prefix only
+            n = next((i for i, (a, b) in enumerate(zip(llama_seqs[t], hf_tokens)) if a != b),
+                     min(len(hf_tokens), len(llama_seqs[t])))
+            other = hf_logits(model, llama_seqs[t])
+            d = np.abs(logits - other)
+            row.update(max_abs=float(d.max()), rms=float(np.sqrt(np.mean((logits - other) ** 2))),
+                       note=f"own sequence (shares {n} tokens with the reference)")
+        row["greedy_eq_hf"] = llama_seqs[t][len(prompt_ids):] == hf_g
+        summary.append(row)
+
+    entry = {
+        "name": name,
+        "arch": gguf_arch(next(iter(paths.values()))),
+        "hf_class": spec["hf_class"],
+        "config": f"{name}/config.json",
+        "tie_word_embeddings": bool(config.tie_word_embeddings),
+        "tokenizer_kind": {"qwen": "bpe/qwen2", "olmoe": "bpe/olmo", "spm": "spm/llama"}[spec["tokenizer"]],
+        "vocab_size": tok_info["vocab_size"],
+        "bos_id": bos_id, "eos_id": eos_id, "add_bos": add_bos,
+        "prompt": PROMPT,
+        "prompt_ids": prompt_ids,
+        "hf_tokenizer_prompt_ids_equal": hf_prompt_ids == prompt_ids,
+        "n_greedy": N_GREEDY,
+        "routing_layer0": routing,
+    }
+    if gdn:
+        entry["linear_attn_first_layer"] = gdn
+    if spec.get("venv"):
+        # built in another environment than the top-level `versions` describe
+        entry["venv"] = spec["venv"]
+        entry["hf_versions"] = hf_versions()
+    entry.update({
+        "hf": {"reference_file": ref_type, "reference_file_not_committed": ref_note, "tokens": hf_tokens,
+               "logits": f"{name}/hf_logits.npy", "greedy": hf_g, "stopped_at_eos": hf_stopped},
+        "files": files,
+        "tokenizer": tok_refs,
+    })
+    del model
+    gc.collect()
+    return {"entry": entry, "summary": summary, "gguf_files": gguf_files}
+
+
+def run_in_venv(spec: dict, tokenizers: dict) -> dict:
+    """Runs make_model for `spec` under the Python of its `venv` (tools/make_fixtures.py --worker NAME), which reads
+    the tokenizers trained here and writes its result to build/fixtures/NAME/result.json."""
+    import subprocess
+
+    py = ROOT / spec["venv"] / "bin" / "python"
+    if not py.exists():
+        sys.exit(f"{py} not found (model {spec['name']} needs it); run tools/make_fixtures.sh")
+    tok_info, tok_dir = tokenizers[spec["tokenizer"]]
+    (WORK / f"tokenizer-{spec['tokenizer']}.info.json").write_text(json.dumps(tok_info))
+    env = dict(os.environ, LLAMA_CPP_SRC=str(LLAMA_CPP_SRC))
+    log.info("=== %s: running under %s", spec["name"], py)
+    subprocess.run([str(py), str(Path(__file__).resolve()), "--worker", spec["name"]], check=True, env=env)
+    return json.loads((WORK / spec["name"] / "result.json").read_text())
+
+
+def worker(name: str) -> None:
+    spec = next(s for s in MODELS if s["name"] == name)
+    tok_dir = WORK / f"tokenizer-{spec['tokenizer']}"
+    tok_info = json.loads((WORK / f"tokenizer-{spec['tokenizer']}.info.json").read_text())
+    result = make_model(spec, tok_info, tok_dir)
+    (WORK / name / "result.json").write_text(json.dumps(result, ensure_ascii=False))
+
+
+def in_own_venv(spec: dict) -> bool:
+    return "venv" not in spec or Path(sys.prefix).resolve() == (ROOT / spec["venv"]).resolve()
+
+
+def merge_manifest(old: dict, new_models: list[dict], new_summary: list[dict]) -> dict:
+    """--only: replaces the named models' entries (models[] and summary[] rows) where they were, appends new ones,
+    keeps everything else as it was."""
+    new_by_name = {m["name"]: m for m in new_models}
+    models = [new_by_name.pop(m["name"], m) for m in old["models"]]
+    models += [m for m in new_models if m["name"] in new_by_name]
+    rows_by_model: dict[str, list] = {}
+    for r in new_summary:
+        rows_by_model.setdefault(r["model"], []).append(r)
+    summary = []
+    for r in old["summary"]:
+        if r["model"] not in rows_by_model:
+            summary.append(r)
+        elif rows_by_model[r["model"]] is not None:
+            summary += rows_by_model[r["model"]]
+            rows_by_model[r["model"]] = None  # emitted
+    for m in new_models:
+        if rows_by_model.get(m["name"]) is not None:
+            summary += rows_by_model[m["name"]]
+    merged = dict(old)
+    merged["models"] = models
+    merged["summary"] = summary
+    return merged
+
+
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Regenerates TITAN's oracle fixtures (tests/fixtures/).")
+    ap.add_argument("--only", metavar="NAME[,NAME...]",
+                    help="regenerate only these models and merge them into the existing manifest.json (their entries "
+                         "in models[] and summary[] replaced in place, new ones appended); every other fixture file, "
+                         "dequant/ included, is left as it is")
+    ap.add_argument("--worker", metavar="NAME", help=argparse.SUPPRESS)  # internal: one model, see run_in_venv
+    args = ap.parse_args()
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("hf-to-gguf", "gguf", "gguf.gguf_writer", "gguf.vocab", "conversion"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
 
+    if args.worker:
+        worker(args.worker)
+        return
+
+    names = [spec["name"] for spec in MODELS]
+    only = None
+    if args.only:
+        only = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            sys.exit(f"unknown model(s) {unknown}; known: {names}")
+        if not (FIX / "manifest.json").exists():
+            sys.exit("--only needs an existing tests/fixtures/manifest.json (run without --only first)")
+    specs = [spec for spec in MODELS if only is None or spec["name"] in only]
+
     # Remove only what this script writes: tests/fixtures/ also holds other fixtures (e.g. quant/) that it must keep.
     FIX.mkdir(parents=True, exist_ok=True)
-    for owned in [spec["name"] for spec in MODELS] + ["dequant"]:
+    for owned in [spec["name"] for spec in specs] + (["dequant"] if only is None else []):
         if (FIX / owned).exists():
             shutil.rmtree(FIX / owned)
-    if (FIX / "manifest.json").exists():
-        (FIX / "manifest.json").unlink()
-    if WORK.exists():
-        shutil.rmtree(WORK)
-    WORK.mkdir(parents=True)
+    old_manifest = None
+    if only is not None:
+        old_manifest = json.loads((FIX / "manifest.json").read_text())
+        for spec in specs:
+            if (WORK / spec["name"]).exists():
+                shutil.rmtree(WORK / spec["name"])
+        WORK.mkdir(parents=True, exist_ok=True)
+    else:
+        if (FIX / "manifest.json").exists():
+            (FIX / "manifest.json").unlink()
+        if WORK.exists():
+            shutil.rmtree(WORK)
+        WORK.mkdir(parents=True)
 
     tokenizers = {}
-    for kind in ("qwen", "olmoe", "spm"):
+    for kind in sorted({spec["tokenizer"] for spec in specs}, key=["qwen", "olmoe", "spm"].index):
         d = WORK / f"tokenizer-{kind}"
+        if d.exists():
+            shutil.rmtree(d)
         tokenizers[kind] = (train_spm(d) if kind == "spm" else train_bytelevel_bpe(kind, d), d)
         log.info("tokenizer %s: %s", kind, tokenizers[kind][0])
-    pre_for = {"qwen": "qwen2", "olmoe": "olmo", "spm": None}
+        if only is not None and kind != "spm":
+            # the training is deterministic: the committed models' tokenizer.json should be the same file
+            same = [s["name"] for s in MODELS if s["tokenizer"] == kind and s not in specs
+                    and (FIX / s["name"] / "tokenizer.json").exists()]
+            for other in same:
+                if (FIX / other / "tokenizer.json").read_bytes() != (d / "tokenizer.json").read_bytes():
+                    log.warning("tokenizer %s differs from the committed %s/tokenizer.json", kind, other)
 
     manifest_models = []
     summary = []
     all_files: list[tuple[str, Path]] = []
 
-    for spec in MODELS:
-        name = spec["name"]
-        log.info("=== %s", name)
-        tok_info, tok_dir = tokenizers[spec["tokenizer"]]
-        hf_dir = WORK / name / "hf"
-        model, config = build_hf_model(spec, tok_info, hf_dir)
-        for f in tok_dir.iterdir():
-            shutil.copy(f, hf_dir / f.name)
-        fdir = FIX / name
-        fdir.mkdir(parents=True, exist_ok=True)
-        shutil.copy(hf_dir / "config.json", fdir / "config.json")
-        if spec["tokenizer"] != "spm":
-            # The Hugging Face tokenizer too, so `--tokenizer tokenizer.json` is tested against llama.cpp's ids.
-            for f in ("tokenizer.json", "tokenizer_config.json"):
-                shutil.copy(tok_dir / f, fdir / f)
-
-        # --- GGUF files
-        f32_path = WORK / name / "f32.gguf"
-        convert(hf_dir, f32_path, "f32", pre_for[spec["tokenizer"]])
-        paths: dict[str, Path] = {}
-        for t in spec["types"]:
-            dst = fdir / f"{t}.gguf"
-            if t == "f32":
-                shutil.copy(f32_path, dst)
-            elif t in CONVERTER_TYPES:
-                convert(hf_dir, dst, t, pre_for[spec["tokenizer"]])
-            else:
-                quantize(f32_path, dst, t)
-            paths[t] = dst
-            all_files.append((f"{name}/{t}.gguf", dst))
-
-        # --- llama.cpp references
-        files = {}
-        prompt_ids = None
-        tok_refs = None
-        llama_seqs = {}
-        llama_logits = {}
-        for t, path in paths.items():
-            llm = open_llama(path)
-            ids = [int(i) for i in llm.tokenize(PROMPT.encode("utf-8"), add_bos=True, special=False)]
-            if prompt_ids is None:
-                prompt_ids = ids
-                tok_refs = tokenizer_refs(llm)
-                eos_id = int(llm.token_eos())
-                bos_id = int(llm.token_bos())
-                add_bos = bool(llm._model.add_bos_token())
-            elif ids != prompt_ids:
-                raise RuntimeError(f"{name}/{t}: prompt tokenised differently ({ids} vs {prompt_ids})")
-            greedy, stopped = llama_greedy(llm, prompt_ids, N_GREEDY)
-            seq = prompt_ids + greedy
-            logits = llama_batch_logits(llm, seq)
-            llm.close()
-            del llm
-            gc.collect()
-            np.save(fdir / f"llama_{t}.npy", logits)
-            llama_seqs[t] = seq
-            llama_logits[t] = logits
-            files[t] = {
-                "path": f"{name}/{t}.gguf",
-                "sha256": sha256(path),
-                "bytes": path.stat().st_size,
-                "tensor_types": tensor_types(path),
-                "llama": {"tokens": seq, "logits": f"{name}/llama_{t}.npy", "greedy": greedy,
-                          "stopped_at_eos": stopped},
-            }
-            log.info("%s/%s: types %s greedy %s%s", name, t, files[t]["tensor_types"], greedy,
-                     " (EOS)" if stopped else "")
-
-        # The f32 GGUF of qwen3moe-k is not committed; its llama.cpp sequence is still the transformers reference.
-        ref_type = "f32"
-        ref_note = None
-        if "f32" not in paths:
-            llm = open_llama(f32_path)
-            g, ref_stopped = llama_greedy(llm, prompt_ids, N_GREEDY)
-            llama_seqs["f32"] = prompt_ids + g
-            llama_logits["f32"] = llama_batch_logits(llm, prompt_ids + g)
-            llm.close()
-            del llm
-            ref_note = {"path": f"build/fixtures/{name}/f32.gguf (not committed)", "greedy": g,
-                        "stopped_at_eos": ref_stopped}
-
-        # --- transformers references
-        hf_tokens = llama_seqs[ref_type]
-        hf_l = hf_logits(model, hf_tokens)
-        np.save(fdir / "hf_logits.npy", hf_l.astype(np.float32))
-        hf_g, hf_stopped = hf_greedy(model, prompt_ids, N_GREEDY, tok_info["eos_token_id"])
-        routing = routing_stats(model, config, hf_tokens)
-        from transformers import AutoTokenizer
-        hf_tok = AutoTokenizer.from_pretrained(hf_dir, use_fast=spec["tokenizer"] != "spm")
-        hf_prompt_ids = [int(i) for i in hf_tok(PROMPT, add_special_tokens=True)["input_ids"]]
-
-        for t, logits in llama_logits.items():
-            row = {"model": name, "file": t if t in paths else f"{t} (not committed)",
-                   "logit_std": float(logits.std())}
-            if llama_seqs[t] == hf_tokens:
-                d = np.abs(logits - hf_l)
-                row.update(max_abs=float(d.max()), rms=float(np.sqrt(np.mean((logits - hf_l) ** 2))))
-            else:
-                # different continuation: compare the shared prefix only
-                n = next((i for i, (a, b) in enumerate(zip(llama_seqs[t], hf_tokens)) if a != b),
-                         min(len(hf_tokens), len(llama_seqs[t])))
-                other = hf_logits(model, llama_seqs[t])
-                d = np.abs(logits - other)
-                row.update(max_abs=float(d.max()), rms=float(np.sqrt(np.mean((logits - other) ** 2))),
-                           note=f"own sequence (shares {n} tokens with the reference)")
-            row["greedy_eq_hf"] = llama_seqs[t][len(prompt_ids):] == hf_g
-            summary.append(row)
-
-        manifest_models.append({
-            "name": name,
-            "arch": gguf_arch(next(iter(paths.values()))),
-            "hf_class": spec["hf_class"],
-            "config": f"{name}/config.json",
-            "tie_word_embeddings": bool(config.tie_word_embeddings),
-            "tokenizer_kind": {"qwen": "bpe/qwen2", "olmoe": "bpe/olmo", "spm": "spm/llama"}[spec["tokenizer"]],
-            "vocab_size": tok_info["vocab_size"],
-            "bos_id": bos_id, "eos_id": eos_id, "add_bos": add_bos,
-            "prompt": PROMPT,
-            "prompt_ids": prompt_ids,
-            "hf_tokenizer_prompt_ids_equal": hf_prompt_ids == prompt_ids,
-            "n_greedy": N_GREEDY,
-            "routing_layer0": routing,
-            "hf": {"reference_file": ref_type, "reference_file_not_committed": ref_note, "tokens": hf_tokens, "logits": f"{name}/hf_logits.npy",
-                   "greedy": hf_g, "stopped_at_eos": hf_stopped},
-            "files": files,
-            "tokenizer": tok_refs,
-        })
-        del model
-        gc.collect()
-
-    dequant = dequant_refs(all_files)
-
-    seen = set()
-    for m in manifest_models:
-        for f in m["files"].values():
-            seen.update(f["tensor_types"])
-    missing = [t for t in REQUIRED_TYPES if t not in seen]
-    if missing:
-        raise RuntimeError(f"tensor types missing from the fixture set: {missing}")
+    for spec in specs:
+        if in_own_venv(spec):
+            tok_info, tok_dir = tokenizers[spec["tokenizer"]]
+            result = make_model(spec, tok_info, tok_dir)
+        else:
+            result = run_in_venv(spec, tokenizers)
+        manifest_models.append(result["entry"])
+        summary += result["summary"]
+        all_files += [(rel, Path(path)) for rel, path in result["gguf_files"]]
 
     versions = {
         "transformers": importlib.metadata.version("transformers"),
@@ -761,16 +980,36 @@ def main() -> None:
         "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
         "gguf_py": "vendored in llama-cpp-python's sdist (vendor/llama.cpp/gguf-py)",
     }
-    manifest = {
-        "generator": "tools/make_fixtures.py",
-        "regenerate": "bash tools/make_fixtures.sh",
-        "versions": versions,
-        "llama_params": {"n_ctx": 256, "n_batch": 256, "n_threads": 2, "seed": 0, "logits_all": True,
-                         "type_k": "f32", "type_v": "f32", "flash_attn": False},
-        "models": manifest_models,
-        "dequant": dequant,
-        "summary": summary,
-    }
+    llama_params = {"n_ctx": 256, "n_batch": 256, "n_threads": 2, "seed": 0, "logits_all": True,
+                    "type_k": "f32", "type_v": "f32", "flash_attn": False}
+
+    if only is not None:
+        if old_manifest.get("versions") != versions:
+            log.warning("versions differ from the manifest's (kept as they were): %s vs %s",
+                        versions, old_manifest.get("versions"))
+        if old_manifest.get("llama_params") != llama_params:
+            raise RuntimeError(f"llama_params differ from the manifest's: {old_manifest.get('llama_params')}")
+        manifest = merge_manifest(old_manifest, manifest_models, summary)
+    else:
+        dequant = dequant_refs(all_files)
+
+        seen = set()
+        for m in manifest_models:
+            for f in m["files"].values():
+                seen.update(f["tensor_types"])
+        missing = [t for t in REQUIRED_TYPES if t not in seen]
+        if missing:
+            raise RuntimeError(f"tensor types missing from the fixture set: {missing}")
+
+        manifest = {
+            "generator": "tools/make_fixtures.py",
+            "regenerate": "bash tools/make_fixtures.sh",
+            "versions": versions,
+            "llama_params": llama_params,
+            "models": manifest_models,
+            "dequant": dequant,
+            "summary": summary,
+        }
     (FIX / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
 
     print("\n=== llama.cpp logits vs transformers f32 (max |Δ|, rms); greedy == transformers greedy?")
@@ -779,6 +1018,8 @@ def main() -> None:
               f"std={r['logit_std']:.3f}  greedy_eq_hf={r['greedy_eq_hf']}  {r.get('note', '')}")
     for m in manifest_models:
         print(f"{m['name']:>11} routing(layer0): {m['routing_layer0']}")
+        if "linear_attn_first_layer" in m:
+            print(f"{m['name']:>11} linear attention (first layer): {m['linear_attn_first_layer']}")
     total = sum(p.stat().st_size for p in FIX.rglob("*") if p.is_file())
     print(f"fixture set: {total / 1e6:.2f} MB")
 
