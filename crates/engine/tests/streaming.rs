@@ -1,5 +1,6 @@
-//! Experts streamed from an expert store through a bounded cache give the same bytes as the fully
-//! resident model, for every budget down to one expert per layer, with buffered and direct I/O.
+//! Experts streamed from an expert store (a copy, or an in-place index over the GGUF) through a bounded
+//! cache give the same bytes as the fully resident model, for every budget down to one expert per layer,
+//! with buffered and direct I/O.
 
 mod common;
 
@@ -7,7 +8,7 @@ use common::*;
 use titan_engine::trace::{diff, Trace};
 use titan_engine::{GenerateOptions, LoadOptions, Model, Outputs, SamplerOptions, StreamOptions};
 use titan_gguf::GgufFile;
-use titan_store::{convert, ConvertOptions, ExpertCache, Policy, Store};
+use titan_store::{convert, write_index, ConvertOptions, ExpertCache, Policy, Store};
 
 const FILES: &[&str] = &["qwen3moe/q4_0.gguf", "qwen2moe/q8_0.gguf", "olmoe/f16.gguf", "mixtral/q4_1.gguf", "qwen3moe-k/q4_k_m.gguf"];
 
@@ -33,27 +34,47 @@ fn every_budget_and_io_mode_is_bit_identical_to_resident() {
         let path = fixtures().join(f);
         let store = dir.path().join(f.replace('/', "_")).with_extension("titan");
         convert(&GgufFile::open(&path).unwrap(), &store, &ConvertOptions::default(), &mut |_, _| {}).unwrap();
-        let resident = Model::load(&path).unwrap();
-        let tokens = resident.tokenizer.encode("Streaming experts from SSD: café 日本語 🙂", true, false);
-        let mut seq = resident.new_sequence(tokens.len());
-        let want = resident.forward(&tokens, 0, &mut seq, Outputs::All).unwrap();
-        let want_trace = trace_of(&resident, &tokens);
+        streams_as_resident(f, &store);
+    }
+}
 
-        let s = Store::open(&store, &resident.weights.file).unwrap();
-        let (min, all) = (ExpertCache::min_budget(&s), s.manifest().records.len() as u64 * s.max_record_bytes());
-        for budget in [1, min, all / 3, all] {
-            for direct in [false, true] {
-                let m = streamed(&path, &store, budget, direct, budget == all / 3);
-                let mut seq = m.new_sequence(tokens.len());
-                let got = m.forward(&tokens, 0, &mut seq, Outputs::All).unwrap();
-                assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "{f}: budget {budget}, direct {direct}: logits differ");
-                let rep = diff(&want_trace, &trace_of(&m, &tokens), None);
-                assert!(rep.identical(), "{f}: budget {budget}, direct {direct}: {rep:?}");
-                let stats = m.experts.cache().unwrap().stats();
-                assert!(stats.resident_bytes <= stats.budget_bytes, "{f}: over budget");
-                assert!(stats.total.misses > 0);
-                println!("{f}: budget {budget} direct {direct}: hit rate {:.2}", stats.total.hit_rate());
-            }
+/// The same with the in-place layout: the experts read out of the GGUF itself through its index, three
+/// unaligned slices per expert rounded out to whole blocks, give the resident run's bytes.
+#[test]
+fn the_in_place_index_streams_bit_identical_to_resident() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    for f in FILES {
+        let path = fixtures().join(f);
+        let index = dir.path().join(f.replace('/', "_")).with_extension("titan-index");
+        write_index(&GgufFile::open(&path).unwrap(), &index, false, &mut |_, _| {}).unwrap();
+        streams_as_resident(f, &index);
+    }
+}
+
+/// Fixture `f` streamed from `store` (either layout) gives the resident logits and trace, bit for bit,
+/// for every budget down to one expert per layer, buffered and with O_DIRECT.
+fn streams_as_resident(f: &str, store: &std::path::Path) {
+    let path = fixtures().join(f);
+    let resident = Model::load(&path).unwrap();
+    let tokens = resident.tokenizer.encode("Streaming experts from SSD: café 日本語 🙂", true, false);
+    let mut seq = resident.new_sequence(tokens.len());
+    let want = resident.forward(&tokens, 0, &mut seq, Outputs::All).unwrap();
+    let want_trace = trace_of(&resident, &tokens);
+
+    let s = Store::open(store, &resident.weights.file).unwrap();
+    let (min, all) = (ExpertCache::min_budget(&s), s.records().len() as u64 * s.max_record_bytes());
+    for budget in [1, min, all / 3, all] {
+        for direct in [false, true] {
+            let m = streamed(&path, store, budget, direct, budget == all / 3);
+            let mut seq = m.new_sequence(tokens.len());
+            let got = m.forward(&tokens, 0, &mut seq, Outputs::All).unwrap();
+            assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "{f}: budget {budget}, direct {direct}: logits differ");
+            let rep = diff(&want_trace, &trace_of(&m, &tokens), None);
+            assert!(rep.identical(), "{f}: budget {budget}, direct {direct}: {rep:?}");
+            let stats = m.experts.cache().unwrap().stats();
+            assert!(stats.resident_bytes <= stats.budget_bytes, "{f}: over budget");
+            assert!(stats.total.misses > 0);
+            println!("{f} {:?}: budget {budget} direct {direct}: hit rate {:.2}", s.layout(), stats.total.hit_rate());
         }
     }
 }
@@ -130,7 +151,10 @@ fn a_failing_or_lying_disk_never_changes_the_output_silently() {
         let healthy = Store::open(&store, &m.weights.file).unwrap();
         for (l, e) in kept {
             let rec = cache.get_layer(l, &[e as u32]).unwrap();
-            assert_eq!(rec[0].bytes(), healthy.read(l, e).unwrap().bytes(), "layer {l} expert {e}: the cache kept a damaged record");
+            let good = healthy.read(l, e).unwrap();
+            for (kept, whole) in [(rec[0].gate(), good.gate()), (rec[0].up(), good.up()), (rec[0].down(), good.down())] {
+                assert_eq!(kept.data, whole.data, "layer {l} expert {e}: the cache kept a damaged record");
+            }
         }
     }
 }

@@ -197,7 +197,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl ExpertCache {
     /// The least budget that holds one record of every MoE layer (the largest record, per layer).
     pub fn min_budget(store: &Store) -> u64 {
-        store.max_record_bytes() * store.manifest().layers.len() as u64
+        store.max_record_bytes() * store.layers().len() as u64
     }
 
     /// A cache over `store`; a budget below `min_budget` is raised to it, with the warning in `warning()`.
@@ -211,12 +211,12 @@ impl ExpertCache {
             format!(
                 "expert budget {} is below one expert per layer ({} MoE layers × {}); raised to {}",
                 fmt_bytes(requested),
-                store.manifest().layers.len(),
+                store.layers().len(),
                 fmt_bytes(store.max_record_bytes()),
                 fmt_bytes(min)
             )
         });
-        let pool = IoPool::new(opts.io_threads).map_err(StoreError::io(store.dir()))?;
+        let pool = IoPool::new(opts.io_threads).map_err(StoreError::io(store.path()))?;
         let state = State {
             entries: HashMap::new(),
             order: BTreeSet::new(),
@@ -617,8 +617,8 @@ fn fmt_bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{convert_default, test_dir, write_model, Spec};
-    use crate::StoreOptions;
+    use crate::testutil::{convert_default, gguf_slice, test_dir, write_model, Spec};
+    use crate::{Layout, Manifest, StoreOptions};
     use std::time::Duration;
     use titan_gguf::GgufFile;
     use titan_kernels::GgmlType;
@@ -644,9 +644,20 @@ mod tests {
     }
 
     fn fixture(spec: &Spec, direct_io: bool) -> Fixture {
+        fixture_of(spec, direct_io, Layout::Copy)
+    }
+
+    fn fixture_of(spec: &Spec, direct_io: bool, layout: Layout) -> Fixture {
         let dir = test_dir();
         let gguf = write_model(dir.path(), "m.gguf", spec);
-        let out = convert_default(&gguf, dir.path());
+        let out = match layout {
+            Layout::Copy => convert_default(&gguf, dir.path()),
+            Layout::InPlace => {
+                let out = dir.path().join("m.titan-index");
+                crate::write_index(&gguf, &out, false, &mut |_, _| {}).unwrap();
+                out
+            }
+        };
         let store = Store::open_with(
             &out,
             &gguf,
@@ -679,14 +690,16 @@ mod tests {
         (0..n).filter(|&e| c.is_resident(layer, e)).collect()
     }
 
-    fn check_record(store: &Store, rec: &ExpertRecord) {
-        let entry = store
-            .manifest()
-            .records
-            .iter()
-            .find(|r| (r.layer, r.expert) == (rec.layer, rec.expert))
-            .unwrap();
-        assert_eq!(blake3::hash(rec.bytes()).to_hex().as_str(), entry.blake3);
+    /// The record holds the model's bytes of that expert.
+    fn check_record(gguf: &GgufFile, rec: &ExpertRecord) {
+        for (part, t) in [("gate", rec.gate()), ("up", rec.up()), ("down", rec.down())] {
+            assert!(
+                t.data == gguf_slice(gguf, rec.layer, rec.expert, part),
+                "{part} of ({}, {})",
+                rec.layer,
+                rec.expert
+            );
+        }
     }
 
     const S: u64 = 16384;
@@ -714,7 +727,7 @@ mod tests {
                 recs.iter().map(|r| r.expert).collect::<Vec<_>>(),
                 vec![7, 6, 5, 4, 3, 2, 1, 0]
             );
-            recs.iter().for_each(|r| check_record(&f.store, r));
+            recs.iter().for_each(|r| check_record(&f.gguf, r));
             assert!(c.stats().resident_bytes <= c.budget_bytes());
         }
     }
@@ -801,7 +814,7 @@ mod tests {
             let recs = c.get_layer(layer, &experts).unwrap();
             for (rec, &e) in recs.iter().zip(&experts) {
                 assert_eq!((rec.layer, rec.expert), (layer, e as usize));
-                check_record(&f.store, rec);
+                check_record(&f.gguf, rec);
             }
             requests[layer] += k as u64;
             let s = c.stats();
@@ -847,7 +860,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         let recs = c.get_layer(1, &[2, 3, 4]).unwrap();
-        recs.iter().for_each(|r| check_record(&f.store, r));
+        recs.iter().for_each(|r| check_record(&f.gguf, r));
         c.get_layer(1, &[2]).unwrap(); // a second use of a prefetch is just a hit
                                        // Prefetch then request at once: found in flight or resident, either way a hit and a used prefetch.
         c.prefetch(0, &[7]).unwrap();
@@ -904,10 +917,11 @@ mod tests {
     #[test]
     fn a_record_that_fails_its_digest_is_never_returned_or_cached() {
         let f = fixture(&uniform(), false);
-        let r = f.store.manifest().records[8 + 3].clone(); // layer 1, expert 3
+        let m = Manifest::load(&f.store.path().join(crate::MANIFEST_FILE)).unwrap();
+        let r = m.records[8 + 3].clone(); // layer 1, expert 3
         let file = std::fs::OpenOptions::new()
             .write(true)
-            .open(f.store.dir().join(crate::EXPERTS_FILE))
+            .open(f.store.path().join(crate::EXPERTS_FILE))
             .unwrap();
         std::os::unix::fs::FileExt::write_all_at(&file, &[0xAB], r.offset + 100).unwrap();
         let c = cache(&f, Budget::Bytes(8 * S), Policy::Lru);
@@ -935,14 +949,19 @@ mod tests {
         c.get_layer(1, &[2, 4])
             .unwrap()
             .iter()
-            .for_each(|r| check_record(&f.store, r));
-        let _ = &f.gguf;
+            .for_each(|r| check_record(&f.gguf, r));
     }
 
     #[test]
     fn concurrent_requests_from_two_threads_are_safe() {
+        for layout in [Layout::Copy, Layout::InPlace] {
+            concurrent_requests(layout);
+        }
+    }
+
+    fn concurrent_requests(layout: Layout) {
         let spec = Spec::q4_k_m();
-        let f = fixture(&spec, true);
+        let f = fixture_of(&spec, true, layout);
         let c = cache(&f, Budget::ExpertsPerLayer(3), Policy::Lru);
         let calls = 150;
         std::thread::scope(|s| {
@@ -959,7 +978,7 @@ mod tests {
                         let recs = c.get_layer(layer, &experts).unwrap();
                         for (rec, &e) in recs.iter().zip(&experts) {
                             assert_eq!((rec.layer, rec.expert), (layer, e as usize));
-                            check_record(&f.store, rec);
+                            check_record(&f.gguf, rec);
                         }
                         assert!(c.stats().resident_bytes <= c.budget_bytes());
                     }

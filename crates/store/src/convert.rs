@@ -160,16 +160,16 @@ fn publish(partial: &Path, out: &Path) -> Result<(), StoreError> {
 }
 
 /// `<out>.<suffix>` beside `out`.
-fn sibling(out: &Path, suffix: &str) -> PathBuf {
+pub(crate) fn sibling(out: &Path, suffix: &str) -> PathBuf {
     let mut name = out.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".{suffix}"));
     out.with_file_name(name)
 }
 
-/// Remove `<out>.partial-<pid>` directories left by conversions that crashed (their process is gone), so
+/// Remove `<out>.partial-<pid>` directories (or index files) left by conversions that crashed (their process is gone), so
 /// an interrupted multi-gigabyte conversion does not keep its disk space forever. A directory whose pid is
 /// alive (a conversion running now, or a reused pid) is left alone.
-fn remove_stale_partials(out: &Path) {
+pub(crate) fn remove_stale_partials(out: &Path) {
     let (Some(name), Some(parent)) = (out.file_name(), out.parent()) else {
         return;
     };
@@ -195,13 +195,14 @@ fn remove_stale_partials(out: &Path) {
         let gone = unsafe { libc::kill(pid, 0) } == -1
             && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
         if gone {
-            let _ = fs::remove_dir_all(entry.path());
+            // A store's partial is a directory, an index's a file.
+            let _ = fs::remove_dir_all(entry.path()).or_else(|_| fs::remove_file(entry.path()));
         }
     }
 }
 
 /// fsync a directory so the names created in it survive a crash.
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(StoreError::io(dir))

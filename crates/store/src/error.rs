@@ -50,13 +50,25 @@ pub enum StoreError {
     /// The manifest's tables contradict themselves or the model's shapes and types.
     #[error("{path}: {what}; re-run titan convert", path = path.display())]
     Inconsistent { path: PathBuf, what: String },
-    /// A record's bytes do not match its digest; the record is never used.
-    #[error("expert {expert} of layer {layer} failed its digest check in {path} (offset {offset:#x}): re-run titan convert", path = path.display())]
+    /// A record's bytes do not match its digest; the record is never used. `next` says what to do,
+    /// which depends on the layout: a damaged copy is made again, a damaged model is not the store's fault.
+    #[error("expert {expert} of layer {layer} failed its digest check in {path} (offset {offset:#x}): {next}", path = path.display())]
     Digest {
         layer: usize,
         expert: usize,
         path: PathBuf,
         offset: u64,
+        next: &'static str,
+    },
+    /// An in-place index that is truncated, damaged, or not an index at all.
+    #[error("{path}: {what}; re-run titan convert --layout in-place", path = path.display())]
+    Index { path: PathBuf, what: String },
+    /// `titan verify INDEX` looks for the indexed model beside the index and cannot open it.
+    #[error("{index} indexes {model}, which cannot be opened ({what}); pass the model with --model", index = index.display(), model = model.display())]
+    IndexedModel {
+        index: PathBuf,
+        model: PathBuf,
+        what: String,
     },
     /// The directory is a conversion that never finished.
     #[error("{path} is an unfinished conversion, not a store: delete it and run titan convert", path = path.display())]

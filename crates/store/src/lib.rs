@@ -5,8 +5,12 @@
 //! O_DIRECT — and writes `manifest.json` with offsets, shapes, types, the source model's identity and a
 //! BLAKE3 digest per record. The GGUF is never modified and stays the source of the dense weights.
 //!
-//! `Store` opens and checks a store against the model and reads records with positional reads into aligned
-//! buffers, checking digests. `ExpertCache` keeps a bounded set of records resident, reads a layer's misses
+//! `write_index` makes the other layout, with no second copy: an index file beside the model of where each
+//! expert's gate, up and down bytes already are in the GGUF, with the same per-expert digests; the store
+//! then reads those three ranges straight out of the model.
+//!
+//! `Store` opens and checks a store of either layout against the model and reads records with positional
+//! reads into aligned buffers, checking digests. `ExpertCache` keeps a bounded set of records resident, reads a layer's misses
 //! in parallel on a pool of I/O threads, prefetches, pins, and counts everything. `Profile` holds the
 //! routing counts used to pick pinned experts.
 
@@ -14,6 +18,7 @@ mod aligned;
 mod cache;
 mod convert;
 mod error;
+mod index;
 mod manifest;
 mod pool;
 mod profile;
@@ -26,9 +31,10 @@ pub use aligned::AlignedBuf;
 pub use cache::{Budget, CacheOptions, CacheStats, Counters, ExpertCache, Policy};
 pub use convert::{convert, ConvertOptions};
 pub use error::StoreError;
+pub use index::{write_index, Index, INDEX_VERSION};
 pub use manifest::{LayerEntry, Manifest, RecordEntry, SourceIdentity, TensorSpec, FORMAT_VERSION};
 pub use profile::Profile;
-pub use reader::{RecordSource, Store, StoreOptions, VerifyReport};
+pub use reader::{Layout, RecordSource, Store, StoreOptions, VerifyReport};
 pub use record::{ExpertRecord, ExpertTensor};
 
 /// The file holding the records, inside a store directory.

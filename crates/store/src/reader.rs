@@ -1,5 +1,10 @@
-//! `Store`: open a store directory, check it against the model, and read records with positional reads
-//! into aligned buffers, optionally bypassing the page cache, checking each record's digest.
+//! `Store`: open a store — a directory holding a copy of the experts, or an index of the experts inside
+//! the model — check it against the model, and read records with positional reads into aligned buffers,
+//! optionally bypassing the page cache, checking each record's digest.
+//!
+//! Both layouts come down to the same table: for every (layer, expert), the offsets of its gate, up and
+//! down bytes in one file (`experts.bin`, or the GGUF) and the BLAKE3 of those bytes. Everything above
+//! `read` — the cache, prefetch, pinning, `verify` — sees no difference between them.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -9,11 +14,15 @@ use std::sync::mpsc;
 
 use titan_gguf::GgufFile;
 
+use crate::index::Index;
 use crate::manifest::{
     expert_tensors, ExpertLayout, LayerEntry, Manifest, SourceIdentity, TensorSpec,
 };
 use crate::record::{Part, RecordShape};
-use crate::{AlignedBuf, ExpertRecord, StoreError, EXPERTS_FILE, MANIFEST_FILE, MIN_ALIGNMENT};
+use crate::{
+    AlignedBuf, ExpertRecord, StoreError, DEFAULT_ALIGNMENT, EXPERTS_FILE, MANIFEST_FILE,
+    MIN_ALIGNMENT,
+};
 
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
@@ -32,23 +41,46 @@ impl Default for StoreOptions {
     }
 }
 
-/// Where a record is and what it must hash to.
+/// Where a store's expert bytes live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// A directory (`MODEL.titan/`) holding a copy of every expert as one aligned record of
+    /// `experts.bin`: one read per expert, twice the model's disk space.
+    Copy,
+    /// An index file (`MODEL.titan-index`) of where each expert's gate, up and down bytes are inside the
+    /// GGUF itself: three reads per expert, no second copy.
+    InPlace,
+}
+
+/// Where a record's bytes are and what they must hash to.
 struct Loc {
-    offset: u64,
-    length: u64,
+    /// Offsets of the gate, up and down bytes in the file read (their lengths are the layer's).
+    parts: [u64; 3],
+    /// BLAKE3 of gate ‖ up ‖ down.
     digest: [u8; 32],
 }
 
 pub struct Store {
-    dir: PathBuf,
-    bin_path: PathBuf,
-    /// Where record bytes come from: `experts.bin`, or what [`Store::with_source`] put in its place.
+    /// The store directory (copy) or the index file (in place).
+    path: PathBuf,
+    layout: Layout,
+    /// The file the records are read from: `experts.bin`, or the model.
+    file_path: PathBuf,
+    file_len: u64,
+    /// Where record bytes come from: `file_path`, or what [`Store::with_source`] put in its place.
     source: Box<dyn RecordSource>,
     opts: StoreOptions,
-    manifest: Manifest,
-    /// One per MoE layer, in the order of `manifest.layers` (ascending layer numbers). Nothing here is
-    /// sized by the manifest's `n_layer`, which is only a number compared with the model's.
+    /// Reads start and end on multiples of this, and buffers start on one.
+    align: u64,
+    identity: SourceIdentity,
+    n_layer: usize,
+    n_expert: usize,
+    /// The MoE layers, ascending. Nothing here is sized by `n_layer`, which is only a number compared
+    /// with the model's.
+    layers: Vec<LayerEntry>,
+    /// One per MoE layer, in the order of `layers`.
     shapes: Vec<RecordShape>,
+    /// One per (MoE layer, expert), layer-major.
     locs: Vec<Loc>,
 }
 
@@ -78,66 +110,288 @@ impl VerifyReport {
     }
 }
 
+/// One positional read of a record: `len` bytes of the file from `offset` into the buffer at `at`, of
+/// which the first `need` must be there (the rest may lie past the end of the file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Span {
+    offset: u64,
+    len: u64,
+    at: u64,
+    need: u64,
+}
+
+/// How one record is read: its spans, where its gate, up and down start in the buffer, the buffer's size.
+#[derive(Debug, PartialEq, Eq)]
+struct Plan {
+    spans: Vec<Span>,
+    starts: [u64; 3],
+    len: u64,
+}
+
+/// Plan the reads of parts at `(offset, length)`. A part that starts where the previous one ends (a
+/// copied record) extends that read; one elsewhere (in place) gets a read of its own. Each read is
+/// rounded out to `align` at both ends, because O_DIRECT transfers whole aligned blocks into aligned
+/// memory; the rounding costs at most two blocks per part, and the bytes outside the parts are never
+/// looked at.
+fn plan(parts: [(u64, u64); 3], align: u64) -> Plan {
+    let mut spans: Vec<Span> = Vec::with_capacity(3);
+    let (mut starts, mut len) = ([0; 3], 0);
+    for (i, (offset, n)) in parts.into_iter().enumerate() {
+        match spans.last_mut() {
+            Some(s) if s.offset + s.need == offset => {
+                starts[i] = s.at + s.need;
+                s.need += n;
+                let grown = (s.offset + s.need).next_multiple_of(align) - s.offset;
+                len += grown - s.len;
+                s.len = grown;
+            }
+            _ => {
+                let lo = offset / align * align;
+                let hi = (offset + n).next_multiple_of(align);
+                starts[i] = len + offset - lo;
+                spans.push(Span {
+                    offset: lo,
+                    len: hi - lo,
+                    at: len,
+                    need: offset + n - lo,
+                });
+                len += hi - lo;
+            }
+        }
+    }
+    Plan { spans, starts, len }
+}
+
 impl Store {
     /// Open with default options (buffered reads, digests checked).
-    pub fn open(dir: &Path, gguf: &GgufFile) -> Result<Store, StoreError> {
-        Store::open_with(dir, gguf, &StoreOptions::default())
+    pub fn open(path: &Path, gguf: &GgufFile) -> Result<Store, StoreError> {
+        Store::open_with(path, gguf, &StoreOptions::default())
     }
 
-    /// Open `dir` and check that it was made from `gguf` and matches its expert tensors.
+    /// Open the store at `path` — a store directory, or an in-place index file — and check that it was
+    /// made from `gguf` and matches its expert tensors.
     pub fn open_with(
-        dir: &Path,
+        path: &Path,
         gguf: &GgufFile,
         opts: &StoreOptions,
     ) -> Result<Store, StoreError> {
-        let store = Store::open_unchecked(dir, opts)?;
-        let m = &store.manifest;
-        let source = SourceIdentity::of(gguf)?;
-        if !m.source.matches(&source) {
+        if crate::convert::is_partial(path) {
+            return Err(StoreError::Unfinished {
+                path: path.to_path_buf(),
+            });
+        }
+        let store = if path.is_file() {
+            Store::open_in_place(path, Index::load(path)?, gguf, opts)?
+        } else {
+            Store::open_copy(path, opts)?
+        };
+        store.check_model(gguf)?;
+        Ok(store)
+    }
+
+    /// Open `path` without a model. A store directory's manifest is checked for consistency with itself
+    /// and with the size of `experts.bin`, not against a GGUF; an index is opened over the model it names
+    /// beside it (it has no bytes of its own). For `titan verify`, which then checks every digest.
+    pub fn open_unchecked(path: &Path, opts: &StoreOptions) -> Result<Store, StoreError> {
+        if crate::convert::is_partial(path) {
+            return Err(StoreError::Unfinished {
+                path: path.to_path_buf(),
+            });
+        }
+        if !path.is_file() {
+            return Store::open_copy(path, opts);
+        }
+        let index = Index::load(path)?;
+        let model = path.with_file_name(&index.source.file_name);
+        let gguf = GgufFile::open(&model).map_err(|e| StoreError::IndexedModel {
+            index: path.to_path_buf(),
+            model: model.clone(),
+            what: e.to_string(),
+        })?;
+        let store = Store::open_in_place(path, index, &gguf, opts)?;
+        store.check_model(&gguf)?;
+        Ok(store)
+    }
+
+    fn open_copy(dir: &Path, opts: &StoreOptions) -> Result<Store, StoreError> {
+        let man_path = dir.join(MANIFEST_FILE);
+        let manifest = Manifest::load(&man_path)?;
+        let bad = |what: String| StoreError::Inconsistent {
+            path: man_path.clone(),
+            what,
+        };
+        let align = manifest.alignment;
+        if !align.is_power_of_two() || align < MIN_ALIGNMENT || usize::try_from(align).is_err() {
+            return Err(bad(format!(
+                "alignment {align} is not a power of two of at least {MIN_ALIGNMENT}"
+            )));
+        }
+        let shapes = layer_shapes(manifest.n_layer, &manifest.layers).map_err(bad)?;
+        let locs = check_records(&manifest).map_err(bad)?;
+
+        let bin_path = dir.join(EXPERTS_FILE);
+        let file = open_records(&bin_path, opts.direct_io)?;
+        let actual = file.metadata().map_err(StoreError::io(&bin_path))?.len();
+        let expected = manifest
+            .records
+            .last()
+            .map_or(0, |r| r.offset + r.length.next_multiple_of(align));
+        if actual < expected {
+            return Err(StoreError::Truncated {
+                path: bin_path,
+                actual,
+                expected,
+            });
+        }
+        Ok(Store {
+            path: dir.to_path_buf(),
+            layout: Layout::Copy,
+            file_path: bin_path,
+            file_len: actual,
+            source: Box::new(file),
+            opts: opts.clone(),
+            align,
+            identity: manifest.source,
+            n_layer: manifest.n_layer,
+            n_expert: manifest.n_expert,
+            layers: manifest.layers,
+            shapes,
+            locs,
+        })
+    }
+
+    /// A store over `gguf`'s own bytes, located by `index` (read from `path`).
+    fn open_in_place(
+        path: &Path,
+        index: Index,
+        gguf: &GgufFile,
+        opts: &StoreOptions,
+    ) -> Result<Store, StoreError> {
+        let bad = |what: String| StoreError::Index {
+            path: path.to_path_buf(),
+            what,
+        };
+        let shapes = layer_shapes(index.n_layer, &index.layers).map_err(bad)?;
+        let n_expert = index.n_expert as u64;
+        let mut locs = Vec::with_capacity(index.digests.len());
+        for ((l, offsets), digests) in index
+            .layers
+            .iter()
+            .zip(&index.offsets)
+            .zip(index.digests.chunks(index.n_expert.max(1)))
+        {
+            let sizes = [l.gate.bytes, l.up.bytes, l.down.bytes];
+            // Expert e of a part is at offset + e × bytes; the last one must end inside the file.
+            for (offset, bytes) in offsets.iter().zip(sizes) {
+                let end = bytes
+                    .checked_mul(n_expert)
+                    .and_then(|n| n.checked_add(*offset));
+                if end.is_none_or(|end| end > gguf.file_len()) {
+                    return Err(bad(format!(
+                        "layer {}'s experts at {offset:#x} run past the end of {}",
+                        l.layer,
+                        gguf.path().display()
+                    )));
+                }
+            }
+            for (e, digest) in digests.iter().enumerate() {
+                let e = e as u64;
+                locs.push(Loc {
+                    parts: [0, 1, 2].map(|p| offsets[p] + e * sizes[p]),
+                    digest: *digest,
+                });
+            }
+        }
+        let file_path = gguf.path().to_path_buf();
+        let file = open_records(&file_path, opts.direct_io)?;
+        let file_len = file.metadata().map_err(StoreError::io(&file_path))?.len();
+        Ok(Store {
+            path: path.to_path_buf(),
+            layout: Layout::InPlace,
+            file_path,
+            file_len,
+            source: Box::new(file),
+            opts: opts.clone(),
+            align: DEFAULT_ALIGNMENT,
+            identity: index.source,
+            n_layer: index.n_layer,
+            n_expert: index.n_expert,
+            layers: index.layers,
+            shapes,
+            locs,
+        })
+    }
+
+    /// Check that the store was made from `gguf`: the same file (size and header), the same expert
+    /// tensors, and — since a header can be copied, and models that differ only in their weights share
+    /// one — the same expert bytes, for one expert per MoE layer (`titan verify --model` hashes all).
+    fn check_model(&self, gguf: &GgufFile) -> Result<(), StoreError> {
+        if !self.identity.matches(&SourceIdentity::of(gguf)?) {
             return Err(StoreError::WrongModel {
-                dir: dir.to_path_buf(),
-                made_from: m.source.file_name.clone(),
-                made_size: m.source.file_size,
+                dir: self.path.clone(),
+                made_from: self.identity.file_name.clone(),
+                made_size: self.identity.file_size,
                 model: gguf.path().to_path_buf(),
             });
         }
-        let layout = ExpertLayout::of(gguf, &expert_tensors(gguf)?)?;
-        if let Some(what) = layout_difference(m, &layout) {
-            return Err(StoreError::Inconsistent {
-                path: dir.join(MANIFEST_FILE),
-                what,
+        let tensors = expert_tensors(gguf)?;
+        let layout = ExpertLayout::of(gguf, &tensors)?;
+        let mut difference = layout_difference(self, &layout);
+        if self.layout == Layout::InPlace && difference.is_none() {
+            // The header digest matched, so only an index written wrongly can get here.
+            difference = tensors.iter().enumerate().find_map(|(i, lt)| {
+                let want = [lt.gate, lt.up, lt.down].map(|t| gguf.data_offset + t.offset);
+                (self.locs.get(i * self.n_expert).map(|l| l.parts) != Some(want))
+                    .then(|| format!("layer {}'s expert offsets are not the model's", lt.layer))
             });
         }
-        // The header can be copied from another store's manifest, and models that differ only in their
-        // weights (fine-tunes, synthetic files of other seeds) share it: the binding is the expert bytes
-        // themselves. One expert per MoE layer is hashed here; `titan verify --model` hashes all of them.
-        if let Some(&(layer, expert)) = store.source_mismatches(gguf, false)?.first() {
+        if let Some(what) = difference {
+            return Err(match self.layout {
+                Layout::Copy => StoreError::Inconsistent {
+                    path: self.path.join(MANIFEST_FILE),
+                    what,
+                },
+                Layout::InPlace => StoreError::Index {
+                    path: self.path.clone(),
+                    what,
+                },
+            });
+        }
+        if let Some(&(layer, expert)) = self.source_mismatches(gguf, false)?.first() {
             return Err(StoreError::NotFromModel {
-                dir: dir.to_path_buf(),
+                dir: self.path.clone(),
                 layer,
                 expert,
                 model: gguf.path().to_path_buf(),
             });
         }
-        Ok(store)
+        Ok(())
     }
 
     /// The (layer, expert) pairs whose bytes in `gguf` do not have the digest of their record here: every
     /// expert when `all`, else one per MoE layer (a different one in each, so a few layers already cover
-    /// several expert ids). The model's layout must already match the manifest's.
+    /// several expert ids). The model's layout must already match the store's.
     pub fn source_mismatches(
         &self,
         gguf: &GgufFile,
         all: bool,
     ) -> Result<Vec<(usize, usize)>, StoreError> {
         let tensors = expert_tensors(gguf)?;
-        let n_expert = self.manifest.n_expert;
+        let n_expert = self.n_expert;
         let mut bad = Vec::new();
-        for (i, (lt, entry)) in tensors.iter().zip(&self.manifest.layers).enumerate() {
-            let experts = if all { 0..n_expert } else { i % n_expert..i % n_expert + 1 };
+        for (i, (lt, entry)) in tensors.iter().zip(&self.layers).enumerate() {
+            let experts = if all {
+                0..n_expert
+            } else {
+                i % n_expert..i % n_expert + 1
+            };
             for e in experts {
                 let mut hasher = blake3::Hasher::new();
-                for (t, spec) in [(lt.gate, &entry.gate), (lt.up, &entry.up), (lt.down, &entry.down)] {
+                for (t, spec) in [
+                    (lt.gate, &entry.gate),
+                    (lt.up, &entry.up),
+                    (lt.down, &entry.down),
+                ] {
                     let start = gguf.data_offset + t.offset + e as u64 * spec.bytes;
                     let bytes = usize::try_from(start)
                         .ok()
@@ -157,85 +411,44 @@ impl Store {
         Ok(bad)
     }
 
-    /// Open `dir` without a model: the manifest is checked for consistency with itself and with the size
-    /// of `experts.bin`, but not against a GGUF. For `titan verify`, which then checks every digest.
-    pub fn open_unchecked(dir: &Path, opts: &StoreOptions) -> Result<Store, StoreError> {
-        if crate::convert::is_partial(dir) {
-            return Err(StoreError::Unfinished {
-                path: dir.to_path_buf(),
-            });
-        }
-        let man_path = dir.join(MANIFEST_FILE);
-        let manifest = Manifest::load(&man_path)?;
-        let bad = |what: String| StoreError::Inconsistent {
-            path: man_path.clone(),
-            what,
-        };
-        let align = manifest.alignment;
-        if !align.is_power_of_two() || align < MIN_ALIGNMENT || usize::try_from(align).is_err() {
-            return Err(bad(format!(
-                "alignment {align} is not a power of two of at least {MIN_ALIGNMENT}"
-            )));
-        }
-        let mut shapes = Vec::with_capacity(manifest.layers.len());
-        for (i, l) in manifest.layers.iter().enumerate() {
-            if l.layer >= manifest.n_layer || i > 0 && l.layer <= manifest.layers[i - 1].layer {
-                return Err(bad(format!(
-                    "layer {} is out of order or not below n_layer {}",
-                    l.layer, manifest.n_layer
-                )));
-            }
-            shapes.push(record_shape(l).ok_or_else(|| {
-                bad(format!("layer {} has a type TITAN does not know", l.layer))
-            })?);
-        }
-        let locs = check_records(&manifest).map_err(bad)?;
-
-        let bin_path = dir.join(EXPERTS_FILE);
-        let file = open_records(&bin_path, opts.direct_io)?;
-        let actual = file.metadata().map_err(StoreError::io(&bin_path))?.len();
-        let expected = locs
-            .last()
-            .map_or(0, |l| l.offset + l.length.next_multiple_of(align));
-        if actual < expected {
-            return Err(StoreError::Truncated {
-                path: bin_path,
-                actual,
-                expected,
-            });
-        }
-        Ok(Store {
-            dir: dir.to_path_buf(),
-            bin_path,
-            source: Box::new(file),
-            opts: opts.clone(),
-            manifest,
-            shapes,
-            locs,
-        })
-    }
-
-    /// Reads the records through `source` instead of `experts.bin` (same offsets and lengths): how a test
-    /// puts a failing or lying disk under the store and the cache, everything above it unchanged.
+    /// Reads the records through `source` instead of the store's file (same offsets and lengths): how a
+    /// test puts a failing or lying disk under the store and the cache, everything above it unchanged.
     pub fn with_source(mut self, source: impl RecordSource + 'static) -> Store {
         self.source = Box::new(source);
         self
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// The store directory, or the index file.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
-    pub fn manifest(&self) -> &Manifest {
-        &self.manifest
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The file records are read from: the store's `experts.bin`, or the model itself.
+    pub fn file_path(&self) -> &Path {
+        &self.file_path
     }
 
     pub fn n_layer(&self) -> usize {
-        self.manifest.n_layer
+        self.n_layer
     }
 
     pub fn n_expert(&self) -> usize {
-        self.manifest.n_expert
+        self.n_expert
+    }
+
+    /// The MoE layers, ascending, with their experts' shapes.
+    pub fn layers(&self) -> &[LayerEntry] {
+        &self.layers
+    }
+
+    /// Every (layer, expert) the store holds, layer-major.
+    pub fn records(&self) -> impl ExactSizeIterator<Item = (usize, usize)> + '_ {
+        let n = self.n_expert.max(1);
+        (0..self.locs.len()).map(move |i| (self.layers[i / n].layer, i % n))
     }
 
     /// Whether `layer` has experts in the store (dense layers do not).
@@ -243,28 +456,41 @@ impl Store {
         self.layer_index(layer).is_some()
     }
 
-    /// Position of `layer` in the manifest's table of MoE layers.
+    /// Position of `layer` in the table of MoE layers.
     fn layer_index(&self, layer: usize) -> Option<usize> {
-        self.manifest.layers.binary_search_by_key(&layer, |l| l.layer).ok()
+        self.layers.binary_search_by_key(&layer, |l| l.layer).ok()
     }
 
-    /// Bytes a record takes to read and to hold: its length padded to the alignment.
+    /// How record `i` (layer-major) is read.
+    fn plan_of(&self, i: usize) -> Plan {
+        let shape = &self.shapes[i / self.n_expert.max(1)];
+        let parts = self.locs[i].parts;
+        let lens = [shape.gate.len, shape.up.len, shape.down.len];
+        plan([0, 1, 2].map(|p| (parts[p], lens[p] as u64)), self.align)
+    }
+
+    fn index_of(&self, layer: usize, expert: usize) -> Option<usize> {
+        if expert >= self.n_expert {
+            return None;
+        }
+        Some(self.layer_index(layer)? * self.n_expert + expert)
+    }
+
+    /// Bytes a record takes to read and to hold: its parts' reads, each rounded out to the alignment.
     pub fn record_bytes(&self, layer: usize, expert: usize) -> Option<u64> {
-        self.loc(layer, expert)
-            .map(|l| l.length.next_multiple_of(self.manifest.alignment))
+        self.index_of(layer, expert).map(|i| self.plan_of(i).len)
     }
 
     /// The largest `record_bytes` of any record.
     pub fn max_record_bytes(&self) -> u64 {
-        self.locs
-            .iter()
-            .map(|l| l.length.next_multiple_of(self.manifest.alignment))
+        (0..self.locs.len())
+            .map(|i| self.plan_of(i).len)
             .max()
             .unwrap_or(0)
     }
 
-    /// Read one record (one positional read of the whole padded record), checking its digest unless
-    /// digests were turned off. A record that fails its digest is dropped, never returned.
+    /// Read one record (one positional read per span of its plan), checking its digest unless digests
+    /// were turned off. A record that fails its digest is dropped, never returned.
     pub fn read(&self, layer: usize, expert: usize) -> Result<ExpertRecord, StoreError> {
         self.read_checked(layer, expert, self.opts.verify_digests)
     }
@@ -275,67 +501,89 @@ impl Store {
         expert: usize,
         check: bool,
     ) -> Result<ExpertRecord, StoreError> {
-        let (Some(loc), Some(shape)) = (
-            self.loc(layer, expert),
-            self.layer_index(layer).map(|i| &self.shapes[i]),
-        ) else {
+        let Some(i) = self.index_of(layer, expert) else {
             return Err(StoreError::NoRecord { layer, expert });
         };
-        let align = self.manifest.alignment as usize;
-        let span = loc.length.next_multiple_of(self.manifest.alignment);
+        let plan = self.plan_of(i);
         let too_big = || StoreError::Io {
-            path: self.bin_path.clone(),
+            path: self.file_path.clone(),
             source: std::io::Error::new(
                 std::io::ErrorKind::OutOfMemory,
-                format!("cannot allocate {span} bytes for a record"),
+                format!("cannot allocate {} bytes for a record", plan.len),
             ),
         };
-        let mut buf = usize::try_from(span)
+        let mut buf = usize::try_from(plan.len)
             .ok()
-            .and_then(|n| AlignedBuf::zeroed(n, align))
+            .and_then(|n| AlignedBuf::zeroed(n, self.align as usize))
             .ok_or_else(too_big)?;
-        self.read_exact_at(buf.as_mut_slice(), loc.offset)?;
-        if check && blake3::hash(&buf.as_slice()[..loc.length as usize]).as_bytes() != &loc.digest {
-            return Err(StoreError::Digest {
-                layer,
-                expert,
-                path: self.bin_path.clone(),
-                offset: loc.offset,
-            });
+        for s in &plan.spans {
+            let dst = &mut buf.as_mut_slice()[s.at as usize..(s.at + s.len) as usize];
+            self.read_span(dst, s.offset, s.need)?;
         }
-        Ok(ExpertRecord::new(layer, expert, *shape, buf))
+        let mut shape = self.shapes[i / self.n_expert];
+        for (part, start) in [&mut shape.gate, &mut shape.up, &mut shape.down]
+            .into_iter()
+            .zip(plan.starts)
+        {
+            part.start = start as usize;
+        }
+        let record = ExpertRecord::new(layer, expert, shape, buf);
+        if check {
+            // Exactly the bytes the kernels will use, nothing of the rounding around them.
+            let mut hasher = blake3::Hasher::new();
+            for t in [record.gate(), record.up(), record.down()] {
+                hasher.update(t.data);
+            }
+            if hasher.finalize().as_bytes() != &self.locs[i].digest {
+                return Err(StoreError::Digest {
+                    layer,
+                    expert,
+                    path: self.file_path.clone(),
+                    offset: self.locs[i].parts[0],
+                    next: match self.layout {
+                        Layout::Copy => "re-run titan convert",
+                        Layout::InPlace => {
+                            "the model changed or is damaged since its index was made; \
+                             restore the model, or re-run titan convert --layout in-place"
+                        }
+                    },
+                });
+            }
+        }
+        Ok(record)
     }
 
-    fn read_exact_at(&self, mut dst: &mut [u8], mut offset: u64) -> Result<(), StoreError> {
-        let expected = offset + dst.len() as u64;
-        while !dst.is_empty() {
-            match self.source.read_at(dst, offset) {
-                Ok(0) => {
-                    return Err(StoreError::Truncated {
-                        path: self.bin_path.clone(),
-                        actual: offset,
-                        expected,
-                    })
-                }
-                Ok(n) => {
-                    dst = &mut dst[n..];
-                    offset += n as u64;
-                }
+    /// Fill `dst` from `offset`, stopping early only at the end of the file and only once the first
+    /// `need` bytes are in (with O_DIRECT a read past the end returns what there is; the next one, at an
+    /// unaligned offset, would fail).
+    fn read_span(&self, dst: &mut [u8], offset: u64, need: u64) -> Result<(), StoreError> {
+        let mut done = 0;
+        while done < dst.len() && offset + (done as u64) < self.file_len {
+            match self.source.read_at(&mut dst[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                // O_DIRECT reads fail with EINVAL when the device's block is larger than the store alignment.
+                // O_DIRECT reads fail with EINVAL when the device's block is larger than the alignment.
                 Err(e) if self.opts.direct_io && e.raw_os_error() == Some(libc::EINVAL) => {
                     return Err(StoreError::DirectIoUnsupported {
-                        path: self.bin_path.clone(),
+                        path: self.file_path.clone(),
                         source: e,
                     })
                 }
                 Err(e) => {
                     return Err(StoreError::Io {
-                        path: self.bin_path.clone(),
+                        path: self.file_path.clone(),
                         source: e,
                     })
                 }
             }
+        }
+        if (done as u64) < need {
+            return Err(StoreError::Truncated {
+                path: self.file_path.clone(),
+                actual: offset + done as u64,
+                expected: offset + need,
+            });
         }
         Ok(())
     }
@@ -345,13 +593,9 @@ impl Store {
     /// reported, not just the first; `Err` only if the reader threads could not run.
     pub fn verify(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<VerifyReport, StoreError> {
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get().min(8));
-        let total: u64 = self.locs.iter().map(|l| l.length).sum();
-        let keys: Vec<(usize, usize)> = self
-            .manifest
-            .records
-            .iter()
-            .map(|r| (r.layer, r.expert))
-            .collect();
+        let length = |i: usize| self.layers[i / self.n_expert.max(1)].record_length();
+        let total: u64 = (0..self.locs.len()).map(length).sum();
+        let keys: Vec<(usize, usize)> = self.records().collect();
         let next = AtomicUsize::new(0);
         let mut results: Vec<Option<StoreError>> = Vec::with_capacity(keys.len());
         results.resize_with(keys.len(), || None);
@@ -381,7 +625,7 @@ impl Store {
             drop(tx);
             let mut done = 0;
             for (i, err) in rx {
-                done += self.locs[i].length;
+                done += length(i);
                 results[i] = err;
                 progress(done, total);
             }
@@ -391,41 +635,33 @@ impl Store {
                 _ => Ok(()),
             }
         });
-        spawned.map_err(StoreError::io(&self.bin_path))?;
+        spawned.map_err(StoreError::io(&self.file_path))?;
         Ok(VerifyReport {
             records: keys.len(),
             bytes: total,
             bad: results.into_iter().flatten().collect(),
         })
     }
-
-    fn loc(&self, layer: usize, expert: usize) -> Option<&Loc> {
-        if expert >= self.manifest.n_expert {
-            return None;
-        }
-        self.locs
-            .get(self.layer_index(layer)? * self.manifest.n_expert + expert)
-    }
 }
 
-/// What differs between a manifest's layer table and a model's expert tensors, if anything.
-fn layout_difference(m: &Manifest, model: &ExpertLayout) -> Option<String> {
-    if (m.n_layer, m.n_expert) != (model.n_layer, model.n_expert) {
+/// What differs between a store's layer table and a model's expert tensors, if anything.
+fn layout_difference(s: &Store, model: &ExpertLayout) -> Option<String> {
+    if (s.n_layer, s.n_expert) != (model.n_layer, model.n_expert) {
         return Some(format!(
             "the store has {} layers of {} experts, the model {} layers of {}",
-            m.n_layer, m.n_expert, model.n_layer, model.n_expert
+            s.n_layer, s.n_expert, model.n_layer, model.n_expert
         ));
     }
     let layers = |t: &[LayerEntry]| t.iter().map(|l| l.layer).collect::<Vec<_>>();
-    if layers(&m.layers) != layers(&model.layers) {
+    if layers(&s.layers) != layers(&model.layers) {
         return Some(format!(
             "the store has experts in layers {:?}, the model in {:?}",
-            layers(&m.layers),
+            layers(&s.layers),
             layers(&model.layers)
         ));
     }
     let describe = |s: &TensorSpec| format!("{} {}×{} ({} bytes)", s.ty, s.rows, s.cols, s.bytes);
-    for (ours, theirs) in m.layers.iter().zip(&model.layers) {
+    for (ours, theirs) in s.layers.iter().zip(&model.layers) {
         for (part, a, b) in [
             ("gate", &ours.gate, &theirs.gate),
             ("up", &ours.up, &theirs.up),
@@ -442,6 +678,24 @@ fn layout_difference(m: &Manifest, model: &ExpertLayout) -> Option<String> {
         }
     }
     None
+}
+
+/// Each MoE layer's record shape; the layers must be ascending and below `n_layer`.
+fn layer_shapes(n_layer: usize, layers: &[LayerEntry]) -> Result<Vec<RecordShape>, String> {
+    let mut shapes = Vec::with_capacity(layers.len());
+    for (i, l) in layers.iter().enumerate() {
+        if l.layer >= n_layer || i > 0 && l.layer <= layers[i - 1].layer {
+            return Err(format!(
+                "layer {} is out of order or not below n_layer {n_layer}",
+                l.layer
+            ));
+        }
+        shapes.push(
+            record_shape(l)
+                .ok_or_else(|| format!("layer {} has a type TITAN does not know", l.layer))?,
+        );
+    }
+    Ok(shapes)
 }
 
 fn record_shape(l: &LayerEntry) -> Option<RecordShape> {
@@ -512,16 +766,21 @@ fn check_records(m: &Manifest) -> Result<Vec<Loc>, String> {
             .ok_or_else(|| format!("{what} offset overflows"))?;
         let digest = blake3::Hash::from_hex(&r.blake3)
             .map_err(|e| format!("{what} digest {:?}: {e}", r.blake3))?;
+        // A copied record's parts follow one another: gate, then up, then down.
+        let (gate, up) = (
+            r.offset + l.gate.bytes,
+            r.offset + l.gate.bytes + l.up.bytes,
+        );
         locs.push(Loc {
-            offset: r.offset,
-            length: r.length,
+            parts: [r.offset, gate, up],
             digest: *digest.as_bytes(),
         });
     }
     Ok(locs)
 }
 
-/// Open `experts.bin` for reading, with O_DIRECT (Linux) or F_NOCACHE (macOS) when asked.
+/// Open the file records are read from (`experts.bin`, or the model), with O_DIRECT (Linux) or
+/// F_NOCACHE (macOS) when asked.
 fn open_records(path: &Path, direct: bool) -> Result<File, StoreError> {
     let mut o = OpenOptions::new();
     o.read(true);
@@ -576,18 +835,21 @@ mod tests {
     use titan_kernels::WeightView;
 
     fn check_all_records(store: &Store, gguf: &GgufFile) {
-        for r in &store.manifest().records {
-            let rec = store.read(r.layer, r.expert).unwrap();
-            assert_eq!((rec.layer, rec.expert), (r.layer, r.expert));
+        assert_eq!(
+            store.records().len(),
+            store.layers().len() * store.n_expert()
+        );
+        for (layer, expert) in store.records() {
+            let rec = store.read(layer, expert).unwrap();
+            assert_eq!((rec.layer, rec.expert), (layer, expert));
+            let mut length = 0;
             for (part, t) in [("gate", rec.gate()), ("up", rec.up()), ("down", rec.down())] {
                 assert!(
-                    t.data == gguf_slice(gguf, r.layer, r.expert, part),
-                    "{part} of ({}, {})",
-                    r.layer,
-                    r.expert
+                    t.data == gguf_slice(gguf, layer, expert, part),
+                    "{part} of ({layer}, {expert})"
                 );
                 let info = gguf
-                    .tensor(&format!("blk.{}.ffn_{part}_exps.weight", r.layer))
+                    .tensor(&format!("blk.{layer}.ffn_{part}_exps.weight"))
                     .unwrap();
                 assert_eq!(
                     (t.ty, t.cols as u64, t.rows as u64),
@@ -595,12 +857,14 @@ mod tests {
                 );
                 WeightView::new(t.ty, t.rows, t.cols, t.data).unwrap();
                 assert_eq!(t.weight_view().data.len(), t.data.len());
+                length += t.data.len() as u64;
             }
             assert_eq!(
                 rec.resident_bytes(),
-                store.record_bytes(r.layer, r.expert).unwrap()
+                store.record_bytes(layer, expert).unwrap()
             );
-            assert_eq!(rec.bytes().len() as u64, r.length);
+            let entry = &store.layers()[store.layer_index(layer).unwrap()];
+            assert_eq!(length, entry.record_length());
         }
     }
 
@@ -620,28 +884,65 @@ mod tests {
                 &mut |_, _| {},
             )
             .unwrap();
-            for direct_io in [false, true] {
-                let store = Store::open_with(
-                    &out,
-                    &gguf,
-                    &StoreOptions {
-                        direct_io,
-                        verify_digests: true,
-                    },
-                )
-                .unwrap();
-                check_all_records(&store, &gguf);
-                assert!(!store.is_moe_layer(spec.n_layer));
-                for &l in &spec.dense {
-                    assert!(!store.is_moe_layer(l));
-                    assert!(matches!(store.read(l, 0), Err(StoreError::NoRecord { .. })));
+            let index = dir.path().join(format!("m{i}.titan-index"));
+            crate::write_index(&gguf, &index, false, &mut |_, _| {}).unwrap();
+            for (path, layout) in [(&out, Layout::Copy), (&index, Layout::InPlace)] {
+                for direct_io in [false, true] {
+                    let store = Store::open_with(
+                        path,
+                        &gguf,
+                        &StoreOptions {
+                            direct_io,
+                            verify_digests: true,
+                        },
+                    )
+                    .unwrap();
+                    assert_eq!(store.layout(), layout);
+                    check_all_records(&store, &gguf);
+                    assert!(!store.is_moe_layer(spec.n_layer));
+                    for &l in &spec.dense {
+                        assert!(!store.is_moe_layer(l));
+                        assert!(matches!(store.read(l, 0), Err(StoreError::NoRecord { .. })));
+                    }
+                    assert!(matches!(
+                        store.read(spec.n_layer - 1, spec.n_expert),
+                        Err(StoreError::NoRecord { .. })
+                    ));
                 }
-                assert!(matches!(
-                    store.read(spec.n_layer - 1, spec.n_expert),
-                    Err(StoreError::NoRecord { .. })
-                ));
             }
         }
+    }
+
+    #[test]
+    fn reads_are_planned_whole_for_a_copy_and_per_part_in_place() {
+        let span = |offset, len, at, need| Span {
+            offset,
+            len,
+            at,
+            need,
+        };
+        // A copied record: aligned, its parts back to back, one read padded at the end.
+        let p = plan([(8192, 1000), (9192, 1000), (10192, 3000)], 4096);
+        assert_eq!(p.spans, vec![span(8192, 8192, 0, 5000)]);
+        assert_eq!((p.starts, p.len), ([0, 1000, 2000], 8192));
+        // In place: three tensors apart, each slice rounded out to whole blocks at both ends.
+        let p = plan([(100, 5000), (40_000, 4096), (1 << 20, 10)], 4096);
+        assert_eq!(
+            p.spans,
+            vec![
+                span(0, 8192, 0, 5100),
+                span(36_864, 8192, 8192, 7232),
+                span(1 << 20, 4096, 16_384, 10),
+            ]
+        );
+        assert_eq!((p.starts, p.len), ([100, 8192 + 3136, 16_384], 20_480));
+        // Slices that happen to abut across tensors are one read, as in a copy.
+        let p = plan([(512, 512), (1024, 512), (8192, 512)], 512);
+        assert_eq!(
+            p.spans,
+            vec![span(512, 1024, 0, 1024), span(8192, 512, 1024, 512)]
+        );
+        assert_eq!((p.starts, p.len), ([0, 512, 1024], 1536));
     }
 
     /// Flip one byte in the middle of a record's data.
@@ -670,7 +971,7 @@ mod tests {
         assert!(report.is_ok(), "{:?}", report.bad);
         assert_eq!((report.records, last.0), (16, last.1));
 
-        let m = store.manifest().clone();
+        let m = Manifest::load(&out.join(MANIFEST_FILE)).unwrap();
         let (a, b) = (3, 12);
         let off_a = corrupt(&out, &m, a);
         let off_b = corrupt(&out, &m, b);
@@ -850,7 +1151,9 @@ mod tests {
         bad.layers[1].down.ty = "Q5_K".into();
         let (msg, _) = open_with(&json(&bad));
         assert!(
-            msg.contains("layer 2's down expert is Q5_K 256×512 (73728 bytes) in the store but Q4_K"),
+            msg.contains(
+                "layer 2's down expert is Q5_K 256×512 (73728 bytes) in the store but Q4_K"
+            ),
             "{msg}"
         );
         // A layer count nothing backs is compared, never allocated for.

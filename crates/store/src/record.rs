@@ -1,11 +1,11 @@
-//! One expert's weights in memory: the record bytes read from `experts.bin`, and typed views of its
-//! gate, up and down matrices.
+//! One expert's weights in memory: the bytes read from the store's file, and typed views of its gate, up
+//! and down matrices.
 
 use titan_kernels::{GgmlType, WeightLayout, WeightView};
 
 use crate::AlignedBuf;
 
-/// Where one matrix sits inside a record, and its shape.
+/// Where one matrix sits inside a record's buffer, and its shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Part {
     pub ty: GgmlType,
@@ -15,7 +15,8 @@ pub(crate) struct Part {
     pub len: usize,
 }
 
-/// The gate, up and down parts of a layer's records (the same for every expert of the layer).
+/// The gate, up and down parts of a record. Types and shapes are the layer's; where the parts start
+/// depends on the record's reads (the same for every expert of a copied layer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RecordShape {
     pub gate: Part,
@@ -29,7 +30,8 @@ pub struct ExpertRecord {
     pub layer: usize,
     pub expert: usize,
     shape: RecordShape,
-    /// The record padded to the store alignment, exactly as read.
+    /// The record's aligned reads, exactly as read: one for a copied record, padded to the alignment;
+    /// one per part in place, each rounded out to the alignment at both ends.
     buf: AlignedBuf,
 }
 
@@ -82,19 +84,14 @@ impl ExpertRecord {
         self.part(self.shape.down)
     }
 
-    /// gate ‖ up ‖ down, without the padding.
-    pub fn bytes(&self) -> &[u8] {
-        let end = self.shape.down.start + self.shape.down.len;
-        &self.buf.as_slice()[..end]
-    }
-
     /// Memory the record occupies (its padded size): what the cache budget counts.
     pub fn resident_bytes(&self) -> u64 {
         self.buf.len() as u64
     }
 
     fn part(&self, p: Part) -> ExpertTensor<'_> {
-        // The reader built `shape` from the manifest and sized `buf` to hold all three parts.
+        // The reader built `shape` from the store's table and its reads, and sized `buf` to hold all
+        // three parts.
         ExpertTensor {
             ty: p.ty,
             rows: p.rows,

@@ -25,20 +25,23 @@ pub fn run(model: &GgufFile, data: &[u8]) {
     let bin = std::fs::File::create(dir.path().join(EXPERTS_FILE)).expect("creating experts.bin");
     bin.set_len(bin_len).expect("sizing experts.bin");
 
-    let _ = Manifest::load(&dir.path().join(MANIFEST_FILE));
+    let Ok(m) = Manifest::load(&dir.path().join(MANIFEST_FILE)) else {
+        return;
+    };
     if let Ok(store) = Store::open_unchecked(dir.path(), &StoreOptions::default()) {
-        read_every_record(&store, bin_len);
+        read_every_record(&store, &m, bin_len);
     }
     if let Ok(store) = Store::open(dir.path(), model) {
-        read_every_record(&store, bin_len);
+        read_every_record(&store, &m, bin_len);
     }
 }
 
-/// A store that opened lies inside its file: every record it lists can be read (the digests of
-/// these zeroed records fail, which is an error, not a panic).
-fn read_every_record(store: &Store, bin_len: u64) {
+/// A store that opened lies inside its file: every record its manifest `m` lists can be read (the
+/// digests of these zeroed records fail, which is an error, not a panic).
+fn read_every_record(store: &Store, m: &Manifest, bin_len: u64) {
     assert!(store.max_record_bytes() <= bin_len);
-    for r in &store.manifest().records {
+    assert_eq!(store.records().len(), m.records.len());
+    for r in &m.records {
         assert!(store.is_moe_layer(r.layer));
         let bytes = store
             .record_bytes(r.layer, r.expert)
