@@ -12,10 +12,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions, StopReason};
 use titan_gguf::GgufFile;
-use titan_store::{convert, ConvertOptions, Profile, Store, StoreOptions};
+use titan_store::{convert, write_index, ConvertOptions, Layout, Profile, Store, StoreOptions};
 
 use cluster_args::{ClusterArgs, WorkerArgs};
-use store_args::{default_store, StreamArgs};
+use store_args::{default_store, LayoutArg, StreamArgs};
 
 #[derive(Parser)]
 #[command(name = "titan", version, about = "Run mixture-of-experts language models from GGUF files")]
@@ -40,9 +40,10 @@ enum Command {
     Synth(SynthArgs),
     /// Measure prompt and decode speed (as llama-bench does), peak memory and weight bytes per token.
     Bench(BenchArgs),
-    /// Write the expert store of a model: every expert as one aligned, digest-checked record.
+    /// Write the expert store of a model: a copy of every expert as one aligned, digest-checked record,
+    /// or (--layout in-place) an index of the experts' bytes inside the model, with no copy.
     Convert(ConvertArgs),
-    /// Check every record of an expert store against its digest.
+    /// Check every record of an expert store (a copy, or an in-place index) against its digest.
     Verify(VerifyArgs),
     /// Record which experts a run routes to, per layer (for `--pin`).
     Profile(ProfileArgs),
@@ -336,10 +337,15 @@ struct TraceArgs {
 struct ConvertArgs {
     /// The GGUF model (never modified).
     model: PathBuf,
-    /// The store directory to write (default: MODEL.titan beside the model).
+    /// The store to write (default beside the model: MODEL.titan for a copy, MODEL.titan-index for an
+    /// in-place index).
     #[arg(short = 'o', long)]
     output: Option<PathBuf>,
-    /// Record alignment in bytes (a power of two, at least 512).
+    /// copy: every expert copied into an aligned record (one read per expert, twice the disk).
+    /// in-place: an index of the experts inside the model (three reads per expert, no second copy).
+    #[arg(long, value_enum, default_value = "copy")]
+    layout: LayoutArg,
+    /// Record alignment in bytes (a power of two, at least 512; the copy layout only).
     #[arg(long, default_value_t = titan_store::DEFAULT_ALIGNMENT)]
     alignment: u64,
     /// Replace an existing store.
@@ -349,7 +355,7 @@ struct ConvertArgs {
 
 #[derive(Args)]
 struct VerifyArgs {
-    /// The store directory.
+    /// The store: a directory written by `titan convert`, or an in-place index file.
     store: PathBuf,
     /// Also check that every expert's bytes in this model are the ones the store holds.
     #[arg(short = 'm', long)]
@@ -716,15 +722,35 @@ fn synth(a: SynthArgs) -> Result<()> {
 
 fn convert_store(a: ConvertArgs) -> Result<()> {
     let f = GgufFile::open(&a.model)?;
-    let out = a.output.clone().unwrap_or_else(|| default_store(&a.model));
-    let bar = progress_bar(0, "converting");
-    let m = convert(&f, &out, &ConvertOptions { alignment: a.alignment, force: a.force }, &mut |done, total| {
+    let layout = a.layout.into();
+    let out = a.output.clone().unwrap_or_else(|| default_store(&a.model, layout));
+    let bar = progress_bar(0, if layout == Layout::Copy { "converting" } else { "indexing" });
+    let mut progress = |done, total| {
         bar.set_length(total);
         bar.set_position(done);
-    })?;
-    bar.finish_and_clear();
-    let bytes: u64 = m.records.iter().map(|r| r.length).sum();
-    eprintln!("wrote {} ({} expert records, {}) from {}", out.display(), m.records.len(), human(bytes), a.model.display());
+    };
+    match layout {
+        Layout::Copy => {
+            let m = convert(&f, &out, &ConvertOptions { alignment: a.alignment, force: a.force }, &mut progress)?;
+            bar.finish_and_clear();
+            let bytes: u64 = m.records.iter().map(|r| r.length).sum();
+            eprintln!("wrote {} ({} expert records, {}) from {}", out.display(), m.records.len(), human(bytes), a.model.display());
+        }
+        Layout::InPlace => {
+            let index = write_index(&f, &out, a.force, &mut progress)?;
+            bar.finish_and_clear();
+            let bytes: u64 = index.layers.iter().map(|l| l.record_length() * index.n_expert as u64).sum();
+            let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+            eprintln!(
+                "wrote {} ({}: where {} experts, {}, are in {}, and their digests; no copy)",
+                out.display(),
+                human(size),
+                index.digests.len(),
+                human(bytes),
+                a.model.display()
+            );
+        }
+    }
     Ok(())
 }
 
@@ -735,6 +761,10 @@ fn verify_store(a: VerifyArgs) -> Result<()> {
             (Store::open(&a.store, &gguf)?, Some(gguf))
         }
         None => (Store::open_unchecked(&a.store, &StoreOptions::default())?, None),
+    };
+    let whence = match store.layout() {
+        Layout::Copy => String::new(),
+        Layout::InPlace => format!(" in place in {}", store.file_path().display()),
     };
     let bar = progress_bar(0, "verifying");
     let r = store.verify(&mut |done, total| {
@@ -758,10 +788,10 @@ fn verify_store(a: VerifyArgs) -> Result<()> {
                 bad.len()
             );
         }
-        println!("OK: {} records, {} verified, every expert equal to {}'s", r.records, human(r.bytes), gguf.path().display());
+        println!("OK: {} records, {} verified{whence}, every expert equal to {}'s", r.records, human(r.bytes), gguf.path().display());
         return Ok(());
     }
-    println!("OK: {} records, {} verified", r.records, human(r.bytes));
+    println!("OK: {} records, {} verified{whence}", r.records, human(r.bytes));
     Ok(())
 }
 

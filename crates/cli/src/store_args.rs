@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use titan_engine::{LoadOptions, StreamOptions};
-use titan_store::{Policy, Profile, Store, StoreOptions};
+use titan_store::{Layout, Policy, Profile, Store};
 
 #[derive(Args, Clone, Default)]
 pub struct StreamArgs {
@@ -13,7 +13,8 @@ pub struct StreamArgs {
     /// (e.g. 4GiB, 512MiB, or `auto` to size it from free memory). Dense weights stay resident.
     #[arg(long = "expert-budget")]
     pub expert_budget: Option<String>,
-    /// The expert store (default: MODEL.titan beside the model, written by `titan convert`).
+    /// The expert store: a store directory or an in-place index, written by `titan convert` (default:
+    /// MODEL.titan beside the model, else MODEL.titan-index).
     #[arg(long)]
     pub store: Option<PathBuf>,
     /// Read experts with O_DIRECT, bypassing the page cache.
@@ -40,9 +41,49 @@ pub enum PolicyArg {
     Lfu,
 }
 
-/// `MODEL.gguf` -> `MODEL.titan`.
-pub fn default_store(model: &Path) -> PathBuf {
-    model.with_extension("titan")
+/// `titan convert --layout`.
+#[derive(ValueEnum, Clone, Copy, Default)]
+pub enum LayoutArg {
+    #[default]
+    Copy,
+    InPlace,
+}
+
+impl From<LayoutArg> for Layout {
+    fn from(a: LayoutArg) -> Layout {
+        match a {
+            LayoutArg::Copy => Layout::Copy,
+            LayoutArg::InPlace => Layout::InPlace,
+        }
+    }
+}
+
+/// Where `titan convert` puts a model's store: `MODEL.gguf` -> `MODEL.titan` (a directory) for a copy,
+/// `MODEL.titan-index` (a file) for an in-place index.
+pub fn default_store(model: &Path, layout: Layout) -> PathBuf {
+    match layout {
+        Layout::Copy => model.with_extension("titan"),
+        Layout::InPlace => model.with_extension("titan-index"),
+    }
+}
+
+/// The store beside `model` that streaming uses when none is named: the copy if there is one (the
+/// default layout, and one read per expert), else the in-place index.
+fn find_store(model: &Path) -> Result<PathBuf> {
+    let (copy, index) = (default_store(model, Layout::Copy), default_store(model, Layout::InPlace));
+    if copy.join(titan_store::MANIFEST_FILE).exists() {
+        return Ok(copy);
+    }
+    if index.is_file() {
+        return Ok(index);
+    }
+    let m = model.display();
+    bail!(
+        "no expert store beside {m} (looked for {} and {}): create one with `titan convert {m}` (a copy \
+         of the experts) or `titan convert {m} --layout in-place` (an index, no copy)",
+        copy.display(),
+        index.display()
+    )
 }
 
 /// "4GiB", "512MiB", "2.5GB", "1000000" -> bytes.
@@ -79,10 +120,13 @@ impl StreamArgs {
         if self.expert_budget.is_none() && self.store.is_none() {
             return Ok(LoadOptions::default());
         }
-        let store = self.store.clone().unwrap_or_else(|| default_store(model));
-        if !store.join(titan_store::MANIFEST_FILE).exists() {
-            bail!("{}: no expert store there (create it with `titan convert {}`)", store.display(), model.display());
-        }
+        let store = match &self.store {
+            Some(s) if !s.is_file() && !s.join(titan_store::MANIFEST_FILE).exists() => {
+                bail!("{}: no expert store there (create it with `titan convert {}`)", s.display(), model.display())
+            }
+            Some(s) => s.clone(),
+            None => find_store(model)?,
+        };
         let budget_bytes = match self.expert_budget.as_deref() {
             None | Some("auto") => {
                 // Free memory less the dense weights (copied into memory at load) and 1 GiB of headroom
@@ -96,7 +140,7 @@ impl StreamArgs {
             None => Vec::new(),
             Some(p) => {
                 let profile = Profile::load(p)?;
-                let store = Store::open_unchecked(&store, &StoreOptions::default())?;
+                let store = Store::open(&store, &titan_gguf::GgufFile::open(model)?)?;
                 profile.hottest(budget_bytes / 2, |l, e| store.record_bytes(l, e))
             }
         };
