@@ -35,7 +35,7 @@ use std::array;
 
 use super::{ActLayout, DotFn, DotKernel, Isa, QuantFn, MAX_ROWS};
 use crate::accum::Lanes8;
-use crate::formats::{f16_at, f16_bytes, mxfp4, q8_0, q8_k};
+use crate::formats::{f16_at, f16_bytes, mxfp4, q8_0, q8_1, q8_k};
 use crate::{grouped, GgmlType};
 
 /// The dot-product kernel for `ty` on `isa`, if there is a NEON one. The caller checks the CPU.
@@ -49,6 +49,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotKernel> {
         GgmlType::Q4_0 => (q4_0, Grouped, 8),
         GgmlType::Q8_0 => (q8_0, Grouped, 8),
         GgmlType::MXFP4 => (mxfp4, Grouped, 8),
+        GgmlType::Q4_1 => (q4_1, Plain, 4),
         GgmlType::Q4_K => (q4_k, Plain, 4),
         GgmlType::Q5_K => (q5_k, Plain, 4),
         GgmlType::Q6_K => (q6_k, Plain, 4),
@@ -98,6 +99,7 @@ macro_rules! entry {
 entry!(q4_0, q4_0_rows, 1 2 3 4 5 6 7 8);
 entry!(q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
 entry!(mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
+entry!(q4_1, q4_1_rows, 1 2 3 4);
 entry!(q4_k, q4_k_rows, 1 2 3 4);
 entry!(q5_k, q5_k_rows, 1 2 3 4);
 entry!(q6_k, q6_k_rows, 1 2 3 4);
@@ -399,6 +401,110 @@ unsafe fn q8_0_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32])
 #[inline(always)]
 unsafe fn mxfp4_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
     grouped_rows::<Mxfp4, R>(w, acts, out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q4_1 weights times Q8_1 activations, in their plain layouts: eight blocks at a time. Each block's
+// exact integer sum is formed in its own register, the eight registers are reduced pairwise into two
+// (block `k` in lane `k % 4` of register `k / 4`), and the eight f32 terms are computed side by side
+// and added to lane `block % 8`.
+
+/// A 32-element weight format with an f16 scale `d` and offset `m` first, times Q8_1 (Q4_1).
+trait Offset32 {
+    const BYTES: usize;
+    /// The block at `w`'s quants (below 32) in element order, as two registers of 16.
+    unsafe fn quants(w: *const u8) -> [int8x16_t; 2];
+}
+
+/// Sixteen bytes of nibbles as 32 bytes in element order: low nibbles, then high ones.
+#[inline(always)]
+unsafe fn nibbles(qs: *const u8) -> [uint8x16_t; 2] {
+    let q = vld1q_u8(qs);
+    [vandq_u8(q, vdupq_n_u8(0x0F)), vshrq_n_u8::<4>(q)]
+}
+
+struct Q4_1;
+
+impl Offset32 for Q4_1 {
+    const BYTES: usize = 20;
+
+    #[inline(always)]
+    unsafe fn quants(w: *const u8) -> [int8x16_t; 2] {
+        nibbles(w.add(4)).map(|v| vreinterpretq_s8_u8(v))
+    }
+}
+
+/// Eight blocks: block `k`'s term `(d_w · d_a) · f32(sumi) + m_w · s_a` is added to lane `k` of each
+/// row's accumulators (the eight start at a multiple of 8 blocks, so lane `k` is lane `block % 8`).
+#[inline(always)]
+unsafe fn offset32_step<K: Offset32, const R: usize>(
+    w: *const u8,
+    a: [*const u8; R],
+    acc: &mut [[float32x4_t; 2]; R],
+) {
+    const AB: usize = q8_1::BLOCK_BYTES;
+    let q: [[int8x16_t; 2]; 8] = array::from_fn(|k| K::quants(w.add(k * K::BYTES)));
+    let (d_w, m_w) = (f16x8(w, K::BYTES), f16x8(w.add(2), K::BYTES));
+    let zero = vdupq_n_s32(0);
+    for (acc, a) in acc.iter_mut().zip(a) {
+        let s: [int32x4_t; 8] = array::from_fn(|k| {
+            let aq = a.add(k * AB + 4);
+            sdot(
+                sdot(zero, q[k][0], load_s8(aq)),
+                q[k][1],
+                load_s8(aq.add(16)),
+            )
+        });
+        // Lane j of `vpaddq(x, y)`: x's lanes 2j, 2j + 1 (j < 2), then y's: two rounds leave block
+        // k's sum in lane k % 4.
+        let sums =
+            [0, 4].map(|h| vpaddq_s32(vpaddq_s32(s[h], s[h + 1]), vpaddq_s32(s[h + 2], s[h + 3])));
+        let (d_a, s_a) = (f16x8(a, AB), f16x8(a.add(2), AB));
+        for h in 0..2 {
+            let scaled = vmulq_f32(vmulq_f32(d_w[h], d_a[h]), vcvtq_f32_s32(sums[h]));
+            let term = vaddq_f32(scaled, vmulq_f32(m_w[h], s_a[h]));
+            acc[h] = vaddq_f32(acc[h], term);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn offset32_rows<K: Offset32, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    const AB: usize = q8_1::BLOCK_BYTES;
+    let nb = w.len() / K::BYTES;
+    for a in acts {
+        assert!(a.len() >= nb * AB, "activation row shorter than weight row");
+    }
+    let zero = vdupq_n_f32(0.0);
+    let mut acc = [[zero; 2]; R];
+    let full = nb / 8;
+    for g in 0..full {
+        let wg = w.as_ptr().add(g * 8 * K::BYTES);
+        let a = array::from_fn(|r| acts[r].as_ptr().add(g * 8 * AB));
+        offset32_step::<K, R>(wg, a, &mut acc);
+    }
+    let tail = nb % 8;
+    if tail > 0 {
+        // Pad weights and activations to eight blocks with zero blocks, whose terms are
+        // (0 · 0) · 0 + 0 · 0 = +0.0 and leave the lanes as they are.
+        let (w0, a0) = (full * 8 * K::BYTES, full * 8 * AB);
+        let mut w_pad = [0u8; 8 * 20];
+        w_pad[..tail * K::BYTES].copy_from_slice(&w[w0..w0 + tail * K::BYTES]);
+        let mut a_pad = [[0u8; 8 * AB]; R];
+        for (pad, a) in a_pad.iter_mut().zip(acts) {
+            pad[..tail * AB].copy_from_slice(&a[a0..a0 + tail * AB]);
+        }
+        let a = array::from_fn(|r| a_pad[r].as_ptr());
+        offset32_step::<K, R>(w_pad.as_ptr(), a, &mut acc);
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        *o = lanes8(acc).sum();
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_1_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    offset32_rows::<Q4_1, R>(w, acts, out)
 }
 
 // ---------------------------------------------------------------------------------------------

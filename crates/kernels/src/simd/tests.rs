@@ -463,6 +463,7 @@ fn a_chosen_isa_runs_its_own_kernels() {
             GgmlType::F32,
             GgmlType::F16,
             GgmlType::MXFP4,
+            GgmlType::Q4_1,
         ] {
             assert_eq!(dot_kernel(isa, ty, WeightLayout::Plain).isa, isa, "{ty}");
         }

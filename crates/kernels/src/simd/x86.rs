@@ -31,7 +31,7 @@ use std::array;
 use super::{ActLayout, DotFn, DotKernel, Isa, QuantFn, MAX_ROWS};
 use crate::WeightLayout;
 use crate::accum::Lanes8;
-use crate::formats::{f16_at, f16_bytes, mxfp4, q8_0, q8_k};
+use crate::formats::{f16_at, f16_bytes, mxfp4, q8_0, q8_1, q8_k};
 use crate::{grouped, GgmlType};
 
 /// The dot-product kernel for `ty` on `isa`, if there is a SIMD one. The caller checks the CPU.
@@ -58,12 +58,14 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> Option
         (Isa::Avx2, GgmlType::Q4_0) => (avx2::q4_0, Grouped, 8),
         (Isa::Avx2, GgmlType::Q8_0) => (avx2::q8_0, Grouped, 8),
         (Isa::Avx2, GgmlType::MXFP4) => (avx2::mxfp4, Grouped, 8),
+        (Isa::Avx2, GgmlType::Q4_1) => (avx2::q4_1, Plain, 4),
         (Isa::Avx2, GgmlType::Q4_K) => (avx2::q4_k, Plain, 4),
         (Isa::Avx2, GgmlType::Q5_K) => (avx2::q5_k, Plain, 4),
         (Isa::Avx2, GgmlType::Q6_K) => (avx2::q6_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q4_0) => (avx512::q4_0, Grouped, 8),
         (Isa::Avx512, GgmlType::Q8_0) => (avx512::q8_0, Grouped, 8),
         (Isa::Avx512, GgmlType::MXFP4) => (avx512::mxfp4, Grouped, 8),
+        (Isa::Avx512, GgmlType::Q4_1) => (avx512::q4_1, Plain, 4),
         (Isa::Avx512, GgmlType::Q4_K) => (avx512::q4_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q5_K) => (avx512::q5_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q6_K) => (avx512::q6_k, Plain, 4),
@@ -168,6 +170,7 @@ mod avx2 {
     entry!("avx2,f16c", Avx2Dot: mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q4_0g, q4_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c", Avx2Dot: q4_1, q4_1_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q4_k, q4_k_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q5_k, q5_k_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q6_k, q6_k_rows, 1 2 3 4);
@@ -184,6 +187,7 @@ mod avx512 {
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_0g, q4_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_1, q4_1_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_k, q4_k_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q5_k, q5_k_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q6_k, q6_k_rows, 1 2 3 4);
@@ -531,6 +535,124 @@ unsafe fn q4_0g_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out:
 #[inline(always)]
 unsafe fn q8_0g_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
     grouped_rows::<D, Q8_0, R, true>(w, acts, out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q4_1 weights times Q8_1 activations, in their plain layouts: eight blocks at a time. Each block's
+// exact integer sum is formed in its own register, the eight registers are reduced into one (block
+// `k` in lane `k`), and the eight f32 terms are computed side by side and added to lane `block % 8`.
+
+/// A 32-element weight format with an f16 scale `d` and offset `m` first, times Q8_1 (Q4_1).
+trait Offset32 {
+    const BYTES: usize;
+    /// The block at `w`'s quants (unsigned, below 32) in element order.
+    unsafe fn quants(w: *const u8) -> __m256i;
+}
+
+/// Sixteen bytes of nibbles as 32 bytes in element order: low nibbles, then high ones.
+#[inline(always)]
+unsafe fn nibbles(qs: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(qs as *const __m128i);
+    let m4 = _mm_set1_epi8(0x0F);
+    _mm256_setr_m128i(
+        _mm_and_si128(q, m4),
+        _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
+    )
+}
+
+struct Q4_1;
+
+impl Offset32 for Q4_1 {
+    const BYTES: usize = 20;
+
+    #[inline(always)]
+    unsafe fn quants(w: *const u8) -> __m256i {
+        nibbles(w.add(4))
+    }
+}
+
+/// Lane `k`: the sum of the eight i32 lanes of `s[k]` (exact). Pairwise adds within 128-bit halves
+/// transpose as they reduce; the halves' partial sums are then added.
+#[inline(always)]
+unsafe fn sums8(s: [__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(s[0], s[1]);
+    let h23 = _mm256_hadd_epi32(s[2], s[3]);
+    let h45 = _mm256_hadd_epi32(s[4], s[5]);
+    let h67 = _mm256_hadd_epi32(s[6], s[7]);
+    // Lane k of the low half: block k's (or k + 4's) lanes 0..4; of the high half: its lanes 4..8.
+    let h0123 = _mm256_hadd_epi32(h01, h23);
+    let h4567 = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(h0123, h4567),
+        _mm256_permute2x128_si256::<0x31>(h0123, h4567),
+    )
+}
+
+/// Eight blocks: block `k`'s term `(d_w · d_a) · f32(sumi) + m_w · s_a` is added to lane `k` of each
+/// row's accumulator (the eight start at a multiple of 8 blocks, so lane `k` is lane `block % 8`).
+#[inline(always)]
+unsafe fn offset32_step<D: IntDot, K: Offset32, const R: usize>(
+    w: *const u8,
+    a: [*const u8; R],
+    acc: &mut [__m256; R],
+) {
+    const AB: usize = q8_1::BLOCK_BYTES;
+    let q: [__m256i; 8] = array::from_fn(|k| K::quants(w.add(k * K::BYTES)));
+    let (d_w, m_w) = (f16x8(w, K::BYTES), f16x8(w.add(2), K::BYTES));
+    for (acc, a) in acc.iter_mut().zip(a) {
+        let mut s = [_mm256_setzero_si256(); 8];
+        for k in 0..8 {
+            // Quants below 32, |a| <= 128: pairs <= 8192 suit `maddubs`.
+            s[k] = D::dot(s[k], q[k], load(a.add(k * AB + 4)));
+        }
+        let d = _mm256_mul_ps(d_w, f16x8(a, AB));
+        let scaled = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sums8(s)));
+        let term = _mm256_add_ps(scaled, _mm256_mul_ps(m_w, f16x8(a.add(2), AB)));
+        *acc = _mm256_add_ps(*acc, term);
+    }
+}
+
+#[inline(always)]
+unsafe fn offset32_rows<D: IntDot, K: Offset32, const R: usize>(
+    w: &[u8],
+    acts: [&[u8]; R],
+    out: &mut [f32],
+) {
+    const AB: usize = q8_1::BLOCK_BYTES;
+    let nb = w.len() / K::BYTES;
+    for a in acts {
+        assert!(a.len() >= nb * AB, "activation row shorter than weight row");
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    let full = nb / 8;
+    for g in 0..full {
+        let wg = w.as_ptr().add(g * 8 * K::BYTES);
+        prefetch_ahead(wg, 8 * K::BYTES);
+        let a = array::from_fn(|r| acts[r].as_ptr().add(g * 8 * AB));
+        offset32_step::<D, K, R>(wg, a, &mut acc);
+    }
+    let tail = nb % 8;
+    if tail > 0 {
+        // Pad weights and activations to eight blocks with zero blocks, whose terms are
+        // (0 · 0) · 0 + 0 · 0 = +0.0 and leave the lanes as they are.
+        let (w0, a0) = (full * 8 * K::BYTES, full * 8 * AB);
+        let mut w_pad = [0u8; 8 * 20];
+        w_pad[..tail * K::BYTES].copy_from_slice(&w[w0..w0 + tail * K::BYTES]);
+        let mut a_pad = [[0u8; 8 * AB]; R];
+        for (pad, a) in a_pad.iter_mut().zip(acts) {
+            pad[..tail * AB].copy_from_slice(&a[a0..a0 + tail * AB]);
+        }
+        let a = array::from_fn(|r| a_pad[r].as_ptr());
+        offset32_step::<D, K, R>(w_pad.as_ptr(), a, &mut acc);
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        *o = lanes_sum(acc);
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_1_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    offset32_rows::<D, Q4_1, R>(w, acts, out)
 }
 
 // ---------------------------------------------------------------------------------------------
