@@ -627,6 +627,10 @@ fn inspect(a: InspectArgs) -> Result<()> {
     println!("layers:        {}", c.n_layer);
     println!("embedding:     {}", c.n_embd);
     println!("heads:         {} query, {} key/value, head size {}", c.n_head, c.n_head_kv, c.head_dim);
+    if let Some(s) = &c.delta_net {
+        let n = c.n_layer - c.n_attention_layers();
+        println!("linear attn:   {n} of {} layers, {} key / {} value heads of {}, {}-tap convolution", c.n_layer, s.n_k_heads, s.n_v_heads, s.head_dim, s.conv_kernel);
+    }
     println!("experts:       {} per layer, {} used per token, expert FFN {}", c.n_expert, c.n_expert_used, c.expert_ff);
     if c.shared_ff > 0 {
         println!("shared expert: FFN {}", c.shared_ff);

@@ -18,8 +18,10 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(n_layer: usize, n_ctx: usize, kv_dim: usize) -> KvCache {
-        KvCache { n_ctx, kv_dim, k: vec![vec![0.0; n_ctx * kv_dim]; n_layer], v: vec![vec![0.0; n_ctx * kv_dim]; n_layer] }
+    /// A cache for the layers whose `attends` entry is true (the others get none).
+    pub fn new(attends: &[bool], n_ctx: usize, kv_dim: usize) -> KvCache {
+        let per_layer = |&a: &bool| if a { vec![0.0; n_ctx * kv_dim] } else { Vec::new() };
+        KvCache { n_ctx, kv_dim, k: attends.iter().map(per_layer).collect(), v: attends.iter().map(per_layer).collect() }
     }
 
     pub fn n_ctx(&self) -> usize {

@@ -11,6 +11,54 @@ pub enum Arch {
     Olmoe,
     /// GGUF arch `llama` with experts: Mixtral.
     Mixtral,
+    /// Qwen3-Next: Gated DeltaNet layers between gated full-attention layers, routed plus shared experts.
+    Qwen3Next,
+    /// Qwen3.5 / 3.6 MoE: Qwen3-Next's layers, with the linear-attention heads in the converter's order.
+    Qwen35Moe,
+}
+
+/// What mixes a layer's tokens: softmax attention over a KV cache, or a Gated DeltaNet (linear
+/// attention) over a recurrent state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mixer {
+    Attention,
+    DeltaNet,
+}
+
+/// The Gated DeltaNet dimensions (GGUF `ssm.*` keys, as llama.cpp's converter writes them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetShape {
+    /// Taps of the causal convolution.
+    pub conv_kernel: usize,
+    /// Key heads (`ssm.group_count`) and value heads (`ssm.time_step_rank`).
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    /// Size of each key and each value head (`ssm.state_size`; llama.cpp requires them equal).
+    pub head_dim: usize,
+    /// Which key head value head `h` reads: `h % n_k_heads` (the converter reorders Qwen3.5's value heads
+    /// so that they tile), or `h / (n_v_heads / n_k_heads)` (Qwen3-Next's grouped order).
+    pub tiled: bool,
+}
+
+impl DeltaNetShape {
+    pub fn key_dim(&self) -> usize {
+        self.n_k_heads * self.head_dim
+    }
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.head_dim
+    }
+    /// Channels of the convolution: q, k and v together.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+    /// The key head value head `h` reads.
+    pub fn key_head(&self, h: usize) -> usize {
+        if self.tiled {
+            h % self.n_k_heads
+        } else {
+            h / (self.n_v_heads / self.n_k_heads)
+        }
+    }
 }
 
 /// How RoPE pairs the dimensions of a head.
@@ -56,6 +104,12 @@ pub struct Config {
     pub shared_ff: usize,
     /// Renormalise the chosen experts' weights to sum to one.
     pub norm_topk: bool,
+    /// Each layer's token mixer (all attention except in the hybrid architectures).
+    pub mixers: Vec<Mixer>,
+    /// The attention's query projection also yields a per-head output gate (Qwen3-Next, Qwen3.5).
+    pub attn_gate: bool,
+    /// The linear-attention layers' dimensions (hybrid architectures only).
+    pub delta_net: Option<DeltaNetShape>,
 }
 
 /// How many transformer blocks the file has tensors for: one more than the highest `blk.N.` prefix.
@@ -87,10 +141,12 @@ impl Config {
             "qwen2moe" => Arch::Qwen2Moe,
             "olmoe" => Arch::Olmoe,
             "llama" if n_expert > 0 => Arch::Mixtral,
+            "qwen3next" => Arch::Qwen3Next,
+            "qwen35moe" => Arch::Qwen35Moe,
             "llama" => return Err(bad("architecture llama without experts (a dense model) is not supported: TITAN runs mixture-of-experts models".into())),
             other => {
                 return Err(bad(format!(
-                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts)"
+                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe)"
                 )))
             }
         };
@@ -122,6 +178,8 @@ impl Config {
         let rms_eps = f.get_f64(&k("attention.layer_norm_rms_epsilon"))?.ok_or_else(|| bad(format!("missing {}", k("attention.layer_norm_rms_epsilon"))))? as f32;
         let rope_base = f.get_f64(&k("rope.freq_base"))?.unwrap_or(10000.0) as f32;
         let rope_dims = f.get_u64(&k("rope.dimension_count"))?.map(|v| v as usize).unwrap_or(head_dim);
+        // Qwen3.5's multi-section RoPE (`rope.dimension_sections`) gives text tokens the same position in
+        // every section, which makes it the plain rotation over `rope.dimension_count` dimensions.
         if let Some(t) = f.get_str(&k("rope.scaling.type"))? {
             if t != "none" && t != "linear" || f.get_f64(&k("rope.scaling.factor"))?.is_some_and(|x| x != 1.0 && x != 0.0) {
                 return Err(bad(format!("RoPE scaling {t:?} is not supported yet")));
@@ -137,8 +195,12 @@ impl Config {
             Arch::Qwen2Moe => (RopeStyle::Halves, QkNorm::None, true, false),
             Arch::Olmoe => (RopeStyle::Halves, QkNorm::Whole, false, false),
             Arch::Mixtral => (RopeStyle::Adjacent, QkNorm::None, false, true),
+            Arch::Qwen3Next | Arch::Qwen35Moe => (RopeStyle::Halves, QkNorm::PerHead, false, true),
         };
-        let norm_topk = f.get_bool(&k("expert_weights_norm"))?.unwrap_or(default_norm);
+        let hybrid = matches!(arch, Arch::Qwen3Next | Arch::Qwen35Moe);
+        // llama.cpp always renormalises the hybrids' top-k weights, whatever the metadata says.
+        let norm_topk = hybrid || f.get_bool(&k("expert_weights_norm"))?.unwrap_or(default_norm);
+        let (mixers, delta_net) = if hybrid { hybrid_layers(f, &k, n_layer, arch == Arch::Qwen35Moe).map_err(bad)? } else { (vec![Mixer::Attention; n_layer], None) };
 
         for (key, value, ok, range) in [
             ("attention.layer_norm_rms_epsilon", rms_eps, rms_eps > 0.0 && rms_eps < 1.0, "between 0 and 1"),
@@ -150,7 +212,8 @@ impl Config {
         }
         let c = Config {
             arch, arch_name, n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ctx_train, rms_eps, rope_base,
-            rope_dims, rope_style, qk_norm, qkv_bias, n_expert, n_expert_used, expert_ff, shared_ff, norm_topk,
+            rope_dims, rope_style, qk_norm, qkv_bias, n_expert, n_expert_used, expert_ff, shared_ff, norm_topk, mixers,
+            attn_gate: hybrid, delta_net,
         };
         c.validate().map_err(bad)?;
         Ok(c)
@@ -182,8 +245,8 @@ impl Config {
         if self.rope_dims > self.head_dim || !self.rope_dims.is_multiple_of(2) {
             return Err(format!("rope.dimension_count {} does not fit head size {}", self.rope_dims, self.head_dim));
         }
-        if self.arch == Arch::Qwen2Moe && self.shared_ff == 0 {
-            return Err("qwen2moe needs expert_shared_feed_forward_length".into());
+        if matches!(self.arch, Arch::Qwen2Moe | Arch::Qwen3Next | Arch::Qwen35Moe) && self.shared_ff == 0 {
+            return Err(format!("{} needs expert_shared_feed_forward_length", self.arch_name));
         }
         Ok(())
     }
@@ -195,4 +258,62 @@ impl Config {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+
+    /// Rows of the query projection: the queries, and as many gate values when attention is gated.
+    pub fn q_proj_dim(&self) -> usize {
+        if self.attn_gate {
+            2 * self.q_dim()
+        } else {
+            self.q_dim()
+        }
+    }
+
+    /// How many layers attend over a KV cache.
+    pub fn n_attention_layers(&self) -> usize {
+        self.mixers.iter().filter(|&&m| m == Mixer::Attention).count()
+    }
+}
+
+/// The hybrids' layer pattern and linear-attention dimensions. Which layers are linear comes from
+/// `attention.recurrent_layers` when the converter wrote it, else from `full_attention_interval` (every
+/// n-th layer is full attention), as llama.cpp reads them.
+fn hybrid_layers(f: &GgufFile, k: &dyn Fn(&str) -> String, n_layer: usize, tiled: bool) -> std::result::Result<(Vec<Mixer>, Option<DeltaNetShape>), String> {
+    let get = |key: &str| -> std::result::Result<usize, String> {
+        match f.get_u64(&k(key)) {
+            Ok(Some(v)) => Ok(v as usize),
+            Ok(None) => Err(format!("missing {}", k(key))),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    let mixers = match f.get_array(&k("attention.recurrent_layers")).map_err(|e| e.to_string())? {
+        Some(a) => {
+            let flags: Vec<bool> = a.iter().map(|v| v.as_bool()).collect::<Option<_>>().ok_or_else(|| format!("{} is not an array of booleans", k("attention.recurrent_layers")))?;
+            if flags.len() < n_layer {
+                return Err(format!("{} has {} entries for {n_layer} layers", k("attention.recurrent_layers"), flags.len()));
+            }
+            flags[..n_layer].iter().map(|&r| if r { Mixer::DeltaNet } else { Mixer::Attention }).collect()
+        }
+        None => {
+            let interval = f.get_u64(&k("full_attention_interval")).map_err(|e| e.to_string())?.unwrap_or(4) as usize;
+            if interval == 0 {
+                return Err(format!("{} is 0", k("full_attention_interval")));
+            }
+            (0..n_layer).map(|i| if (i + 1) % interval == 0 { Mixer::Attention } else { Mixer::DeltaNet }).collect()
+        }
+    };
+    let shape = DeltaNetShape {
+        conv_kernel: get("ssm.conv_kernel")?,
+        n_k_heads: get("ssm.group_count")?,
+        n_v_heads: get("ssm.time_step_rank")?,
+        head_dim: get("ssm.state_size")?,
+        tiled,
+    };
+    let inner = get("ssm.inner_size")?;
+    if shape.conv_kernel == 0 || shape.n_k_heads == 0 || shape.head_dim == 0 || shape.n_v_heads % shape.n_k_heads != 0 {
+        return Err(format!("linear attention of {} key heads, {} value heads, head size {} and a {}-tap convolution is not supported", shape.n_k_heads, shape.n_v_heads, shape.head_dim, shape.conv_kernel));
+    }
+    if inner != shape.value_dim() {
+        return Err(format!("{} is {inner}, but {} value heads of {} make {}", k("ssm.inner_size"), shape.n_v_heads, shape.head_dim, shape.value_dim()));
+    }
+    Ok((mixers, Some(shape)))
 }

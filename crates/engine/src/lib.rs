@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod bench;
 pub mod config;
+pub mod delta_net;
 pub mod experts;
 pub mod generate;
 pub mod model;

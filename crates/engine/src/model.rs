@@ -10,14 +10,15 @@ use titan_store::{Budget, CacheOptions, ExpertCache, Policy, Store, StoreOptions
 use titan_tokenizer::Tokenizer;
 
 use crate::attention::{attend, AttnShape, KvCache};
-use crate::config::{Config, RopeStyle};
+use crate::config::{Config, Mixer, RopeStyle};
+use crate::delta_net::{self, DeltaScratch, DeltaState};
 use crate::experts::{ExpertSource, Experts};
 use crate::moe::{moe_block, MoeScratch, Routing};
-use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head};
-use crate::scratch::slots;
+use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head, sigmoid};
+use crate::scratch::{recycle, slots};
 use crate::stats::{Phase, Stats};
 use crate::trace::Trace;
-use crate::weights::{Layer, Mat, Residency, Weights};
+use crate::weights::{Attention, BetaAlpha, DeltaNet, Layer, Mat, Mixing, Residency, Weights};
 use crate::{vocab, EngineError, Result};
 
 pub struct Model {
@@ -98,9 +99,12 @@ impl Model {
         Ok((config, source))
     }
 
-    /// Bytes of KV cache a sequence of `n_ctx` positions holds (f32 keys and values of every layer).
+    /// Bytes a sequence of `n_ctx` positions holds: f32 keys and values of every attention layer, and the
+    /// recurrent state of every linear-attention layer.
     pub fn kv_bytes(&self, n_ctx: usize) -> u128 {
-        2 * 4 * self.config.n_layer as u128 * n_ctx as u128 * self.config.kv_dim() as u128
+        let c = &self.config;
+        let recurrent = c.delta_net.map_or(0, |s| (c.n_layer - c.n_attention_layers()) * DeltaState::bytes(&s));
+        2 * 4 * c.n_attention_layers() as u128 * n_ctx as u128 * c.kv_dim() as u128 + recurrent as u128
     }
 
     /// Refuse a context longer than the model was trained for (unless `past_training`: its positions
@@ -125,7 +129,13 @@ impl Model {
 
     /// A new sequence of up to `n_ctx` positions.
     pub fn new_sequence(&self, n_ctx: usize) -> Sequence {
-        Sequence { kv: KvCache::new(self.config.n_layer, n_ctx, self.config.kv_dim()), scratch: Scratch::default() }
+        let c = &self.config;
+        let attends: Vec<bool> = c.mixers.iter().map(|&m| m == Mixer::Attention).collect();
+        let delta = match c.delta_net {
+            Some(s) => c.mixers.iter().map(|&m| if m == Mixer::DeltaNet { DeltaState::new(&s) } else { DeltaState::default() }).collect(),
+            None => Vec::new(),
+        };
+        Sequence { mem: Memory { kv: KvCache::new(&attends, n_ctx, c.kv_dim()), delta, next: 0 }, scratch: Scratch::default() }
     }
 
     /// Run `tokens` at positions pos0.. of `seq` through the model, appending their keys and values to its
@@ -144,8 +154,8 @@ impl Model {
         outputs: Outputs,
         trace: Option<&mut Trace>,
     ) -> Result<&'s [f32]> {
-        let Sequence { kv, scratch } = seq;
-        self.step(&mut [Part { tokens, pos0, kv, outputs }], scratch, trace)?;
+        let Sequence { mem, scratch } = seq;
+        self.step(&mut [Part { tokens, pos0, mem, outputs }], scratch, trace)?;
         Ok(&scratch.logits)
     }
 
@@ -157,7 +167,7 @@ impl Model {
     /// by several sequences are read once for all of them. Every step is row-independent, so a
     /// sequence's logits are the same bits whether it runs alone or beside others.
     pub fn forward_batch<'b>(&self, spans: &mut [Span<'_>], batch: &'b mut Batch) -> Result<&'b [f32]> {
-        let mut parts: Vec<Part<'_>> = spans.iter_mut().map(|s| Part { tokens: s.tokens, pos0: s.pos0, kv: &mut s.seq.kv, outputs: s.outputs }).collect();
+        let mut parts: Vec<Part<'_>> = spans.iter_mut().map(|s| Part { tokens: s.tokens, pos0: s.pos0, mem: &mut s.seq.mem, outputs: s.outputs }).collect();
         self.step(&mut parts, &mut batch.scratch, None)?;
         Ok(&batch.scratch.logits)
     }
@@ -172,26 +182,40 @@ impl Model {
             if p.tokens.is_empty() {
                 return Err(EngineError::Request("forward was given no tokens".into()));
             }
-            if p.pos0.saturating_add(p.tokens.len()) > p.kv.n_ctx() {
-                return Err(EngineError::ContextFull { ctx: p.kv.n_ctx(), need: p.pos0.saturating_add(p.tokens.len()) });
+            if p.pos0.saturating_add(p.tokens.len()) > p.mem.kv.n_ctx() {
+                return Err(EngineError::ContextFull { ctx: p.mem.kv.n_ctx(), need: p.pos0.saturating_add(p.tokens.len()) });
+            }
+            // A recurrent state holds every position so far and cannot go back: a call continues where the
+            // last one ended, or starts the sequence over at 0.
+            if !p.mem.delta.is_empty() && p.pos0 != 0 && p.pos0 != p.mem.next {
+                return Err(EngineError::Request(format!(
+                    "this model's linear-attention state cannot move to position {}: the sequence continues at {} (or restarts at 0)",
+                    p.pos0, p.mem.next
+                )));
             }
             if let Some(&t) = p.tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
                 return Err(EngineError::BadToken { id: t, vocab: c.n_vocab });
             }
         }
         let n: usize = parts.iter().map(|p| p.tokens.len()).sum();
-        let (d, q_dim, kv_dim) = (c.n_embd, c.q_dim(), c.kv_dim());
+        let d = c.n_embd;
         let w = &self.weights;
 
+        for p in parts.iter_mut() {
+            if p.pos0 == 0 {
+                p.mem.delta.iter_mut().for_each(DeltaState::reset);
+            }
+            // Until this step completes, only a restart at 0 is valid.
+            p.mem.next = usize::MAX;
+        }
         s.size_for(c, n);
-        let Scratch { x, h, q, k, v, attn, attn_out, cos, sin, qkv_acts, acts, scores, route, next, moe, logits } = s;
+        let Scratch { x, h, attn_out, cos, sin, mixer, acts, route, next, moe, logits } = s;
         // token_embd: one (dequantised) row per token.
         let embd = w.view(&w.token_embd);
         for (row, &t) in x.chunks_exact_mut(d).zip(parts.iter().flat_map(|p| p.tokens)) {
             embd.dequantize_row(t as usize, row);
         }
 
-        let shape = AttnShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
         // RoPE angles of each row's position, once for all layers.
         let half = c.rope_dims / 2;
         let positions = parts.iter().flat_map(|p| p.pos0..p.pos0 + p.tokens.len());
@@ -205,42 +229,12 @@ impl Model {
                 t.tensor(Some(il), "layer_in", &[n, d], x);
             }
             stats.time(Phase::Attention, || -> Result<()> {
-                // attn_norm
+                // attn_norm, then attention or linear attention into attn_out
                 rms_norm_into(x, &l.attn_norm, c.rms_eps, h);
-                // q, k, v: one parallel region, the normalised input quantised once per activation format
-                self.project_qkv(l, h, qkv_acts, q, k, v)?;
-                if let (Some(bq), Some(bk), Some(bv)) = (&l.bq, &l.bk, &l.bv) {
-                    add_bias(q, bq);
-                    add_bias(k, bk);
-                    add_bias(v, bv);
+                match &l.mixing {
+                    Mixing::Attention(a) => self.attention(a, il, parts, h, (cos, sin), mixer, attn_out),
+                    Mixing::DeltaNet(dn) => self.linear_attention(dn, il, parts, h, mixer, attn_out),
                 }
-                // q_norm, k_norm: per head (weight of head_dim) or over all heads (weight of q_dim), by the weight's length
-                if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                    rms_norm(q, qn, c.rms_eps);
-                    rms_norm(k, kn, c.rms_eps);
-                }
-                // rope
-                let halves = c.rope_style == RopeStyle::Halves;
-                for i in 0..n {
-                    let (cs, sn) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
-                    for head in q[i * q_dim..(i + 1) * q_dim].chunks_exact_mut(c.head_dim) {
-                        rope_head(&mut head[..c.rope_dims], cs, sn, halves);
-                    }
-                    for head in k[i * kv_dim..(i + 1) * kv_dim].chunks_exact_mut(c.head_dim) {
-                        rope_head(&mut head[..c.rope_dims], cs, sn, halves);
-                    }
-                }
-                // attention of each span over its own cache, then attn_output on all rows
-                let mut row = 0;
-                for p in parts.iter_mut() {
-                    let rows = row..row + p.tokens.len();
-                    p.kv.store(il, p.pos0, &k[rows.start * kv_dim..rows.end * kv_dim], &v[rows.start * kv_dim..rows.end * kv_dim]);
-                    attend(p.kv, il, &shape, p.pos0, &q[rows.start * q_dim..rows.end * q_dim], &mut attn[rows.start * q_dim..rows.end * q_dim], scores);
-                    row = rows.end;
-                }
-                acts.quantize(l.wo.ty.act_type(), attn, n, q_dim)?;
-                matmul(&w.view(&l.wo), acts, attn_out)?;
-                Ok(())
             })?;
             if let Some(t) = trace.as_deref_mut() {
                 t.tensor(Some(il), "attn_out", &[n, d], attn_out);
@@ -263,6 +257,10 @@ impl Model {
                 t.tensor(Some(il), "moe_out", &[n, d], moe_out);
             }
             add(x, moe_out);
+        }
+
+        for p in parts.iter_mut() {
+            p.mem.next = p.pos0 + p.tokens.len();
         }
 
         // output_norm and the LM head, for the requested rows only.
@@ -320,7 +318,17 @@ impl Model {
     /// chosen experts once.
     fn layer_bytes(&self, il: usize, experts: usize) -> u64 {
         let l = &self.weights.layers[il];
-        let mut dense = [l.wq, l.wk, l.wv, l.wo, l.router].iter().map(Mat::bytes).sum::<usize>();
+        let mixing = match &l.mixing {
+            Mixing::Attention(a) => [a.wq, a.wk, a.wv, a.wo].iter().map(Mat::bytes).sum::<usize>(),
+            Mixing::DeltaNet(dn) => {
+                let gates = match dn.beta_alpha {
+                    BetaAlpha::Apart { beta, alpha } => beta.bytes() + alpha.bytes(),
+                    BetaAlpha::Joint(ba) => ba.bytes(),
+                };
+                [dn.qkv, dn.z, dn.out].iter().map(Mat::bytes).sum::<usize>() + gates
+            }
+        };
+        let mut dense = l.router.bytes() + mixing;
         if let Some(sh) = &l.shared {
             dense += sh.gate.bytes() + sh.up.bytes() + sh.down.bytes();
         }
@@ -328,31 +336,134 @@ impl Model {
         (dense + experts * expert) as u64
     }
 
-    /// q, k and v of a layer in one parallel region. The input is quantised once for each distinct
-    /// activation format among the three (llama.cpp's mixes can give them different weight types), into
-    /// the first entries of `acts`.
-    fn project_qkv(&self, l: &Layer, h: &[f32], acts: &mut Vec<Activations>, q: &mut [f32], k: &mut [f32], v: &mut [f32]) -> Result<()> {
-        let mats = [&l.wq, &l.wk, &l.wv];
-        let mut which = [0usize; 3];
+    /// Softmax attention of layer `il` over the rows of `h` (the normalised residual stream), into `out`:
+    /// q, k, v, their norms and RoPE on all rows, attention of each span over its own cache, the output
+    /// gate where the architecture has one, then attn_output on all rows.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(&self, a: &Attention, il: usize, parts: &mut [Part<'_>], h: &[f32], (cos, sin): (&[f32], &[f32]), m: &mut MixerScratch, out: &mut [f32]) -> Result<()> {
+        let c = &self.config;
+        let (n, q_dim, kv_dim, half) = (h.len() / c.n_embd, c.q_dim(), c.kv_dim(), c.rope_dims / 2);
+        let MixerScratch { qg, q, k, v, gate, attn, scores, proj_acts, jobs, acts, .. } = m;
+        // q, k, v: one parallel region, the normalised input quantised once per activation format
+        if c.attn_gate {
+            // each head's queries, then as many gate values
+            self.project(h, &[&a.wq, &a.wk, &a.wv], proj_acts, jobs, &mut [qg, k, v])?;
+            let hd = c.head_dim;
+            q.resize(n * q_dim, 0.0);
+            gate.resize(n * q_dim, 0.0);
+            for (head, (qh, gh)) in qg.chunks_exact(2 * hd).zip(q.chunks_exact_mut(hd).zip(gate.chunks_exact_mut(hd))) {
+                qh.copy_from_slice(&head[..hd]);
+                gh.copy_from_slice(&head[hd..]);
+            }
+        } else {
+            self.project(h, &[&a.wq, &a.wk, &a.wv], proj_acts, jobs, &mut [q, k, v])?;
+        }
+        if let (Some(bq), Some(bk), Some(bv)) = (&a.bq, &a.bk, &a.bv) {
+            add_bias(q, bq);
+            add_bias(k, bk);
+            add_bias(v, bv);
+        }
+        // q_norm, k_norm: per head (weight of head_dim) or over all heads (weight of q_dim), by the weight's length
+        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+            rms_norm(q, qn, c.rms_eps);
+            rms_norm(k, kn, c.rms_eps);
+        }
+        // rope
+        let halves = c.rope_style == RopeStyle::Halves;
+        for i in 0..n {
+            let (cs, sn) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
+            for head in q[i * q_dim..(i + 1) * q_dim].chunks_exact_mut(c.head_dim) {
+                rope_head(&mut head[..c.rope_dims], cs, sn, halves);
+            }
+            for head in k[i * kv_dim..(i + 1) * kv_dim].chunks_exact_mut(c.head_dim) {
+                rope_head(&mut head[..c.rope_dims], cs, sn, halves);
+            }
+        }
+        // attention of each span over its own cache
+        let shape = AttnShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
+        let mut row = 0;
+        for p in parts.iter_mut() {
+            let rows = row..row + p.tokens.len();
+            p.mem.kv.store(il, p.pos0, &k[rows.start * kv_dim..rows.end * kv_dim], &v[rows.start * kv_dim..rows.end * kv_dim]);
+            attend(&p.mem.kv, il, &shape, p.pos0, &q[rows.start * q_dim..rows.end * q_dim], &mut attn[rows.start * q_dim..rows.end * q_dim], scores);
+            row = rows.end;
+        }
+        // attn_gate: attention · sigmoid(gate)
+        if c.attn_gate {
+            for (o, &g) in attn.iter_mut().zip(gate.iter()) {
+                *o *= sigmoid(g);
+            }
+        }
+        // attn_output on all rows
+        acts.quantize(a.wo.ty.act_type(), attn, n, q_dim)?;
+        matmul(&self.weights.view(&a.wo), acts, out)?;
+        Ok(())
+    }
+
+    /// Gated DeltaNet of layer `il` over the rows of `h`, into `out`: the projections on all rows, the
+    /// convolution and the recurrence per span over its own state, then ssm_out on all rows.
+    fn linear_attention(&self, dn: &DeltaNet, il: usize, parts: &mut [Part<'_>], h: &[f32], m: &mut MixerScratch, out: &mut [f32]) -> Result<()> {
+        let c = &self.config;
+        let s = c.delta_net.as_ref().expect("a linear-attention layer has its shape");
+        let n = h.len() / c.n_embd;
+        let (cd, vd, nv) = (s.conv_dim(), s.value_dim(), s.n_v_heads);
+        let MixerScratch { qkv, z, beta, alpha, ba, y, proj_acts, jobs, acts, delta, .. } = m;
+        qkv.resize(n * cd, 0.0);
+        z.resize(n * vd, 0.0);
+        beta.resize(n * nv, 0.0);
+        alpha.resize(n * nv, 0.0);
+        y.resize(n * vd, 0.0);
+        match &dn.beta_alpha {
+            BetaAlpha::Apart { beta: wb, alpha: wa } => {
+                self.project(h, &[&dn.qkv, &dn.z, wb, wa], proj_acts, jobs, &mut [qkv, z, beta, alpha])?;
+                delta_net::gates(s, dn, None, beta, alpha);
+            }
+            BetaAlpha::Joint(wba) => {
+                ba.resize(n * 2 * nv, 0.0);
+                self.project(h, &[&dn.qkv, &dn.z, wba], proj_acts, jobs, &mut [qkv, z, ba])?;
+                delta_net::gates(s, dn, Some(ba), beta, alpha);
+            }
+        }
+        let mut row = 0;
+        for p in parts.iter_mut() {
+            let rows = row..row + p.tokens.len();
+            let span = |w: usize| rows.start * w..rows.end * w;
+            let (rq, rz, rg, ry) = (span(cd), span(vd), span(nv), span(vd));
+            delta_net::mix(s, dn, c.rms_eps, &mut p.mem.delta[il], &mut qkv[rq], &z[rz], &beta[rg.clone()], &alpha[rg], &mut y[ry], delta);
+            row = rows.end;
+        }
+        acts.quantize(dn.out.ty.act_type(), y, n, vd)?;
+        matmul(&self.weights.view(&dn.out), acts, out)?;
+        Ok(())
+    }
+
+    /// The projections `mats` of the rows of `h` into `outs`, in one parallel region. The input is
+    /// quantised once for each distinct activation format among them (llama.cpp's mixes can give them
+    /// different weight types), into the first entries of `acts`.
+    fn project(&self, h: &[f32], mats: &[&Mat], acts: &mut Vec<Activations>, jobs: &mut Vec<MatmulJob<'static>>, outs: &mut [&mut Vec<f32>]) -> Result<()> {
+        let rows = h.len() / mats[0].cols;
+        let mut which = [0usize; 4];
         let mut formats = 0;
         for (i, m) in mats.iter().enumerate() {
             let ty = m.ty.act_type();
             which[i] = match acts[..formats].iter().position(|a| a.act_type() == ty) {
                 Some(p) => p,
                 None => {
-                    slots(acts, formats + 1)[formats].quantize(ty, h, h.len() / m.cols, m.cols)?;
+                    slots(acts, formats + 1)[formats].quantize(ty, h, rows, m.cols)?;
                     formats += 1;
                     formats - 1
                 }
             };
         }
         let w = &self.weights;
-        matmul_many(&mut [
-            MatmulJob { w: w.view(mats[0]), acts: &acts[which[0]], out: q },
-            MatmulJob { w: w.view(mats[1]), acts: &acts[which[1]], out: k },
-            MatmulJob { w: w.view(mats[2]), acts: &acts[which[2]], out: v },
-        ])?;
-        Ok(())
+        let mut list: Vec<MatmulJob> = recycle(std::mem::take(jobs));
+        list.extend(mats.iter().zip(outs.iter_mut()).enumerate().map(|(i, (m, out))| {
+            out.resize(rows * m.rows, 0.0);
+            MatmulJob { w: w.view(m), acts: &acts[which[i]], out: &mut out[..] }
+        }));
+        let r = matmul_many(&mut list);
+        *jobs = recycle(list);
+        Ok(r?)
     }
 }
 
@@ -377,7 +488,7 @@ pub struct Span<'s> {
 struct Part<'s> {
     tokens: &'s [u32],
     pos0: usize,
-    kv: &'s mut KvCache,
+    mem: &'s mut Memory,
     outputs: Outputs,
 }
 
@@ -391,14 +502,24 @@ pub struct Batch {
 /// One sequence's state between forward calls: its KV cache, and the forward pass's working buffers,
 /// sized for the largest batch so far and reused, so that decoding a token allocates nothing.
 pub struct Sequence {
-    kv: KvCache,
+    mem: Memory,
     scratch: Scratch,
 }
 
 impl Sequence {
     pub fn n_ctx(&self) -> usize {
-        self.kv.n_ctx()
+        self.mem.kv.n_ctx()
     }
+}
+
+/// What a sequence keeps of its past: keys and values of its attention layers, the recurrent state of
+/// its linear-attention layers (one per layer, empty for attention layers; none at all in a model
+/// without linear attention).
+struct Memory {
+    kv: KvCache,
+    delta: Vec<DeltaState>,
+    /// The position the recurrent state has reached: the next call continues here or restarts at 0.
+    next: usize,
 }
 
 /// The working buffers of [`Model::forward`] (each step's output, named as in the forward pass).
@@ -408,20 +529,14 @@ struct Scratch {
     x: Vec<f32>,
     /// The normalised residual stream, input of attention and of the head.
     h: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
+    /// The token mixer's output (attention or linear attention).
     attn_out: Vec<f32>,
     /// RoPE angles of each position of the batch.
     cos: Vec<f32>,
     sin: Vec<f32>,
-    /// The input of q, k and v, quantised once per activation format.
-    qkv_acts: Vec<Activations>,
-    /// The quantised input of attn_output and of the head.
+    mixer: MixerScratch,
+    /// The quantised input of the head.
     acts: Activations,
-    /// Attention's working space.
-    scores: Vec<f32>,
     /// The layer's routing.
     route: Route,
     /// The next layer's predicted routing (prefetch only).
@@ -434,11 +549,41 @@ impl Scratch {
     /// Size the per-row buffers for a batch of `n` rows (shrinking keeps the allocation).
     fn size_for(&mut self, c: &Config, n: usize) {
         let (d, q_dim, kv_dim, half) = (c.n_embd, c.q_dim(), c.kv_dim(), c.rope_dims / 2);
-        let sizes = [(&mut self.x, d), (&mut self.q, q_dim), (&mut self.k, kv_dim), (&mut self.v, kv_dim), (&mut self.attn, q_dim), (&mut self.attn_out, d), (&mut self.cos, half), (&mut self.sin, half)];
+        let m = &mut self.mixer;
+        let sizes = [(&mut self.x, d), (&mut m.q, q_dim), (&mut m.k, kv_dim), (&mut m.v, kv_dim), (&mut m.attn, q_dim), (&mut self.attn_out, d), (&mut self.cos, half), (&mut self.sin, half)];
         for (buf, per_row) in sizes {
             buf.resize(n * per_row, 0.0);
         }
     }
+}
+
+/// The token mixers' working buffers.
+#[derive(Default)]
+struct MixerScratch {
+    /// Gated attention's projection: each head's queries, then its gate values.
+    qg: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    gate: Vec<f32>,
+    attn: Vec<f32>,
+    /// Attention's working space.
+    scores: Vec<f32>,
+    /// Linear attention's projections: the convolution's input, z, beta and alpha (or both in `ba`).
+    qkv: Vec<f32>,
+    z: Vec<f32>,
+    beta: Vec<f32>,
+    alpha: Vec<f32>,
+    ba: Vec<f32>,
+    /// Linear attention's output, before ssm_out.
+    y: Vec<f32>,
+    delta: DeltaScratch,
+    /// The projections' input, quantised once per activation format.
+    proj_acts: Vec<Activations>,
+    /// The projections' matmuls, kept empty between calls (see `scratch::recycle`).
+    jobs: Vec<MatmulJob<'static>>,
+    /// The quantised input of the output projection.
+    acts: Activations,
 }
 
 /// A layer's routing of a batch and what it is computed from.

@@ -7,7 +7,7 @@
 use titan_gguf::{GgufFile, TensorInfo};
 use titan_kernels::{regroup_weights, regrouped_weights_pay, weights_regroupable, GgmlType, WeightLayout, WeightView};
 
-use crate::config::{Config, QkNorm};
+use crate::config::{Config, Mixer, QkNorm};
 use crate::{EngineError, Result};
 
 /// A matrix of `rows` × `cols` in its GGUF encoding, located by its byte range in the file.
@@ -51,8 +51,9 @@ pub struct SharedExpert {
     pub gate_inp: Vec<f32>,
 }
 
-pub struct Layer {
-    pub attn_norm: Vec<f32>,
+/// Softmax attention's weights.
+pub struct Attention {
+    /// The query projection; with a gated attention, each head's queries then its gate values.
     pub wq: Mat,
     pub wk: Mat,
     pub wv: Mat,
@@ -62,6 +63,45 @@ pub struct Layer {
     pub bv: Option<Vec<f32>>,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+}
+
+/// A Gated DeltaNet layer's weights (llama.cpp's tensor names in the comments).
+pub struct DeltaNet {
+    /// `attn_qkv`: the convolution's input, queries then keys then values.
+    pub qkv: Mat,
+    /// `attn_gate`: z, the gate of the output norm.
+    pub z: Mat,
+    pub beta_alpha: BetaAlpha,
+    /// `ssm_conv1d`: `conv_kernel` taps per channel, channel after channel.
+    pub conv: Vec<f32>,
+    /// `ssm_dt.bias`, added to alpha before the softplus.
+    pub dt_bias: Vec<f32>,
+    /// `ssm_a`: -exp(A_log) per value head (the converter stores it negated and exponentiated).
+    pub a: Vec<f32>,
+    /// `ssm_norm`: the gated RMS norm's weight, one head long.
+    pub norm: Vec<f32>,
+    /// `ssm_out`: back to the residual stream.
+    pub out: Mat,
+}
+
+/// The projections that give each value head its write strength beta and its decay input alpha.
+pub enum BetaAlpha {
+    /// `ssm_beta` and `ssm_alpha` (Qwen3.5).
+    Apart { beta: Mat, alpha: Mat },
+    /// `ssm_ba` (Qwen3-Next): per key head, its value heads' betas then their alphas.
+    Joint(Mat),
+}
+
+/// What mixes a layer's tokens.
+pub enum Mixing {
+    Attention(Attention),
+    DeltaNet(DeltaNet),
+}
+
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub mixing: Mixing,
+    /// The norm before the router and experts (`post_attention_norm` in the hybrids).
     pub ffn_norm: Vec<f32>,
     pub router: Mat,
     pub gate_exps: Stacked,
@@ -84,19 +124,13 @@ pub struct Weights {
 impl Weights {
     pub fn load(file: GgufFile, c: &Config) -> Result<Weights> {
         let l = Loader { f: &file };
-        let (e, v, q, kv) = (c.n_embd, c.n_vocab, c.q_dim(), c.kv_dim());
+        let (e, v) = (c.n_embd, c.n_vocab);
         let token_embd = l.mat("token_embd.weight", e, v)?;
         let output = if file.tensor("output.weight").is_some() { l.mat("output.weight", e, v)? } else { token_embd };
         let output_norm = l.vec("output_norm.weight", e)?;
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
-            let (q_norm, k_norm) = match c.qk_norm {
-                QkNorm::None => (None, None),
-                QkNorm::PerHead => (Some(l.vec(&n("attn_q_norm.weight"), c.head_dim)?), Some(l.vec(&n("attn_k_norm.weight"), c.head_dim)?)),
-                QkNorm::Whole => (Some(l.vec(&n("attn_q_norm.weight"), q)?), Some(l.vec(&n("attn_k_norm.weight"), kv)?)),
-            };
-            let bias = |name: &str, len| if c.qkv_bias { l.vec(&n(name), len).map(Some) } else { Ok(None) };
             let shared = if c.shared_ff > 0 {
                 Some(SharedExpert {
                     gate: l.mat(&n("ffn_gate_shexp.weight"), e, c.shared_ff)?,
@@ -107,18 +141,15 @@ impl Weights {
             } else {
                 None
             };
+            let mixing = match c.mixers[i] {
+                Mixer::Attention => Mixing::Attention(l.attention(c, i)?),
+                Mixer::DeltaNet => Mixing::DeltaNet(l.delta_net(c, i)?),
+            };
+            let ffn_norm = if c.attn_gate { "post_attention_norm.weight" } else { "ffn_norm.weight" };
             layers.push(Layer {
                 attn_norm: l.vec(&n("attn_norm.weight"), e)?,
-                wq: l.mat(&n("attn_q.weight"), e, q)?,
-                wk: l.mat(&n("attn_k.weight"), e, kv)?,
-                wv: l.mat(&n("attn_v.weight"), e, kv)?,
-                wo: l.mat(&n("attn_output.weight"), q, e)?,
-                bq: bias("attn_q.bias", q)?,
-                bk: bias("attn_k.bias", kv)?,
-                bv: bias("attn_v.bias", kv)?,
-                q_norm,
-                k_norm,
-                ffn_norm: l.vec(&n("ffn_norm.weight"), e)?,
+                mixing,
+                ffn_norm: l.vec(&n(ffn_norm), e)?,
                 router: l.mat(&n("ffn_gate_inp.weight"), e, c.n_expert)?,
                 gate_exps: l.stacked(&n("ffn_gate_exps.weight"), e, c.expert_ff, c.n_expert)?,
                 up_exps: l.stacked(&n("ffn_up_exps.weight"), e, c.expert_ff, c.n_expert)?,
@@ -248,6 +279,51 @@ impl Loader<'_> {
     fn stacked(&self, name: &str, cols: usize, rows: usize, n: usize) -> Result<Stacked> {
         let t = self.tensor(name, &[cols, rows, n])?;
         Ok(Stacked { mat: Mat { ty: t.ty, rows, cols, start: (self.f.data_offset + t.offset) as usize }, n })
+    }
+
+    fn attention(&self, c: &Config, i: usize) -> Result<Attention> {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let (e, q, kv) = (c.n_embd, c.q_dim(), c.kv_dim());
+        let (q_norm, k_norm) = match c.qk_norm {
+            QkNorm::None => (None, None),
+            QkNorm::PerHead => (Some(self.vec(&n("attn_q_norm.weight"), c.head_dim)?), Some(self.vec(&n("attn_k_norm.weight"), c.head_dim)?)),
+            QkNorm::Whole => (Some(self.vec(&n("attn_q_norm.weight"), q)?), Some(self.vec(&n("attn_k_norm.weight"), kv)?)),
+        };
+        let bias = |name: &str, len| if c.qkv_bias { self.vec(&n(name), len).map(Some) } else { Ok(None) };
+        Ok(Attention {
+            wq: self.mat(&n("attn_q.weight"), e, c.q_proj_dim())?,
+            wk: self.mat(&n("attn_k.weight"), e, kv)?,
+            wv: self.mat(&n("attn_v.weight"), e, kv)?,
+            wo: self.mat(&n("attn_output.weight"), q, e)?,
+            bq: bias("attn_q.bias", q)?,
+            bk: bias("attn_k.bias", kv)?,
+            bv: bias("attn_v.bias", kv)?,
+            q_norm,
+            k_norm,
+        })
+    }
+
+    fn delta_net(&self, c: &Config, i: usize) -> Result<DeltaNet> {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let s = c.delta_net.as_ref().expect("hybrid configs have a linear-attention shape");
+        let e = c.n_embd;
+        let beta_alpha = if self.f.tensor(&n("ssm_ba.weight")).is_some() {
+            BetaAlpha::Joint(self.mat(&n("ssm_ba.weight"), e, 2 * s.n_v_heads)?)
+        } else {
+            BetaAlpha::Apart { beta: self.mat(&n("ssm_beta.weight"), e, s.n_v_heads)?, alpha: self.mat(&n("ssm_alpha.weight"), e, s.n_v_heads)? }
+        };
+        let conv_name = n("ssm_conv1d.weight");
+        let conv_t = self.tensor(&conv_name, &[s.conv_kernel, s.conv_dim()])?;
+        Ok(DeltaNet {
+            qkv: self.mat(&n("attn_qkv.weight"), e, s.conv_dim())?,
+            z: self.mat(&n("attn_gate.weight"), e, s.value_dim())?,
+            beta_alpha,
+            conv: self.decode(conv_t, s.conv_kernel * s.conv_dim())?,
+            dt_bias: self.vec(&n("ssm_dt.bias"), s.n_v_heads)?,
+            a: self.vec(&n("ssm_a"), s.n_v_heads)?,
+            norm: self.vec(&n("ssm_norm.weight"), s.head_dim)?,
+            out: self.mat(&n("ssm_out.weight"), s.value_dim(), e)?,
+        })
     }
 
     /// A small vector (norm weight, bias) decoded to f32.

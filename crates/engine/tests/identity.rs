@@ -9,7 +9,7 @@ use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions};
 
 /// One model per architecture, and the K-quant model (every file of a model shares its code paths but
 /// not its kernels, so take a few types too).
-const FILES: &[&str] = &["qwen3moe/q4_0.gguf", "olmoe/q8_0.gguf", "qwen2moe/f16.gguf", "mixtral/q5_1.gguf", "qwen3moe-k/q4_k_m.gguf"];
+const FILES: &[&str] = &["qwen3moe/q4_0.gguf", "olmoe/q8_0.gguf", "qwen2moe/f16.gguf", "mixtral/q5_1.gguf", "qwen3moe-k/q4_k_m.gguf", "qwen3next/q8_0.gguf", "qwen35moe/q4_0.gguf", "qwen35moe-k/q6_k.gguf"];
 
 fn traced_run(model: &Model, threads: usize) -> Trace {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
@@ -125,4 +125,19 @@ fn a_sequence_in_a_batch_of_sequences_equals_it_alone() {
         }
         println!("{f}: 3 sequences over {step} batched steps, identical to each alone");
     }
+}
+
+/// A linear-attention state only moves forward: a call continues where the last one ended or restarts the
+/// sequence at 0, and a restart gives the first run's bits again (a KV cache could be overwritten anywhere).
+#[test]
+fn a_recurrent_state_continues_or_restarts() {
+    let model = Model::load(fixtures().join("qwen35moe/q8_0.gguf")).unwrap();
+    let t = model.tokenizer.encode("The quick brown fox jumps", true, false);
+    let mut seq = model.new_sequence(t.len());
+    let first = model.forward(&t, 0, &mut seq, Outputs::All).unwrap().to_vec();
+    let err = model.forward(&t[2..3], 2, &mut seq, Outputs::Last).unwrap_err().to_string();
+    let end = t.len();
+    assert_eq!(err, format!("this model's linear-attention state cannot move to position 2: the sequence continues at {end} (or restarts at 0)"));
+    let again = model.forward(&t, 0, &mut seq, Outputs::All).unwrap();
+    assert!(again.iter().zip(&first).all(|(a, b)| a.to_bits() == b.to_bits()), "a restart at 0 differs from the first run");
 }
