@@ -50,6 +50,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotKernel> {
         GgmlType::Q8_0 => (q8_0, Grouped, 8),
         GgmlType::MXFP4 => (mxfp4, Grouped, 8),
         GgmlType::Q4_1 => (q4_1, Plain, 4),
+        GgmlType::Q5_1 => (q5_1, Plain, 4),
         GgmlType::Q4_K => (q4_k, Plain, 4),
         GgmlType::Q5_K => (q5_k, Plain, 4),
         GgmlType::Q6_K => (q6_k, Plain, 4),
@@ -100,6 +101,7 @@ entry!(q4_0, q4_0_rows, 1 2 3 4 5 6 7 8);
 entry!(q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
 entry!(mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
 entry!(q4_1, q4_1_rows, 1 2 3 4);
+entry!(q5_1, q5_1_rows, 1 2 3 4);
 entry!(q4_k, q4_k_rows, 1 2 3 4);
 entry!(q5_k, q5_k_rows, 1 2 3 4);
 entry!(q6_k, q6_k_rows, 1 2 3 4);
@@ -404,12 +406,12 @@ unsafe fn mxfp4_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]
 }
 
 // ---------------------------------------------------------------------------------------------
-// Q4_1 weights times Q8_1 activations, in their plain layouts: eight blocks at a time. Each block's
+// Q4_1 and Q5_1 weights times Q8_1 activations, in their plain layouts: eight blocks at a time. Each block's
 // exact integer sum is formed in its own register, the eight registers are reduced pairwise into two
 // (block `k` in lane `k % 4` of register `k / 4`), and the eight f32 terms are computed side by side
 // and added to lane `block % 8`.
 
-/// A 32-element weight format with an f16 scale `d` and offset `m` first, times Q8_1 (Q4_1).
+/// A 32-element weight format with an f16 scale `d` and offset `m` first, times Q8_1 (Q4_1, Q5_1).
 trait Offset32 {
     const BYTES: usize;
     /// The block at `w`'s quants (below 32) in element order, as two registers of 16.
@@ -423,6 +425,18 @@ unsafe fn nibbles(qs: *const u8) -> [uint8x16_t; 2] {
     [vandq_u8(q, vdupq_n_u8(0x0F)), vshrq_n_u8::<4>(q)]
 }
 
+/// Bit `i` of the u32 at `p` as 0x10 in byte `i`: the fifth bits of 32 Q5_1 elements.
+#[inline(always)]
+unsafe fn fifth_bits(p: *const u8) -> [uint8x16_t; 2] {
+    let qh = vreinterpretq_u8_u32(vdupq_n_u32((p as *const u32).read_unaligned()));
+    let bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040_2010_0804_0201));
+    // Byte i takes byte i / 8 of `qh` (`tbl`), then tests bit i % 8.
+    [(0, 1), (2, 3)].map(|(lo, hi)| {
+        let spread = vqtbl1q_u8(qh, vcombine_u8(vdup_n_u8(lo), vdup_n_u8(hi)));
+        vandq_u8(vtstq_u8(spread, bit), vdupq_n_u8(0x10))
+    })
+}
+
 struct Q4_1;
 
 impl Offset32 for Q4_1 {
@@ -431,6 +445,18 @@ impl Offset32 for Q4_1 {
     #[inline(always)]
     unsafe fn quants(w: *const u8) -> [int8x16_t; 2] {
         nibbles(w.add(4)).map(|v| vreinterpretq_s8_u8(v))
+    }
+}
+
+struct Q5_1;
+
+impl Offset32 for Q5_1 {
+    const BYTES: usize = 24;
+
+    #[inline(always)]
+    unsafe fn quants(w: *const u8) -> [int8x16_t; 2] {
+        let (low, high) = (nibbles(w.add(8)), fifth_bits(w.add(4)));
+        [0, 1].map(|h| vreinterpretq_s8_u8(vorrq_u8(low[h], high[h])))
     }
 }
 
@@ -488,7 +514,7 @@ unsafe fn offset32_rows<K: Offset32, const R: usize>(w: &[u8], acts: [&[u8]; R],
         // Pad weights and activations to eight blocks with zero blocks, whose terms are
         // (0 · 0) · 0 + 0 · 0 = +0.0 and leave the lanes as they are.
         let (w0, a0) = (full * 8 * K::BYTES, full * 8 * AB);
-        let mut w_pad = [0u8; 8 * 20];
+        let mut w_pad = [0u8; 8 * 24]; // room for the larger format, Q5_1
         w_pad[..tail * K::BYTES].copy_from_slice(&w[w0..w0 + tail * K::BYTES]);
         let mut a_pad = [[0u8; 8 * AB]; R];
         for (pad, a) in a_pad.iter_mut().zip(acts) {
@@ -505,6 +531,11 @@ unsafe fn offset32_rows<K: Offset32, const R: usize>(w: &[u8], acts: [&[u8]; R],
 #[inline(always)]
 unsafe fn q4_1_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
     offset32_rows::<Q4_1, R>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn q5_1_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    offset32_rows::<Q5_1, R>(w, acts, out)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> Option
         (Isa::Avx2, GgmlType::Q8_0) => (avx2::q8_0, Grouped, 8),
         (Isa::Avx2, GgmlType::MXFP4) => (avx2::mxfp4, Grouped, 8),
         (Isa::Avx2, GgmlType::Q4_1) => (avx2::q4_1, Plain, 4),
+        (Isa::Avx2, GgmlType::Q5_1) => (avx2::q5_1, Plain, 4),
         (Isa::Avx2, GgmlType::Q4_K) => (avx2::q4_k, Plain, 4),
         (Isa::Avx2, GgmlType::Q5_K) => (avx2::q5_k, Plain, 4),
         (Isa::Avx2, GgmlType::Q6_K) => (avx2::q6_k, Plain, 4),
@@ -66,6 +67,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> Option
         (Isa::Avx512, GgmlType::Q8_0) => (avx512::q8_0, Grouped, 8),
         (Isa::Avx512, GgmlType::MXFP4) => (avx512::mxfp4, Grouped, 8),
         (Isa::Avx512, GgmlType::Q4_1) => (avx512::q4_1, Plain, 4),
+        (Isa::Avx512, GgmlType::Q5_1) => (avx512::q5_1, Plain, 4),
         (Isa::Avx512, GgmlType::Q4_K) => (avx512::q4_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q5_K) => (avx512::q5_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q6_K) => (avx512::q6_k, Plain, 4),
@@ -171,6 +173,7 @@ mod avx2 {
     entry!("avx2,f16c", Avx2Dot: q4_0g, q4_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q4_1, q4_1_rows, 1 2 3 4);
+    entry!("avx2,f16c", Avx2Dot: q5_1, q5_1_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q4_k, q4_k_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q5_k, q5_k_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q6_k, q6_k_rows, 1 2 3 4);
@@ -188,6 +191,7 @@ mod avx512 {
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_0g, q4_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_1, q4_1_rows, 1 2 3 4);
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q5_1, q5_1_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_k, q4_k_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q5_k, q5_k_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q6_k, q6_k_rows, 1 2 3 4);
@@ -538,11 +542,11 @@ unsafe fn q8_0g_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out:
 }
 
 // ---------------------------------------------------------------------------------------------
-// Q4_1 weights times Q8_1 activations, in their plain layouts: eight blocks at a time. Each block's
+// Q4_1 and Q5_1 weights times Q8_1 activations, in their plain layouts: eight blocks at a time. Each block's
 // exact integer sum is formed in its own register, the eight registers are reduced into one (block
 // `k` in lane `k`), and the eight f32 terms are computed side by side and added to lane `block % 8`.
 
-/// A 32-element weight format with an f16 scale `d` and offset `m` first, times Q8_1 (Q4_1).
+/// A 32-element weight format with an f16 scale `d` and offset `m` first, times Q8_1 (Q4_1, Q5_1).
 trait Offset32 {
     const BYTES: usize;
     /// The block at `w`'s quants (unsigned, below 32) in element order.
@@ -560,6 +564,25 @@ unsafe fn nibbles(qs: *const u8) -> __m256i {
     )
 }
 
+/// Bit `i` of the u32 at `p` as 0x10 in byte `i`: the fifth bits of 32 Q5_1 elements.
+#[inline(always)]
+unsafe fn fifth_bits(p: *const u8) -> __m256i {
+    let qh = _mm256_set1_epi32((p as *const i32).read_unaligned());
+    // Byte i takes byte i / 8 of `qh` (every 32-bit lane holds all four), then tests bit i % 8.
+    let spread = _mm256_shuffle_epi8(
+        qh,
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
 struct Q4_1;
 
 impl Offset32 for Q4_1 {
@@ -568,6 +591,17 @@ impl Offset32 for Q4_1 {
     #[inline(always)]
     unsafe fn quants(w: *const u8) -> __m256i {
         nibbles(w.add(4))
+    }
+}
+
+struct Q5_1;
+
+impl Offset32 for Q5_1 {
+    const BYTES: usize = 24;
+
+    #[inline(always)]
+    unsafe fn quants(w: *const u8) -> __m256i {
+        _mm256_or_si256(nibbles(w.add(8)), fifth_bits(w.add(4)))
     }
 }
 
@@ -636,7 +670,7 @@ unsafe fn offset32_rows<D: IntDot, K: Offset32, const R: usize>(
         // Pad weights and activations to eight blocks with zero blocks, whose terms are
         // (0 · 0) · 0 + 0 · 0 = +0.0 and leave the lanes as they are.
         let (w0, a0) = (full * 8 * K::BYTES, full * 8 * AB);
-        let mut w_pad = [0u8; 8 * 20];
+        let mut w_pad = [0u8; 8 * 24]; // room for the larger format, Q5_1
         w_pad[..tail * K::BYTES].copy_from_slice(&w[w0..w0 + tail * K::BYTES]);
         let mut a_pad = [[0u8; 8 * AB]; R];
         for (pad, a) in a_pad.iter_mut().zip(acts) {
@@ -653,6 +687,11 @@ unsafe fn offset32_rows<D: IntDot, K: Offset32, const R: usize>(
 #[inline(always)]
 unsafe fn q4_1_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
     offset32_rows::<D, Q4_1, R>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn q5_1_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    offset32_rows::<D, Q5_1, R>(w, acts, out)
 }
 
 // ---------------------------------------------------------------------------------------------
