@@ -123,9 +123,18 @@ fn a_failing_or_lying_disk_never_changes_the_output_silently() {
     let path = fixtures().join(FILES[0]);
     let store = dir.path().join("m.titan");
     convert(&GgufFile::open(&path).unwrap(), &store, &ConvertOptions::default(), &mut |_, _| {}).unwrap();
-    let bin = store.join("experts.bin");
-    let disk = |at, stays, lies| FaultyDisk { file: std::fs::File::open(&bin).unwrap(), reads: Default::default(), at, stays, lies };
-    let resident = Model::load(&path).unwrap();
+    fails_or_lies(&path, &store, &store.join("experts.bin"));
+    // In place, the disk under the store is the model's: three reads per expert, the same outcome.
+    let index = dir.path().join("m.titan-index");
+    write_index(&GgufFile::open(&path).unwrap(), &index, false, &mut |_, _| {}).unwrap();
+    fails_or_lies(&path, &index, &path);
+}
+
+/// The model at `path` streamed from `store`, whose reads go to `file` through a faulty disk.
+fn fails_or_lies(path: &std::path::Path, store: &std::path::Path, file: &std::path::Path) {
+    let name = file.file_name().unwrap().to_str().unwrap();
+    let disk = |at, stays, lies| FaultyDisk { file: std::fs::File::open(file).unwrap(), reads: Default::default(), at, stays, lies };
+    let resident = Model::load(path).unwrap();
     let tokens = resident.tokenizer.encode("A disk that fails", true, false);
     let want = trace_of(&resident, &tokens);
     let run = |m: &Model| {
@@ -135,20 +144,20 @@ fn a_failing_or_lying_disk_never_changes_the_output_silently() {
     };
     for at in [0, 5, 40] {
         for lies in [false, true] {
-            let got = run(&on_disk(&path, &store, disk(at, false, lies))).unwrap();
+            let got = run(&on_disk(path, store, disk(at, false, lies))).unwrap();
             assert!(diff(&want, &got, None).identical(), "one bad read at {at} (lies: {lies}) changed the output");
         }
-        let err = run(&on_disk(&path, &store, disk(at, true, false))).err().unwrap().to_string();
-        assert!(err.contains("experts.bin") && err.contains("Input/output error"), "{err}");
+        let err = run(&on_disk(path, store, disk(at, true, false))).err().unwrap().to_string();
+        assert!(err.contains(name) && err.contains("Input/output error"), "{err}");
 
-        let m = on_disk(&path, &store, disk(at, true, true));
+        let m = on_disk(path, store, disk(at, true, true));
         let err = run(&m).err().unwrap().to_string();
-        assert!(err.contains("failed its digest check") && err.contains("experts.bin"), "{err}");
+        assert!(err.contains("failed its digest check") && err.contains(name), "{err}");
         // Every record the cache kept is whole: read back through a healthy disk, each matches its digest.
         let cache = m.experts.cache().unwrap();
         let (n_layer, n_expert) = (m.config.n_layer, m.config.n_expert);
         let kept: Vec<(usize, usize)> = (0..n_layer).flat_map(|l| (0..n_expert).map(move |e| (l, e))).filter(|&(l, e)| cache.is_resident(l, e)).collect();
-        let healthy = Store::open(&store, &m.weights.file).unwrap();
+        let healthy = Store::open(store, &m.weights.file).unwrap();
         for (l, e) in kept {
             let rec = cache.get_layer(l, &[e as u32]).unwrap();
             let good = healthy.read(l, e).unwrap();
