@@ -1,4 +1,4 @@
-//! Q8_0 activations regrouped for the SIMD Q4_0, Q8_0 and MXFP4 kernels.
+//! Q8_0 activations regrouped for the SIMD Q4_0, Q5_0, Q8_0 and MXFP4 kernels.
 //!
 //! A SIMD register multiplies 4 bytes per 32-bit lane, so a 32-element block spans eight lanes, and the
 //! block's sum would have to be gathered from them (a horizontal reduction per block and activation

@@ -10,9 +10,10 @@
 //!   offsets (Q4_0's `-8`, Q6_K's `-32`) applied — Q8_K's `bsums` are used only where the scalar twin
 //!   uses them (Q4_K/Q5_K mins);
 //! - each block's f32 term uses the scalar formula with separate `fmul` and `fadd` (never `fmla`),
-//!   operands in the scalar code's order, and is added to lane `block % 8` — for Q4_0, Q8_0 and
-//!   MXFP4 by handling 8 blocks at once in the grouped layout of `grouped.rs` (blocks 0..4 in one
-//!   register, 4..8 in the other); for K-quants by reducing the block's integers to scalars and
+//!   operands in the scalar code's order, and is added to lane `block % 8` — for Q4_0, Q5_0, Q8_0
+//!   and MXFP4 by handling 8 blocks at once in the grouped layout of `grouped.rs` (blocks 0..4 in
+//!   one register, 4..8 in the other); for Q4_1 and Q5_1 by handling 8 blocks at once after
+//!   reducing their sums into lanes; for K-quants by reducing the block's integers to scalars and
 //!   using [`Lanes8`] directly;
 //! - the lanes are reduced by [`Lanes8::sum`] (lane `k` of the low register is lane `k`, of the high
 //!   register lane `k + 4`), not by `vaddvq`, whose pairwise order differs.
@@ -47,6 +48,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotKernel> {
     // As on x86: grouped kernels keep a row's state in few registers and take the most rows.
     let (f, layout, max_rows): (DotFn, _, _) = match ty {
         GgmlType::Q4_0 => (q4_0, Grouped, 8),
+        GgmlType::Q5_0 => (q5_0, Grouped, 8),
         GgmlType::Q8_0 => (q8_0, Grouped, 8),
         GgmlType::MXFP4 => (mxfp4, Grouped, 8),
         GgmlType::Q4_1 => (q4_1, Plain, 4),
@@ -98,6 +100,7 @@ macro_rules! entry {
 }
 
 entry!(q4_0, q4_0_rows, 1 2 3 4 5 6 7 8);
+entry!(q5_0, q5_0_rows, 1 2 3 4 5 6 7 8);
 entry!(q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
 entry!(mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
 entry!(q4_1, q4_1_rows, 1 2 3 4);
@@ -191,7 +194,7 @@ unsafe fn lanes8([lo, hi]: [float32x4_t; 2]) -> Lanes8 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Q4_0, Q8_0 and MXFP4 weights times Q8_0 activations in the grouped layout (`grouped.rs`): eight
+// Q4_0, Q5_0, Q8_0 and MXFP4 weights times Q8_0 activations in the grouped layout (`grouped.rs`): eight
 // blocks at a time, block `k` in 32-bit lane `k % 4` of register `k / 4` of every pair, so each
 // block's exact sum comes out in its own lane and its f32 term goes straight to lane `block % 8`.
 
@@ -226,7 +229,7 @@ unsafe fn transpose_quads(w: *const u8, stride: usize, at: usize) -> [[int8x16_t
 }
 
 /// A weight format of 32-element blocks with one scale, whose quants Q8_0 activations multiply
-/// (Q4_0, Q8_0, MXFP4).
+/// (Q4_0, Q5_0, Q8_0, MXFP4).
 trait Grouped {
     const BYTES: usize;
     /// The eight blocks at `w` as signed quants in the grouped register layout: register `j` of
@@ -279,6 +282,52 @@ impl Grouped for Q8_0 {
             transpose_quads(w, Self::BYTES, 18),
         ];
         array::from_fn(|j| halves[j % 2][j / 2])
+    }
+
+    #[inline(always)]
+    unsafe fn scales(w: *const u8) -> [float32x4_t; 2] {
+        f16x8(w, Self::BYTES)
+    }
+}
+
+struct Q5_0;
+
+impl Grouped for Q5_0 {
+    const BYTES: usize = 22;
+
+    #[inline(always)]
+    unsafe fn prep(w: *const u8) -> [[int8x16_t; 2]; 8] {
+        let quads = transpose_quads(w, Self::BYTES, 6);
+        // Half h: blocks 4h..4h + 4's qh, one per 32-bit lane.
+        let qh: [uint8x16_t; 2] = array::from_fn(|h| {
+            let v: [u32; 4] = array::from_fn(|k| {
+                (w.add((4 * h + k) * Self::BYTES + 2) as *const u32).read_unaligned()
+            });
+            vreinterpretq_u8_u32(vld1q_u32(v.as_ptr()))
+        });
+        // Offsets of each 32-bit lane's first byte, for `tbl`.
+        let lane_bytes = vreinterpretq_u8_u32(vld1q_u32(
+            [0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C].as_ptr(),
+        ));
+        let (m4, sixteen, ten) = (vdupq_n_u8(0x0F), vdupq_n_s8(16), vdupq_n_u8(0x10));
+        array::from_fn(|j| {
+            let (m, h) = (j / 2, j % 2);
+            // Register j holds elements 16h + 4m + t (t = 0..4) of each block, whose fifth bits are
+            // bits 4(m % 2) + t of qh's byte 2h + m / 2: that byte goes to all four bytes of the
+            // lane, and byte t keeps its bit. The quant is the 5-bit value - 16.
+            let pick = vaddq_u8(lane_bytes, vdupq_n_u8((2 * h + m / 2) as u8));
+            let bit = vreinterpretq_u8_u32(vdupq_n_u32(0x0804_0201 << (4 * (m % 2))));
+            array::from_fn(|half| {
+                let q = vreinterpretq_u8_s8(quads[m][half]);
+                let nibbles = if h == 0 {
+                    vandq_u8(q, m4)
+                } else {
+                    vshrq_n_u8::<4>(q)
+                };
+                let fifth = vandq_u8(vtstq_u8(vqtbl1q_u8(qh[half], pick), bit), ten);
+                vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(nibbles, fifth)), sixteen)
+            })
+        })
     }
 
     #[inline(always)]
@@ -398,6 +447,11 @@ unsafe fn q4_0_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32])
 #[inline(always)]
 unsafe fn q8_0_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
     grouped_rows::<Q8_0, R>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn q5_0_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    grouped_rows::<Q5_0, R>(w, acts, out)
 }
 
 #[inline(always)]

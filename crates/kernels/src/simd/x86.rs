@@ -8,8 +8,9 @@
 //! - integer sums are exact, so they are formed in whatever order the registers allow, with care that
 //!   no intermediate saturates (each use of `maddubs` below states its bound);
 //! - each block's f32 term uses the scalar formula with separate `mul` and `add` (never FMA), and is
-//!   added to lane `block % 8` — for Q4_0, Q8_0 and MXFP4 by handling 8 blocks at once, one per
-//!   lane, with the activations in the grouped layout of `grouped.rs`; for K-quants by reducing the
+//!   added to lane `block % 8` — for Q4_0, Q5_0, Q8_0 and MXFP4 by handling 8 blocks at once, one
+//!   per lane, with the activations in the grouped layout of `grouped.rs`; for Q4_1 and Q5_1 by
+//!   handling 8 blocks at once after transposing their sums into lanes; for K-quants by reducing the
 //!   block's integers to scalars and using [`Lanes8`] directly;
 //! - the lanes are reduced by [`Lanes8::sum`].
 //!
@@ -56,6 +57,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> Option
     // keep four rows' accumulators and the unpacked weights in AVX2's 16 registers.
     let (f, layout, max_rows): (DotFn, _, _) = match (isa, ty) {
         (Isa::Avx2, GgmlType::Q4_0) => (avx2::q4_0, Grouped, 8),
+        (Isa::Avx2, GgmlType::Q5_0) => (avx2::q5_0, Grouped, 8),
         (Isa::Avx2, GgmlType::Q8_0) => (avx2::q8_0, Grouped, 8),
         (Isa::Avx2, GgmlType::MXFP4) => (avx2::mxfp4, Grouped, 8),
         (Isa::Avx2, GgmlType::Q4_1) => (avx2::q4_1, Plain, 4),
@@ -64,6 +66,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> Option
         (Isa::Avx2, GgmlType::Q5_K) => (avx2::q5_k, Plain, 4),
         (Isa::Avx2, GgmlType::Q6_K) => (avx2::q6_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q4_0) => (avx512::q4_0, Grouped, 8),
+        (Isa::Avx512, GgmlType::Q5_0) => (avx512::q5_0, Grouped, 8),
         (Isa::Avx512, GgmlType::Q8_0) => (avx512::q8_0, Grouped, 8),
         (Isa::Avx512, GgmlType::MXFP4) => (avx512::mxfp4, Grouped, 8),
         (Isa::Avx512, GgmlType::Q4_1) => (avx512::q4_1, Plain, 4),
@@ -168,6 +171,7 @@ mod avx2 {
     use super::*;
 
     entry!("avx2,f16c", Avx2Dot: q4_0, q4_0_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c", Avx2Dot: q5_0, q5_0_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q4_0g, q4_0g_rows, 1 2 3 4 5 6 7 8);
@@ -186,6 +190,7 @@ mod avx512 {
     use super::*;
 
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_0, q4_0_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q5_0, q5_0_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_0g, q4_0g_rows, 1 2 3 4 5 6 7 8);
@@ -252,12 +257,12 @@ unsafe fn lanes_sum(v: __m256) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Q4_0, Q8_0 and MXFP4 weights times Q8_0 activations in the grouped layout (`grouped.rs`): eight
-// blocks at a time, block `k` in lane `k` of every register, so each block's exact sum comes out in
-// its own lane and its f32 term goes straight to lane `block % 8` — no horizontal reduction anywhere.
+// Q4_0, Q5_0, Q8_0 and MXFP4 weights times Q8_0 activations in the grouped layout (`grouped.rs`):
+// eight blocks at a time, block `k` in lane `k` of every register, so each block's exact sum comes out
+// in its own lane and its f32 term goes straight to lane `block % 8` — no horizontal reduction.
 
 /// A weight format of 32-element blocks with one scale, whose quants Q8_0 activations multiply
-/// (Q4_0, Q8_0, MXFP4).
+/// (Q4_0, Q5_0, Q8_0, MXFP4).
 trait Grouped {
     const BYTES: usize;
     /// What every activation row reuses of eight weight blocks.
@@ -397,6 +402,65 @@ impl Grouped for Q8_0 {
     }
 }
 
+struct Q5_0;
+
+impl Grouped for Q5_0 {
+    const BYTES: usize = 22;
+    /// The quants + 16 (0..=31, unsigned), register `2m + h` as for Q4_0.
+    type Prep = [__m256i; 8];
+
+    #[inline(always)]
+    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8) -> Self::Prep {
+        // Always plain blocks: Q5_0 rows are never regrouped (`grouped::weights_regroupable`).
+        let quads = transpose_quads(w, Self::BYTES, 6);
+        let qh_of = |k: usize| (w.add(k * Self::BYTES + 2) as *const i32).read_unaligned();
+        let qh = _mm256_setr_epi32(
+            qh_of(0),
+            qh_of(1),
+            qh_of(2),
+            qh_of(3),
+            qh_of(4),
+            qh_of(5),
+            qh_of(6),
+            qh_of(7),
+        );
+        // Offsets of each 32-bit lane's first byte within its 128-bit half, for `shuffle_epi8`.
+        let lane_bytes =
+            _mm256_broadcastsi128_si256(_mm_setr_epi32(0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C));
+        let m4 = _mm256_set1_epi8(0x0F);
+        array::from_fn(|j| {
+            let (m, h) = (j / 2, j % 2);
+            let q = quads[m];
+            let nibbles = if h == 0 {
+                _mm256_and_si256(q, m4)
+            } else {
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4)
+            };
+            // Register j holds elements 16h + 4m + t (t = 0..4) of each block, whose fifth bits are
+            // bits 4(m % 2) + t of qh's byte 2h + m / 2: that byte goes to all four bytes of the
+            // lane, and byte t keeps its bit.
+            let spread = _mm256_shuffle_epi8(
+                qh,
+                _mm256_add_epi8(lane_bytes, _mm256_set1_epi8((2 * h + m / 2) as i8)),
+            );
+            let bit = _mm256_set1_epi32(0x0804_0201 << (4 * (m % 2)));
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+            _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn scales(w: *const u8) -> __m256 {
+        f16x8(w, Self::BYTES)
+    }
+
+    #[inline(always)]
+    unsafe fn sums<D: IntDot>(p: &Self::Prep, a: *const u8) -> __m256i {
+        // Pairs <= 31 · 128 · 2 suit `maddubs`.
+        offset_dot::<D, 4>(p, a)
+    }
+}
+
 /// `mxfp4::KVALUES` + 16, the unsigned bytes `maddubs` and `vpdpbusd` need, by nibble.
 const MXFP4_UNSIGNED: [u8; 16] = {
     let mut t = [0u8; 16];
@@ -524,6 +588,11 @@ unsafe fn q4_0_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: 
 #[inline(always)]
 unsafe fn q8_0_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
     grouped_rows::<D, Q8_0, R, false>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn q5_0_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    grouped_rows::<D, Q5_0, R, false>(w, acts, out)
 }
 
 #[inline(always)]
