@@ -33,9 +33,9 @@ fn unpack(block: &[u8]) -> [i8; QK_K] {
     })
 }
 
-/// The 16 sub-block scales (-32..=31).
+/// The 16 sub-block scales (-32..=31); the SIMD kernels use it too.
 #[inline(always)]
-fn scales(block: &[u8]) -> [i8; 16] {
+pub(crate) fn scales(block: &[u8]) -> [i8; 16] {
     let sc = &block[SCALES..D];
     std::array::from_fn(|s| {
         let low = if s < 8 { sc[s] & 0x0F } else { sc[s - 8] >> 4 };

@@ -36,7 +36,7 @@ use std::array;
 
 use super::{ActLayout, DotFn, DotKernel, Isa, QuantFn, MAX_ROWS};
 use crate::accum::Lanes8;
-use crate::formats::{f16_at, f16_bytes, mxfp4, q8_0, q8_1, q8_k};
+use crate::formats::{f16_at, f16_bytes, mxfp4, q3_k, q8_0, q8_1, q8_k};
 use crate::{grouped, GgmlType};
 
 /// The dot-product kernel for `ty` on `isa`, if there is a NEON one. The caller checks the CPU.
@@ -53,6 +53,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotKernel> {
         GgmlType::MXFP4 => (mxfp4, Grouped, 8),
         GgmlType::Q4_1 => (q4_1, Plain, 4),
         GgmlType::Q5_1 => (q5_1, Plain, 4),
+        GgmlType::Q3_K => (q3_k, Plain, 4),
         GgmlType::Q4_K => (q4_k, Plain, 4),
         GgmlType::Q5_K => (q5_k, Plain, 4),
         GgmlType::Q6_K => (q6_k, Plain, 4),
@@ -105,6 +106,7 @@ entry!(q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
 entry!(mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
 entry!(q4_1, q4_1_rows, 1 2 3 4);
 entry!(q5_1, q5_1_rows, 1 2 3 4);
+entry!(q3_k, q3_k_rows, 1 2 3 4);
 entry!(q4_k, q4_k_rows, 1 2 3 4);
 entry!(q5_k, q5_k_rows, 1 2 3 4);
 entry!(q6_k, q6_k_rows, 1 2 3 4);
@@ -757,6 +759,53 @@ unsafe fn q6_k_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32])
             }
         }
         let d = f16_at(wb, 208);
+        for r in 0..R {
+            let d_a = (a[r] as *const f32).read_unaligned();
+            lanes[r].add(b, (d * d_a) * vaddvq_s32(acc[r]) as f32);
+        }
+    }
+    for (o, l) in out.iter_mut().zip(lanes) {
+        *o = l.sum();
+    }
+}
+
+#[inline(always)]
+unsafe fn q3_k_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    const WB: usize = 110;
+    const AB: usize = q8_k::BLOCK_BYTES;
+    let nb = w.len() / WB;
+    for a in acts {
+        assert!(a.len() >= nb * AB, "activation row shorter than weight row");
+    }
+    let (m3, four) = (vdupq_n_u8(3), vdupq_n_u8(4));
+    let zero = vdupq_n_s32(0);
+    let mut lanes = [Lanes8::default(); R];
+    for (b, wb) in w.chunks_exact(WB).enumerate() {
+        let p = wb.as_ptr();
+        let scale = q3_k::scales(wb).map(i32::from);
+        let a: [*const u8; R] = array::from_fn(|r| acts[r].as_ptr().add(b * AB));
+        let mut acc = [zero; R];
+        for n in 0..2 {
+            for h in 0..2 {
+                // Elements 128n + 32j + 16h + (0..16): sub-block 8n + 2j + h. Bits 2j.. of
+                // qs[32n + 16h + l], minus 4 where bit 4n + j of hmask[16h + l] is clear.
+                let qs = vld1q_u8(p.add(32 + 32 * n + 16 * h));
+                let hmask = vld1q_u8(p.add(16 * h));
+                for j in 0..4 {
+                    let low = vandq_u8(vshlq_u8(qs, vdupq_n_s8(-2 * j as i8)), m3);
+                    let set = vtstq_u8(hmask, vdupq_n_u8(1 << (4 * n + j)));
+                    let u = vorrq_u8(low, vandq_u8(set, four));
+                    let q = vsubq_s8(vreinterpretq_s8_u8(u), vreinterpretq_s8_u8(four));
+                    let s = 8 * n + 2 * j + h;
+                    for r in 0..R {
+                        // |q| <= 4, |a| <= 128: a lane <= 4 · 512; times an i8 scale, far inside i32.
+                        let aq = load_s8(a[r].add(Q8K_QS + 128 * n + 32 * j + 16 * h));
+                        acc[r] = vmlaq_n_s32(acc[r], sdot(zero, q, aq), scale[s]);
+                    }
+                }
+            }
+        }
+        let d = f16_at(wb, 108);
         for r in 0..R {
             let d_a = (a[r] as *const f32).read_unaligned();
             lanes[r].add(b, (d * d_a) * vaddvq_s32(acc[r]) as f32);

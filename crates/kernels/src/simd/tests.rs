@@ -466,6 +466,7 @@ fn a_chosen_isa_runs_its_own_kernels() {
             GgmlType::Q4_1,
             GgmlType::Q5_1,
             GgmlType::Q5_0,
+            GgmlType::Q3_K,
         ] {
             assert_eq!(dot_kernel(isa, ty, WeightLayout::Plain).isa, isa, "{ty}");
         }

@@ -22,9 +22,9 @@
 //! never exceeds 127 by more than rounding) except in a block whose scale underflows (largest
 //! magnitude below ~1e-37: `1 / d` overflows to infinity); such a block's scale is stored as 0, so
 //! its term is ±0 whatever its integer sum. The AVX2 Q8_0 kernel relies on it (`sign_epi8`). The
-//! Q6_K kernel takes its `-32` offset from Q8_K's `bsums`, which the quantiser makes the exact sums
-//! of the quants (the scalar twin subtracts 32 per element instead). Rows that break either
-//! property can only be hand-made, and would make the twins disagree.
+//! Q3_K and Q6_K kernels take their offsets (`-4`, `-32`) from Q8_K's `bsums`, which the quantiser
+//! makes the exact sums of the quants (the scalar twins subtract the offset per element instead).
+//! Rows that break either property can only be hand-made, and would make the twins disagree.
 
 use std::arch::x86_64::*;
 use std::array;
@@ -32,7 +32,7 @@ use std::array;
 use super::{ActLayout, DotFn, DotKernel, Isa, QuantFn, MAX_ROWS};
 use crate::WeightLayout;
 use crate::accum::Lanes8;
-use crate::formats::{f16_at, f16_bytes, mxfp4, q8_0, q8_1, q8_k};
+use crate::formats::{f16_at, f16_bytes, mxfp4, q3_k, q8_0, q8_1, q8_k};
 use crate::{grouped, GgmlType};
 
 /// The dot-product kernel for `ty` on `isa`, if there is a SIMD one. The caller checks the CPU.
@@ -62,6 +62,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> Option
         (Isa::Avx2, GgmlType::MXFP4) => (avx2::mxfp4, Grouped, 8),
         (Isa::Avx2, GgmlType::Q4_1) => (avx2::q4_1, Plain, 4),
         (Isa::Avx2, GgmlType::Q5_1) => (avx2::q5_1, Plain, 4),
+        (Isa::Avx2, GgmlType::Q3_K) => (avx2::q3_k, Plain, 4),
         (Isa::Avx2, GgmlType::Q4_K) => (avx2::q4_k, Plain, 4),
         (Isa::Avx2, GgmlType::Q5_K) => (avx2::q5_k, Plain, 4),
         (Isa::Avx2, GgmlType::Q6_K) => (avx2::q6_k, Plain, 4),
@@ -71,6 +72,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> Option
         (Isa::Avx512, GgmlType::MXFP4) => (avx512::mxfp4, Grouped, 8),
         (Isa::Avx512, GgmlType::Q4_1) => (avx512::q4_1, Plain, 4),
         (Isa::Avx512, GgmlType::Q5_1) => (avx512::q5_1, Plain, 4),
+        (Isa::Avx512, GgmlType::Q3_K) => (avx512::q3_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q4_K) => (avx512::q4_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q5_K) => (avx512::q5_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q6_K) => (avx512::q6_k, Plain, 4),
@@ -178,6 +180,7 @@ mod avx2 {
     entry!("avx2,f16c", Avx2Dot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q4_1, q4_1_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q5_1, q5_1_rows, 1 2 3 4);
+    entry!("avx2,f16c", Avx2Dot: q3_k, q3_k_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q4_k, q4_k_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q5_k, q5_k_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q6_k, q6_k_rows, 1 2 3 4);
@@ -197,6 +200,7 @@ mod avx512 {
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_1, q4_1_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q5_1, q5_1_rows, 1 2 3 4);
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q3_k, q3_k_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_k, q4_k_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q5_k, q5_k_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q6_k, q6_k_rows, 1 2 3 4);
@@ -953,6 +957,66 @@ unsafe fn q6_k_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: 
             }
         }
         let d = f16_at(wb, 208);
+        for r in 0..R {
+            let d_a = (a[r] as *const f32).read_unaligned();
+            lanes[r].add(b, (d * d_a) * hsum_i32(acc[r]) as f32);
+        }
+    }
+    for (o, l) in out.iter_mut().zip(lanes) {
+        *o = l.sum();
+    }
+}
+
+#[inline(always)]
+unsafe fn q3_k_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    const WB: usize = 110;
+    const AB: usize = q8_k::BLOCK_BYTES;
+    let nb = w.len() / WB;
+    for a in acts {
+        assert!(a.len() >= nb * AB, "activation row shorter than weight row");
+    }
+    let (m3, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+    let mut lanes = [Lanes8::default(); R];
+    for (b, wb) in w.chunks_exact(WB).enumerate() {
+        prefetch_ahead(wb.as_ptr(), WB);
+        let p = wb.as_ptr();
+        let sc = q3_k::scales(wb);
+        let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+        // Scales 0..8 and 8..16 in both halves, for `lane_pick`.
+        let sc_halves = [
+            _mm256_permute2x128_si256::<0x00>(sc, sc),
+            _mm256_permute2x128_si256::<0x11>(sc, sc),
+        ];
+        let a: [*const u8; R] = array::from_fn(|r| acts[r].as_ptr().add(b * AB));
+        // The kernel multiplies q + 4 (0..=7, unsigned): Σ_s scale_s · Σ (q + 4) · a needs
+        // 4 · Σ_s scale_s · bsums_s taken off, so each row starts there (|4 · scale| <= 128,
+        // |bsum| <= 2048: exact in i32).
+        let sc4 = _mm256_slli_epi16::<2>(sc);
+        let mut acc: [__m256i; R] = array::from_fn(|r| {
+            let offset = _mm256_madd_epi16(load(a[r].add(Q8K_BSUMS)), sc4);
+            _mm256_sub_epi32(_mm256_setzero_si256(), offset)
+        });
+        let hmask = load(p);
+        for (n, &sc_half) in sc_halves.iter().enumerate() {
+            let qs = load(p.add(32 + 32 * n));
+            for j in 0..4 {
+                // Element 128n + 32j + l: bits 2j.. of qs[32n + l], plus 4 where bit 4n + j of
+                // hmask[l] is set (shifts are per 16-bit lane; the masks keep each byte's bits).
+                let low =
+                    _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)), m3);
+                let bit = _mm256_set1_epi8(1 << (4 * n + j));
+                let high = _mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit);
+                let u = _mm256_or_si256(low, _mm256_and_si256(high, four));
+                // Sub-blocks 8n + 2j and the next: pairs 0..8 of `maddubs`, then 8..16.
+                let scale = _mm256_shuffle_epi8(sc_half, lane_pick(2 * j, 2 * j + 1));
+                for r in 0..R {
+                    // u <= 7, |a| <= 128: pairs <= 1792; times an i8 scale, far inside i32.
+                    let aq = load(a[r].add(Q8K_QS + 128 * n + 32 * j));
+                    acc[r] = D::dot_scaled(acc[r], u, aq, scale);
+                }
+            }
+        }
+        let d = f16_at(wb, 108);
         for r in 0..R {
             let d_a = (a[r] as *const f32).read_unaligned();
             lanes[r].add(b, (d * d_a) * hsum_i32(acc[r]) as f32);
