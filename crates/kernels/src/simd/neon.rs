@@ -53,6 +53,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotKernel> {
         GgmlType::MXFP4 => (mxfp4, Grouped, 8),
         GgmlType::Q4_1 => (q4_1, Plain, 4),
         GgmlType::Q5_1 => (q5_1, Plain, 4),
+        GgmlType::Q2_K => (q2_k, Plain, 4),
         GgmlType::Q3_K => (q3_k, Plain, 4),
         GgmlType::Q4_K => (q4_k, Plain, 4),
         GgmlType::Q5_K => (q5_k, Plain, 4),
@@ -106,6 +107,7 @@ entry!(q8_0, q8_0_rows, 1 2 3 4 5 6 7 8);
 entry!(mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
 entry!(q4_1, q4_1_rows, 1 2 3 4);
 entry!(q5_1, q5_1_rows, 1 2 3 4);
+entry!(q2_k, q2_k_rows, 1 2 3 4);
 entry!(q3_k, q3_k_rows, 1 2 3 4);
 entry!(q4_k, q4_k_rows, 1 2 3 4);
 entry!(q5_k, q5_k_rows, 1 2 3 4);
@@ -762,6 +764,72 @@ unsafe fn q6_k_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32])
         for r in 0..R {
             let d_a = (a[r] as *const f32).read_unaligned();
             lanes[r].add(b, (d * d_a) * vaddvq_s32(acc[r]) as f32);
+        }
+    }
+    for (o, l) in out.iter_mut().zip(lanes) {
+        *o = l.sum();
+    }
+}
+
+#[inline(always)]
+unsafe fn q2_k_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    const WB: usize = 84;
+    const AB: usize = q8_k::BLOCK_BYTES;
+    let nb = w.len() / WB;
+    for a in acts {
+        assert!(a.len() >= nb * AB, "activation row shorter than weight row");
+    }
+    let m3 = vdupq_n_u8(3);
+    let zero = vdupq_n_s32(0);
+    let mut lanes = [Lanes8::default(); R];
+    for (b, wb) in w.chunks_exact(WB).enumerate() {
+        let p = wb.as_ptr();
+        // Sub-block s: scale in the low nibble of byte s, min in the high one.
+        let scale = |s: usize| i32::from(wb[s] & 0x0F);
+        let packed = vld1q_u8(p);
+        let mins = vshrq_n_u8::<4>(packed);
+        let mins = [
+            vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mins))),
+            vreinterpretq_s16_u16(vmovl_high_u8(mins)),
+        ];
+        let a: [*const u8; R] = array::from_fn(|r| acts[r].as_ptr().add(b * AB));
+        let mut acc = [zero; R];
+        for n in 0..2 {
+            for h in 0..2 {
+                // Elements 128n + 32j + 16h + (0..16): sub-block 8n + 2j + h, bits 2j.. of
+                // qs[32n + 16h + l].
+                let qs = vld1q_u8(p.add(16 + 32 * n + 16 * h));
+                let q = [
+                    vandq_u8(qs, m3),
+                    vandq_u8(vshrq_n_u8::<2>(qs), m3),
+                    vandq_u8(vshrq_n_u8::<4>(qs), m3),
+                    vshrq_n_u8::<6>(qs),
+                ];
+                for (j, &qj) in q.iter().enumerate() {
+                    let (qj, s) = (vreinterpretq_s8_u8(qj), 8 * n + 2 * j + h);
+                    for r in 0..R {
+                        // Quants <= 3, |a| <= 128: a lane <= 4 · 384; times a 4-bit scale, far
+                        // inside i32.
+                        let aq = load_s8(a[r].add(Q8K_QS + 128 * n + 32 * j + 16 * h));
+                        acc[r] = vmlaq_n_s32(acc[r], sdot(zero, qj, aq), scale(s));
+                    }
+                }
+            }
+        }
+        let (d, dmin) = (f16_at(wb, 80), f16_at(wb, 82));
+        for r in 0..R {
+            // |bsum| <= 2048 and mins <= 15: exact in i32.
+            let bsums = [0, 16].map(|at| vreinterpretq_s16_u8(vld1q_u8(a[r].add(Q8K_BSUMS + at))));
+            let prod = [0, 1].map(|k| {
+                vaddq_s32(
+                    vmull_s16(vget_low_s16(bsums[k]), vget_low_s16(mins[k])),
+                    vmull_high_s16(bsums[k], mins[k]),
+                )
+            });
+            let summ = vaddvq_s32(vaddq_s32(prod[0], prod[1]));
+            let d_a = (a[r] as *const f32).read_unaligned();
+            let sumi = vaddvq_s32(acc[r]);
+            lanes[r].add(b, (d * d_a) * sumi as f32 - (dmin * d_a) * summ as f32);
         }
     }
     for (o, l) in out.iter_mut().zip(lanes) {

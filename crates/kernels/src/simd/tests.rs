@@ -467,11 +467,12 @@ fn a_chosen_isa_runs_its_own_kernels() {
             GgmlType::Q5_1,
             GgmlType::Q5_0,
             GgmlType::Q3_K,
+            GgmlType::Q2_K,
         ] {
             assert_eq!(dot_kernel(isa, ty, WeightLayout::Plain).isa, isa, "{ty}");
         }
         // Formats without SIMD kernels fall back to their scalar twin.
-        assert_eq!(dot_kernel(isa, GgmlType::Q2_K, WeightLayout::Plain).isa, Isa::Scalar);
+        assert_eq!(dot_kernel(isa, GgmlType::Q8_K, WeightLayout::Plain).isa, Isa::Scalar);
     }
     for isa in Isa::ALL.into_iter().filter(|i| !i.is_available()) {
         assert!(set_isa(isa).is_err(), "{isa} is not on this CPU");

@@ -62,6 +62,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> Option
         (Isa::Avx2, GgmlType::MXFP4) => (avx2::mxfp4, Grouped, 8),
         (Isa::Avx2, GgmlType::Q4_1) => (avx2::q4_1, Plain, 4),
         (Isa::Avx2, GgmlType::Q5_1) => (avx2::q5_1, Plain, 4),
+        (Isa::Avx2, GgmlType::Q2_K) => (avx2::q2_k, Plain, 4),
         (Isa::Avx2, GgmlType::Q3_K) => (avx2::q3_k, Plain, 4),
         (Isa::Avx2, GgmlType::Q4_K) => (avx2::q4_k, Plain, 4),
         (Isa::Avx2, GgmlType::Q5_K) => (avx2::q5_k, Plain, 4),
@@ -72,6 +73,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> Option
         (Isa::Avx512, GgmlType::MXFP4) => (avx512::mxfp4, Grouped, 8),
         (Isa::Avx512, GgmlType::Q4_1) => (avx512::q4_1, Plain, 4),
         (Isa::Avx512, GgmlType::Q5_1) => (avx512::q5_1, Plain, 4),
+        (Isa::Avx512, GgmlType::Q2_K) => (avx512::q2_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q3_K) => (avx512::q3_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q4_K) => (avx512::q4_k, Plain, 4),
         (Isa::Avx512, GgmlType::Q5_K) => (avx512::q5_k, Plain, 4),
@@ -180,6 +182,7 @@ mod avx2 {
     entry!("avx2,f16c", Avx2Dot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q4_1, q4_1_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q5_1, q5_1_rows, 1 2 3 4);
+    entry!("avx2,f16c", Avx2Dot: q2_k, q2_k_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q3_k, q3_k_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q4_k, q4_k_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q5_k, q5_k_rows, 1 2 3 4);
@@ -200,6 +203,7 @@ mod avx512 {
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_1, q4_1_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q5_1, q5_1_rows, 1 2 3 4);
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q2_k, q2_k_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q3_k, q3_k_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_k, q4_k_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q5_k, q5_k_rows, 1 2 3 4);
@@ -960,6 +964,65 @@ unsafe fn q6_k_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: 
         for r in 0..R {
             let d_a = (a[r] as *const f32).read_unaligned();
             lanes[r].add(b, (d * d_a) * hsum_i32(acc[r]) as f32);
+        }
+    }
+    for (o, l) in out.iter_mut().zip(lanes) {
+        *o = l.sum();
+    }
+}
+
+#[inline(always)]
+unsafe fn q2_k_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    const WB: usize = 84;
+    const AB: usize = q8_k::BLOCK_BYTES;
+    let nb = w.len() / WB;
+    for a in acts {
+        assert!(a.len() >= nb * AB, "activation row shorter than weight row");
+    }
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0x0F);
+    let mut lanes = [Lanes8::default(); R];
+    for (b, wb) in w.chunks_exact(WB).enumerate() {
+        prefetch_ahead(wb.as_ptr(), WB);
+        let p = wb.as_ptr();
+        // Sub-block s: scale in the low nibble of byte s, min in the high one.
+        let packed = _mm_loadu_si128(p as *const __m128i);
+        let sc = _mm256_cvtepu8_epi16(_mm_and_si128(packed, m4));
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), m4));
+        // Scales 0..8 and 8..16 in both halves, for `lane_pick`.
+        let sc_halves = [
+            _mm256_permute2x128_si256::<0x00>(sc, sc),
+            _mm256_permute2x128_si256::<0x11>(sc, sc),
+        ];
+        let a: [*const u8; R] = array::from_fn(|r| acts[r].as_ptr().add(b * AB));
+        let mut acc = [_mm256_setzero_si256(); R];
+        for (n, &sc_half) in sc_halves.iter().enumerate() {
+            let qs = load(p.add(16 + 32 * n));
+            // Element 128n + 32j + l is bits 2j.. of qs[32n + l] (shifts are per 16-bit lane; the
+            // mask keeps each byte's bits).
+            let q = [
+                _mm256_and_si256(qs, m3),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(qs), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(qs), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<6>(qs), m3),
+            ];
+            for (j, &qj) in q.iter().enumerate() {
+                // Sub-blocks 8n + 2j and the next: pairs 0..8 of `maddubs`, then 8..16.
+                let scale = _mm256_shuffle_epi8(sc_half, lane_pick(2 * j, 2 * j + 1));
+                for r in 0..R {
+                    // Quants <= 3, |a| <= 128: pairs <= 768; times a 4-bit scale, far inside i32.
+                    let aq = load(a[r].add(Q8K_QS + 128 * n + 32 * j));
+                    acc[r] = D::dot_scaled(acc[r], qj, aq, scale);
+                }
+            }
+        }
+        let (d, dmin) = (f16_at(wb, 80), f16_at(wb, 82));
+        for r in 0..R {
+            // |bsum| <= 2048 and mins <= 15: exact in i32.
+            let summ = hsum_i32(_mm256_madd_epi16(load(a[r].add(Q8K_BSUMS)), mins));
+            let d_a = (a[r] as *const f32).read_unaligned();
+            let sumi = hsum_i32(acc[r]);
+            lanes[r].add(b, (d * d_a) * sumi as f32 - (dmin * d_a) * summ as f32);
         }
     }
     for (o, l) in out.iter_mut().zip(lanes) {
