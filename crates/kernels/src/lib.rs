@@ -36,10 +36,10 @@
 //!
 //! Kernels are chosen at run time ([`isa`], [`set_isa`], the `TITAN_ISA` environment variable; see
 //! `simd/`). AVX2 and AVX-512 (with VNNI) have kernels for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4,
-//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F32, F16 and the Q8_0 and Q8_K quantisers; every other format runs
-//! its scalar twin on any ISA. Each kernel yields the scalar twin's bits: it follows the rules
-//! above with exact integer sums, the same per-block f32 formula, separate multiply and add, and
-//! the same lanes.
+//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F32, F16, BF16 and the Q8_0 and Q8_K quantisers; every other
+//! format runs its scalar twin on any ISA. Each kernel yields the scalar twin's bits: it follows
+//! the rules above with exact integer sums, the same per-block f32 formula, separate multiply and
+//! add, and the same lanes.
 //!
 //! On aarch64, [`Isa::Neon`] has kernels for the same formats and quantisers. It needs the ARMv8.2
 //! dot product `sdot` (Apple M1, Graviton2, Cortex-A76 and later); older cores run scalar. An

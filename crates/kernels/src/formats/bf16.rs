@@ -8,7 +8,7 @@ pub(crate) const BLOCK_BYTES: usize = 2;
 
 /// The f32 whose high half is the bf16 at byte offset `at` (exact, as ggml and gguf-py widen it).
 #[inline(always)]
-fn bf16_at(b: &[u8], at: usize) -> f32 {
+pub(crate) fn bf16_at(b: &[u8], at: usize) -> f32 {
     f32::from_bits(u32::from(u16::from_le_bytes([b[at], b[at + 1]])) << 16)
 }
 

@@ -60,6 +60,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType) -> Option<DotKernel> {
         GgmlType::Q6_K => (q6_k, Plain, 4),
         GgmlType::F32 => (f32, Plain, 4),
         GgmlType::F16 => (f16, Plain, 4),
+        GgmlType::BF16 => (bf16, Plain, 4),
         _ => return None,
     };
     debug_assert!(max_rows <= MAX_ROWS);
@@ -114,6 +115,7 @@ entry!(q5_k, q5_k_rows, 1 2 3 4);
 entry!(q6_k, q6_k_rows, 1 2 3 4);
 entry!(f32, f32_rows, 1 2 3 4);
 entry!(f16, f16_rows, 1 2 3 4);
+entry!(bf16, bf16_rows, 1 2 3 4);
 
 /// The first `R` activation rows as an array (the entry points pass exactly `R`).
 #[inline(always)]
@@ -888,14 +890,73 @@ unsafe fn q3_k_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32])
 // Float weights times F32 activations: product i goes to lane i % 8, which is lane i % 4 of the low
 // accumulator (i % 8 < 4) or of the high one.
 
+/// A float weight format, widened to f32 exactly.
+trait FloatWeights {
+    const BYTES: usize;
+    /// Elements `8i .. 8i + 8` of the row at `w`: lanes 0..4 and 4..8.
+    unsafe fn widen8(w: *const u8, i: usize) -> [float32x4_t; 2];
+    /// Element `i`, as the scalar twin widens it.
+    fn at(w: &[u8], i: usize) -> f32;
+}
+
+struct F32;
+
+impl FloatWeights for F32 {
+    const BYTES: usize = 4;
+
+    #[inline(always)]
+    unsafe fn widen8(w: *const u8, i: usize) -> [float32x4_t; 2] {
+        let p = w.add(32 * i);
+        [load_f32(p), load_f32(p.add(16))]
+    }
+
+    #[inline(always)]
+    fn at(w: &[u8], i: usize) -> f32 {
+        crate::formats::f32_at(w, 4 * i)
+    }
+}
+
+struct F16;
+
+impl FloatWeights for F16 {
+    const BYTES: usize = 2;
+
+    #[inline(always)]
+    unsafe fn widen8(w: *const u8, i: usize) -> [float32x4_t; 2] {
+        let h = vreinterpretq_u16_u8(vld1q_u8(w.add(16 * i)));
+        [widen_low(h), widen_high(h)]
+    }
+
+    #[inline(always)]
+    fn at(w: &[u8], i: usize) -> f32 {
+        f16_at(w, 2 * i)
+    }
+}
+
+struct Bf16;
+
+impl FloatWeights for Bf16 {
+    const BYTES: usize = 2;
+
+    #[inline(always)]
+    unsafe fn widen8(w: *const u8, i: usize) -> [float32x4_t; 2] {
+        // A bf16 is the high half of its f32: widen each to 32 bits and shift it up.
+        let h = vreinterpretq_u16_u8(vld1q_u8(w.add(16 * i)));
+        [
+            vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(h))),
+            vreinterpretq_f32_u32(vshll_high_n_u16::<16>(h)),
+        ]
+    }
+
+    #[inline(always)]
+    fn at(w: &[u8], i: usize) -> f32 {
+        crate::formats::bf16::bf16_at(w, 2 * i)
+    }
+}
+
 #[inline(always)]
-unsafe fn float_rows<const R: usize, const HALF: bool>(
-    w: &[u8],
-    acts: [&[u8]; R],
-    out: &mut [f32],
-) {
-    let wb = if HALF { 2 } else { 4 };
-    let n = w.len() / wb;
+unsafe fn float_rows<K: FloatWeights, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    let n = w.len() / K::BYTES;
     for a in acts {
         assert!(a.len() >= 4 * n, "activation row shorter than weight row");
     }
@@ -903,13 +964,7 @@ unsafe fn float_rows<const R: usize, const HALF: bool>(
     let mut acc = [[zero; 2]; R];
     let full = n / 8;
     for i in 0..full {
-        let wv = if HALF {
-            let h = vreinterpretq_u16_u8(vld1q_u8(w.as_ptr().add(16 * i)));
-            [widen_low(h), widen_high(h)]
-        } else {
-            let p = w.as_ptr().add(32 * i);
-            [load_f32(p), load_f32(p.add(16))]
-        };
+        let wv = K::widen8(w.as_ptr(), i);
         for r in 0..R {
             let p = acts[r].as_ptr().add(32 * i);
             let av = [load_f32(p), load_f32(p.add(16))];
@@ -921,12 +976,7 @@ unsafe fn float_rows<const R: usize, const HALF: bool>(
     for r in 0..R {
         let mut lanes = lanes8(acc[r]);
         for i in 8 * full..n {
-            let wi = if HALF {
-                f16_at(w, 2 * i)
-            } else {
-                crate::formats::f32_at(w, 4 * i)
-            };
-            lanes.add(i, wi * crate::formats::f32_at(acts[r], 4 * i));
+            lanes.add(i, K::at(w, i) * crate::formats::f32_at(acts[r], 4 * i));
         }
         out[r] = lanes.sum();
     }
@@ -934,12 +984,17 @@ unsafe fn float_rows<const R: usize, const HALF: bool>(
 
 #[inline(always)]
 unsafe fn f32_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
-    float_rows::<R, false>(w, acts, out)
+    float_rows::<F32, R>(w, acts, out)
 }
 
 #[inline(always)]
 unsafe fn f16_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
-    float_rows::<R, true>(w, acts, out)
+    float_rows::<F16, R>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn bf16_rows<const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    float_rows::<Bf16, R>(w, acts, out)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -468,6 +468,7 @@ fn a_chosen_isa_runs_its_own_kernels() {
             GgmlType::Q5_0,
             GgmlType::Q3_K,
             GgmlType::Q2_K,
+            GgmlType::BF16,
         ] {
             assert_eq!(dot_kernel(isa, ty, WeightLayout::Plain).isa, isa, "{ty}");
         }

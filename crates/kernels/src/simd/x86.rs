@@ -81,6 +81,7 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> Option
         // Float weights have no integer products: both ISAs run the same AVX2 code.
         (Isa::Avx2 | Isa::Avx512, GgmlType::F32) => (avx2::f32, Plain, 4),
         (Isa::Avx2 | Isa::Avx512, GgmlType::F16) => (avx2::f16, Plain, 4),
+        (Isa::Avx2 | Isa::Avx512, GgmlType::BF16) => (avx2::bf16, Plain, 4),
         _ => return None,
     };
     debug_assert!(max_rows <= MAX_ROWS);
@@ -190,6 +191,7 @@ mod avx2 {
     // Float weights have no integer products: AVX-512 runs these too.
     entry!("avx2,f16c", Avx2Dot: f32, f32_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: f16, f16_rows, 1 2 3 4);
+    entry!("avx2,f16c", Avx2Dot: bf16, bf16_rows, 1 2 3 4);
 }
 
 mod avx512 {
@@ -1094,35 +1096,94 @@ unsafe fn q3_k_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: 
 // Float weights times F32 activations: product i goes to lane i % 8, which is exactly lane i % 8 of
 // one `__m256` accumulator per row.
 
+/// A float weight format, widened to f32 exactly.
+trait FloatWeights {
+    const BYTES: usize;
+    /// Elements `8i .. 8i + 8` of the row at `w`.
+    unsafe fn widen8(w: *const u8, i: usize) -> __m256;
+    /// Element `i`, as the scalar twin widens it.
+    fn at(w: &[u8], i: usize) -> f32;
+}
+
+struct F32;
+
+impl FloatWeights for F32 {
+    const BYTES: usize = 4;
+
+    #[inline(always)]
+    unsafe fn widen8(w: *const u8, i: usize) -> __m256 {
+        _mm256_loadu_ps(w.add(32 * i) as *const f32)
+    }
+
+    #[inline(always)]
+    fn at(w: &[u8], i: usize) -> f32 {
+        crate::formats::f32_at(w, 4 * i)
+    }
+}
+
+struct F16;
+
+impl FloatWeights for F16 {
+    const BYTES: usize = 2;
+
+    #[inline(always)]
+    unsafe fn widen8(w: *const u8, i: usize) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(w.add(16 * i) as *const __m128i))
+    }
+
+    #[inline(always)]
+    fn at(w: &[u8], i: usize) -> f32 {
+        f16_at(w, 2 * i)
+    }
+}
+
+struct Bf16;
+
+impl FloatWeights for Bf16 {
+    const BYTES: usize = 2;
+
+    #[inline(always)]
+    unsafe fn widen8(w: *const u8, i: usize) -> __m256 {
+        // A bf16 is the high half of its f32: zero-extend each to 32 bits and shift it up.
+        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(w.add(16 * i) as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+    }
+
+    #[inline(always)]
+    fn at(w: &[u8], i: usize) -> f32 {
+        crate::formats::bf16::bf16_at(w, 2 * i)
+    }
+}
+
 #[inline(always)]
 unsafe fn f32_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
-    float_rows::<R, false>(w, acts, out)
+    float_rows::<F32, R>(w, acts, out)
 }
 
 #[inline(always)]
 unsafe fn f16_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
-    float_rows::<R, true>(w, acts, out)
+    float_rows::<F16, R>(w, acts, out)
 }
 
 #[inline(always)]
-unsafe fn float_rows<const R: usize, const HALF: bool>(
+unsafe fn bf16_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    float_rows::<Bf16, R>(w, acts, out)
+}
+
+#[inline(always)]
+unsafe fn float_rows<K: FloatWeights, const R: usize>(
     w: &[u8],
     acts: [&[u8]; R],
     out: &mut [f32],
 ) {
-    let wb = if HALF { 2 } else { 4 };
-    let n = w.len() / wb;
+    let n = w.len() / K::BYTES;
     for a in acts {
         assert!(a.len() >= 4 * n, "activation row shorter than weight row");
     }
     let mut acc = [_mm256_setzero_ps(); R];
     let full = n / 8;
     for i in 0..full {
-        let wv = if HALF {
-            _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(16 * i) as *const __m128i))
-        } else {
-            _mm256_loadu_ps(w.as_ptr().add(32 * i) as *const f32)
-        };
+        let wv = K::widen8(w.as_ptr(), i);
         for r in 0..R {
             let av = _mm256_loadu_ps(acts[r].as_ptr().add(32 * i) as *const f32);
             acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(wv, av));
@@ -1133,12 +1194,7 @@ unsafe fn float_rows<const R: usize, const HALF: bool>(
         _mm256_storeu_ps(l.as_mut_ptr(), acc[r]);
         let mut lanes = Lanes8(l);
         for i in 8 * full..n {
-            let wi = if HALF {
-                f16_at(w, 2 * i)
-            } else {
-                crate::formats::f32_at(w, 4 * i)
-            };
-            lanes.add(i, wi * crate::formats::f32_at(acts[r], 4 * i));
+            lanes.add(i, K::at(w, i) * crate::formats::f32_at(acts[r], 4 * i));
         }
         out[r] = lanes.sum();
     }
