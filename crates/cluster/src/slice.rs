@@ -113,6 +113,9 @@ impl Shard {
         if *spec.layers.end() >= config.n_layer || *spec.experts.end() >= config.n_expert {
             bail!("layers {:?} × experts {:?} is outside the model ({} layers of {} experts)", spec.layers, spec.experts, config.n_layer, config.n_expert);
         }
+        if *spec.layers.start() < config.dense_lead {
+            bail!("layers {:?}: the model's first {} layers are dense and have no experts; start the layers at {}", spec.layers, config.dense_lead, config.dense_lead);
+        }
         let keys: Vec<(usize, usize)> = spec.layers.clone().flat_map(|l| spec.experts.clone().map(move |e| (l, e))).collect();
         let digests = keys.par_iter().map(|&(l, e)| digests.get(src, l, e)).collect::<Result<Vec<_>>>()?;
 

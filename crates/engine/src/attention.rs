@@ -18,21 +18,36 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// A cache for the layers whose `attends` entry is true (the others get none).
-    pub fn new(attends: &[bool], n_ctx: usize, kv_dim: usize) -> KvCache {
+    /// A cache for the layers whose `attends` entry is true (the others get none); keys only when
+    /// `values` is false (latent attention reads its values out of the keys).
+    pub fn new(attends: &[bool], n_ctx: usize, kv_dim: usize, values: bool) -> KvCache {
         let per_layer = |&a: &bool| if a { vec![0.0; n_ctx * kv_dim] } else { Vec::new() };
-        KvCache { n_ctx, kv_dim, k: attends.iter().map(per_layer).collect(), v: attends.iter().map(per_layer).collect() }
+        let v = if values { attends.iter().map(per_layer).collect() } else { vec![Vec::new(); attends.len()] };
+        KvCache { n_ctx, kv_dim, k: attends.iter().map(per_layer).collect(), v }
     }
 
     pub fn n_ctx(&self) -> usize {
         self.n_ctx
     }
 
-    /// Store rows of keys and values (`n × kv_dim` each) for positions pos..pos+n of `layer`.
+    /// Floats per position and layer.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+
+    /// Store rows of keys and values (`n × kv_dim` each; no values in a keys-only cache) for positions
+    /// pos..pos+n of `layer`.
     pub fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
         let at = pos * self.kv_dim;
         self.k[layer][at..at + k.len()].copy_from_slice(k);
-        self.v[layer][at..at + v.len()].copy_from_slice(v);
+        if !v.is_empty() {
+            self.v[layer][at..at + v.len()].copy_from_slice(v);
+        }
+    }
+
+    /// The keys of `layer`, position after position.
+    pub fn keys(&self, layer: usize) -> &[f32] {
+        &self.k[layer]
     }
 }
 

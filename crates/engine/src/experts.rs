@@ -181,7 +181,7 @@ impl ExpertSource {
     ) -> Result<()> {
         match self {
             ExpertSource::Resident(w) => {
-                let l = &w.layers[layer];
+                let l = w.layers[layer].experts();
                 let mut all: Vec<ExpertWeights> = recycle(std::mem::take(views));
                 all.extend(ids.iter().map(|&e| {
                     let e = e as usize;

@@ -43,12 +43,48 @@ impl Stacked {
     }
 }
 
+/// A feed-forward that every token goes through: the shared expert beside the routed ones, or a dense
+/// layer's whole feed-forward (DeepSeek's first layers).
 pub struct SharedExpert {
     pub gate: Mat,
     pub up: Mat,
     pub down: Mat,
-    /// Qwen2-MoE: the shared expert's output is scaled by sigmoid(x · gate_inp).
-    pub gate_inp: Vec<f32>,
+    /// Qwen2-MoE and the hybrids scale the shared expert's output by sigmoid(x · gate_inp); DeepSeek adds it
+    /// as it is.
+    pub gate_inp: Option<Vec<f32>>,
+}
+
+/// A layer's routed experts.
+pub struct Moe {
+    pub router: Mat,
+    /// `exp_probs_b` (DeepSeek-V3): added to the expert scores to choose experts, not to weigh them.
+    pub choice_bias: Option<Vec<f32>>,
+    pub gate_exps: Stacked,
+    pub up_exps: Stacked,
+    pub down_exps: Stacked,
+}
+
+/// Multi-head latent attention's weights (DeepSeek-V2/V3, llama.cpp's names in the comments).
+pub struct Latent {
+    pub q: LatentQuery,
+    /// `attn_kv_a_mqa`: the latent vector, then the key's RoPE part.
+    pub kv_a: Mat,
+    /// `attn_kv_a_norm`, on the latent vector.
+    pub kv_norm: Vec<f32>,
+    /// `attn_k_b`: per head, from its query's non-RoPE part to the latent space (the key side absorbed
+    /// into the query), `kv_lora` × `nope`.
+    pub k_b: Stacked,
+    /// `attn_v_b`: per head, from the attended latent vector to the head's value, `v_dim` × `kv_lora`.
+    pub v_b: Stacked,
+    pub wo: Mat,
+}
+
+/// How a latent-attention layer projects its queries.
+pub enum LatentQuery {
+    /// `attn_q` (DeepSeek-V2-Lite).
+    Direct(Mat),
+    /// `attn_q_a`, its RMS norm `attn_q_a_norm`, then `attn_q_b`.
+    Compressed { a: Mat, norm: Vec<f32>, b: Mat },
 }
 
 /// Softmax attention's weights.
@@ -96,6 +132,7 @@ pub enum BetaAlpha {
 pub enum Mixing {
     Attention(Attention),
     DeltaNet(DeltaNet),
+    Latent(Latent),
 }
 
 pub struct Layer {
@@ -103,11 +140,17 @@ pub struct Layer {
     pub mixing: Mixing,
     /// The norm before the router and experts (`post_attention_norm` in the hybrids).
     pub ffn_norm: Vec<f32>,
-    pub router: Mat,
-    pub gate_exps: Stacked,
-    pub up_exps: Stacked,
-    pub down_exps: Stacked,
+    /// The routed experts; none in a dense layer.
+    pub moe: Option<Moe>,
+    /// The shared expert, or a dense layer's feed-forward.
     pub shared: Option<SharedExpert>,
+}
+
+impl Layer {
+    /// The routed experts, which only a dense layer lacks (and no expert of it is ever asked for).
+    pub fn experts(&self) -> &Moe {
+        self.moe.as_ref().expect("experts are only asked for in MoE layers")
+    }
 }
 
 pub struct Weights {
@@ -131,31 +174,42 @@ impl Weights {
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
-            let shared = if c.shared_ff > 0 {
-                Some(SharedExpert {
-                    gate: l.mat(&n("ffn_gate_shexp.weight"), e, c.shared_ff)?,
-                    up: l.mat(&n("ffn_up_shexp.weight"), e, c.shared_ff)?,
-                    down: l.mat(&n("ffn_down_shexp.weight"), c.shared_ff, e)?,
-                    gate_inp: l.vec_or_row(&n("ffn_gate_inp_shexp.weight"), e)?,
+            let dense = i < c.dense_lead;
+            let ffn = |ff: usize, gate_inp: Option<Vec<f32>>, suffix: &str| -> Result<SharedExpert> {
+                Ok(SharedExpert {
+                    gate: l.mat(&n(&format!("ffn_gate{suffix}.weight")), e, ff)?,
+                    up: l.mat(&n(&format!("ffn_up{suffix}.weight")), e, ff)?,
+                    down: l.mat(&n(&format!("ffn_down{suffix}.weight")), ff, e)?,
+                    gate_inp,
                 })
+            };
+            let shared = if dense {
+                Some(ffn(c.dense_ff, None, "")?)
+            } else if c.shared_ff > 0 {
+                let gate_inp = if c.shared_gated { Some(l.vec_or_row(&n("ffn_gate_inp_shexp.weight"), e)?) } else { None };
+                Some(ffn(c.shared_ff, gate_inp, "_shexp")?)
             } else {
                 None
             };
-            let mixing = match c.mixers[i] {
-                Mixer::Attention => Mixing::Attention(l.attention(c, i)?),
-                Mixer::DeltaNet => Mixing::DeltaNet(l.delta_net(c, i)?),
+            let moe = if dense {
+                None
+            } else {
+                let bias = n("exp_probs_b.bias");
+                Some(Moe {
+                    router: l.mat(&n("ffn_gate_inp.weight"), e, c.n_expert)?,
+                    choice_bias: if l.f.tensor(&bias).is_some() { Some(l.vec(&bias, c.n_expert)?) } else { None },
+                    gate_exps: l.stacked(&n("ffn_gate_exps.weight"), e, c.expert_ff, c.n_expert)?,
+                    up_exps: l.stacked(&n("ffn_up_exps.weight"), e, c.expert_ff, c.n_expert)?,
+                    down_exps: l.stacked(&n("ffn_down_exps.weight"), c.expert_ff, e, c.n_expert)?,
+                })
+            };
+            let mixing = match (c.mixers[i], c.mla) {
+                (Mixer::Attention, None) => Mixing::Attention(l.attention(c, i)?),
+                (Mixer::Attention, Some(_)) => Mixing::Latent(l.latent(c, i)?),
+                (Mixer::DeltaNet, _) => Mixing::DeltaNet(l.delta_net(c, i)?),
             };
             let ffn_norm = if c.attn_gate { "post_attention_norm.weight" } else { "ffn_norm.weight" };
-            layers.push(Layer {
-                attn_norm: l.vec(&n("attn_norm.weight"), e)?,
-                mixing,
-                ffn_norm: l.vec(&n(ffn_norm), e)?,
-                router: l.mat(&n("ffn_gate_inp.weight"), e, c.n_expert)?,
-                gate_exps: l.stacked(&n("ffn_gate_exps.weight"), e, c.expert_ff, c.n_expert)?,
-                up_exps: l.stacked(&n("ffn_up_exps.weight"), e, c.expert_ff, c.n_expert)?,
-                down_exps: l.stacked(&n("ffn_down_exps.weight"), c.expert_ff, e, c.n_expert)?,
-                shared,
-            });
+            layers.push(Layer { attn_norm: l.vec(&n("attn_norm.weight"), e)?, mixing, ffn_norm: l.vec(&n(ffn_norm), e)?, moe, shared });
         }
         Ok(Weights { file, copies: Copies::default(), token_embd, output_norm, output, layers })
     }
@@ -300,6 +354,26 @@ impl Loader<'_> {
             bv: bias("attn_v.bias", kv)?,
             q_norm,
             k_norm,
+        })
+    }
+
+    fn latent(&self, c: &Config, i: usize) -> Result<Latent> {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let m = c.mla.expect("latent attention has its shape");
+        let (e, h) = (c.n_embd, c.n_head);
+        let q_rows = h * (m.nope + m.rope);
+        let q = if m.q_lora > 0 {
+            LatentQuery::Compressed { a: self.mat(&n("attn_q_a.weight"), e, m.q_lora)?, norm: self.vec(&n("attn_q_a_norm.weight"), m.q_lora)?, b: self.mat(&n("attn_q_b.weight"), m.q_lora, q_rows)? }
+        } else {
+            LatentQuery::Direct(self.mat(&n("attn_q.weight"), e, q_rows)?)
+        };
+        Ok(Latent {
+            q,
+            kv_a: self.mat(&n("attn_kv_a_mqa.weight"), e, m.kv_lora + m.rope)?,
+            kv_norm: self.vec(&n("attn_kv_a_norm.weight"), m.kv_lora)?,
+            k_b: self.stacked(&n("attn_k_b.weight"), m.nope, m.kv_lora, h)?,
+            v_b: self.stacked(&n("attn_v_b.weight"), m.kv_lora, m.v_dim, h)?,
+            wo: self.mat(&n("attn_output.weight"), h * m.v_dim, e)?,
         })
     }
 
