@@ -18,6 +18,18 @@ pub enum Arch {
     /// DeepSeek-V2 / V3 (and models built on them): multi-head latent attention, dense first layers,
     /// shared experts, softmax or sigmoid scores with group-limited choice.
     DeepSeek2,
+    /// gpt-oss: attention sinks, a sliding window on every other layer, biases everywhere, a softmax over
+    /// the chosen experts' logits, and a clamped SwiGLU.
+    GptOss,
+}
+
+/// The experts' activation between their gate/up and down projections.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// silu(gate) · up.
+    Silu,
+    /// gpt-oss: g · sigmoid(alpha · g) · (u + 1), with g = min(gate, limit) and u = up clamped to ±limit.
+    ClampedSwiglu { alpha: f32, limit: f32 },
 }
 
 /// Multi-head latent attention's dimensions (DeepSeek-V2/V3): keys and values are decompressed per head
@@ -146,6 +158,12 @@ pub struct Config {
     pub shared_gated: bool,
     /// YaRN context extension of RoPE.
     pub yarn: Option<Yarn>,
+    /// Layers whose attention only sees the last `sliding_window` positions (gpt-oss: every other one).
+    pub sliding: Vec<bool>,
+    pub sliding_window: usize,
+    /// Experts are chosen by their raw logits and weighed by a softmax over the chosen ones (gpt-oss).
+    pub softmax_chosen: bool,
+    pub expert_act: Activation,
 }
 
 /// YaRN's RoPE scaling, as llama.cpp applies it (`rope_yarn` in ggml, its factors in `llama_context`).
@@ -223,10 +241,11 @@ impl Config {
             "qwen3next" => Arch::Qwen3Next,
             "qwen35moe" => Arch::Qwen35Moe,
             "deepseek2" => Arch::DeepSeek2,
+            "gpt-oss" => Arch::GptOss,
             "llama" => return Err(bad("architecture llama without experts (a dense model) is not supported: TITAN runs mixture-of-experts models".into())),
             other => {
                 return Err(bad(format!(
-                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, deepseek2)"
+                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, deepseek2, gpt-oss)"
                 )))
             }
         };
@@ -307,7 +326,19 @@ impl Config {
             Arch::Mixtral => (RopeStyle::Adjacent, QkNorm::None, false, true),
             Arch::Qwen3Next | Arch::Qwen35Moe => (RopeStyle::Halves, QkNorm::PerHead, false, true),
             Arch::DeepSeek2 => (RopeStyle::Adjacent, QkNorm::None, false, false),
+            Arch::GptOss => (RopeStyle::Halves, QkNorm::None, true, false),
         };
+        let gpt_oss = arch == Arch::GptOss;
+        // llama.cpp's pattern for gpt-oss: layers 0, 2, 4, … slide, unless the file lists them.
+        let sliding_window = f.get_u64(&k("attention.sliding_window"))?.unwrap_or(0) as usize;
+        let sliding: Vec<bool> = match f.get_array(&k("attention.sliding_window_pattern"))? {
+            Some(a) => a.iter().take(n_layer).map(|v| v.as_bool().unwrap_or(false)).collect(),
+            None if gpt_oss => (0..n_layer).map(|i| i % 2 == 0).collect(),
+            None => vec![false; n_layer],
+        };
+        if sliding.len() != n_layer || sliding.iter().any(|&s| s) && sliding_window == 0 {
+            return Err(bad(format!("{} does not describe {n_layer} layers with a positive window", k("attention.sliding_window_pattern"))));
+        }
         let hybrid = matches!(arch, Arch::Qwen3Next | Arch::Qwen35Moe);
         // llama.cpp always renormalises the hybrids' top-k weights, whatever the metadata says.
         let norm_topk = hybrid || f.get_bool(&k("expert_weights_norm"))?.unwrap_or(default_norm);
@@ -325,7 +356,9 @@ impl Config {
             arch, arch_name, n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ctx_train, rms_eps, rope_base,
             rope_dims, rope_style, qk_norm, qkv_bias, n_expert, n_expert_used, expert_ff, shared_ff, norm_topk, mixers,
             attn_gate: hybrid, delta_net, mla, dense_lead, dense_ff, sigmoid_scores, expert_groups, expert_groups_used,
-            expert_weights_scale, shared_gated: arch != Arch::DeepSeek2, yarn,
+            expert_weights_scale, shared_gated: arch != Arch::DeepSeek2, yarn, sliding, sliding_window, softmax_chosen: gpt_oss,
+            // llama.cpp's constants for gpt-oss (the files carry no key for them)
+            expert_act: if gpt_oss { Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 } } else { Activation::Silu },
         };
         c.validate().map_err(bad)?;
         Ok(c)

@@ -19,7 +19,7 @@ use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head,
 use crate::scratch::{recycle, slots};
 use crate::stats::{Phase, Stats};
 use crate::trace::Trace;
-use crate::weights::{Attention, BetaAlpha, DeltaNet, Latent, LatentQuery, Mat, Mixing, Moe, Residency, Weights};
+use crate::weights::{Attention, BetaAlpha, DeltaNet, ExpertExtras, Latent, LatentQuery, Mat, Mixing, Moe, Residency, Weights};
 use crate::{vocab, EngineError, Result};
 
 pub struct Model {
@@ -76,7 +76,7 @@ impl Model {
         let weights = Arc::new(weights);
         let prefetch = opts.stream.as_ref().is_some_and(|s| s.prefetch);
         let experts = match cache {
-            Some(c) => ExpertSource::Streamed(c),
+            Some(c) => ExpertSource::Streamed(c, weights.extras.clone()),
             None => ExpertSource::Resident(weights.clone()),
         };
         Ok(Model { config, weights, tokenizer, experts: Box::new(experts), prefetch, stats: Stats::default() })
@@ -89,7 +89,10 @@ impl Model {
         let file = GgufFile::open(path)?;
         let config = Config::from_gguf(&file)?;
         let source = match &opts.stream {
-            Some(s) => ExpertSource::Streamed(open_cache(s, &file)?),
+            Some(s) => {
+                let extras = Arc::new(ExpertExtras::load(&file, &config)?);
+                ExpertSource::Streamed(open_cache(s, &file)?, extras)
+            }
             None => {
                 // Shapes are checked for every tensor, dense ones included: a node refuses a broken file.
                 let mut weights = Weights::load(file, &config)?;
@@ -319,6 +322,7 @@ impl Model {
             groups_used: c.expert_groups_used,
             norm: c.norm_topk,
             scale: c.expert_weights_scale,
+            softmax_chosen: c.softmax_chosen,
         }
     }
 
@@ -330,6 +334,9 @@ impl Model {
         r.acts.quantize(m.router.ty.act_type(), &r.h, rows, c.n_embd)?;
         r.logits.resize(rows * c.n_expert, 0.0);
         matmul(&self.weights.view(&m.router), &r.acts, &mut r.logits)?;
+        if let Some(b) = &m.router_bias {
+            add_bias(&mut r.logits, b);
+        }
         r.routing.route(&r.logits, &self.route_rule(il));
         Ok(())
     }
@@ -419,7 +426,8 @@ impl Model {
             }
         }
         // attention of each span over its own cache
-        let shape = AttnShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
+        let window = if c.sliding[il] { c.sliding_window } else { 0 };
+        let shape = AttnShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, window, sinks: a.sinks.as_deref() };
         let mut row = 0;
         for p in parts.iter_mut() {
             let rows = row..row + p.tokens.len();
@@ -436,6 +444,9 @@ impl Model {
         // attn_output on all rows
         acts.quantize(a.wo.ty.act_type(), attn, n, q_dim)?;
         matmul(&self.weights.view(&a.wo), acts, out)?;
+        if let Some(bo) = &a.bo {
+            add_bias(out, bo);
+        }
         Ok(())
     }
 

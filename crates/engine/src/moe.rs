@@ -3,7 +3,7 @@
 
 use titan_kernels::Activations;
 
-use crate::config::Config;
+use crate::config::{Activation, Config};
 use crate::experts::{swiglu_many, ExpertJob, ExpertScratch, ExpertWeights, Experts, FfnScratch};
 use crate::ops::{add, dot, sigmoid};
 use crate::weights::{SharedExpert, Weights};
@@ -26,6 +26,9 @@ pub struct RouteRule<'a> {
     pub norm: bool,
     /// Then multiply them by this (DeepSeek's routed scaling factor; 1 elsewhere).
     pub scale: f32,
+    /// Choose by the raw logits and weigh by a softmax over the chosen ones (gpt-oss), instead of
+    /// scoring all experts first.
+    pub softmax_chosen: bool,
 }
 
 /// The routing decision for a batch: per row, `k` (expert id, weight) pairs in ascending expert-id order.
@@ -41,13 +44,14 @@ pub struct Routing {
     order: Vec<u32>,
     group_scores: Vec<f32>,
     group_order: Vec<u32>,
+    picked: Vec<f32>,
 }
 
 impl Routing {
     /// Route each row of `logits` (`n_expert` router logits per row) by `rule`, replacing the previous
     /// decision. Rankings break ties by ascending id, so every choice is total and stable.
     pub fn route(&mut self, logits: &[f32], rule: &RouteRule<'_>) {
-        let Routing { ids, weights, probs, choose, order, group_scores, group_order, .. } = self;
+        let Routing { ids, weights, probs, choose, order, group_scores, group_order, picked, .. } = self;
         let (n, k) = (rule.n_expert, rule.k);
         self.k = k;
         ids.clear();
@@ -57,7 +61,7 @@ impl Routing {
             probs.extend_from_slice(row);
             if rule.sigmoid {
                 probs.iter_mut().for_each(|p| *p = crate::ops::sigmoid(*p));
-            } else {
+            } else if !rule.softmax_chosen {
                 crate::ops::softmax(probs);
             }
             choose.clear();
@@ -94,6 +98,15 @@ impl Routing {
             order.extend(0..n as u32);
             order.sort_by(|&a, &b| by_score(choose, a, b));
             let chosen = &mut order[..k];
+            if rule.softmax_chosen {
+                // The chosen logits' softmax, in rank order as llama.cpp takes it; then placed by id.
+                picked.clear();
+                picked.extend(chosen.iter().map(|&e| probs[e as usize]));
+                crate::ops::softmax(picked);
+                for (&e, &p) in chosen.iter().zip(picked.iter()) {
+                    probs[e as usize] = p;
+                }
+            }
             let norm = if rule.norm { 1.0 / chosen.iter().fold(0f32, |s, &e| s + probs[e as usize]) } else { 1.0 };
             chosen.sort_unstable();
             for &e in chosen.iter() {
@@ -233,7 +246,7 @@ pub fn dense_ffn(w: &Weights, f: &SharedExpert, x: &[f32], d: usize, s: &mut Moe
 /// The shared expert's output for the rows of `x`, into `ffn` (output 0); `acts` receives x quantised for it.
 fn shared_expert(w: &Weights, sh: &SharedExpert, x: &[f32], d: usize, acts: &mut Activations, ffn: &mut FfnScratch) -> Result<()> {
     acts.quantize(sh.gate.ty.act_type(), x, x.len() / d, d)?;
-    let weights = ExpertWeights { gate: w.view(&sh.gate), up: w.view(&sh.up), down: w.view(&sh.down) };
+    let weights = ExpertWeights { gate: w.view(&sh.gate), up: w.view(&sh.up), down: w.view(&sh.down), bias: None, act: Activation::Silu };
     swiglu_many(&[weights], std::slice::from_ref(acts), ffn)?;
     Ok(())
 }
@@ -246,7 +259,7 @@ mod tests {
     fn top_k_ties_break_by_ascending_id_and_output_is_sorted() {
         // experts 1 and 3 tie for the top; 0 and 2 tie below.
         let mut r = Routing::default();
-        let rule = RouteRule { n_expert: 4, k: 3, sigmoid: false, bias: None, groups: 1, groups_used: 1, norm: false, scale: 1.0 };
+        let rule = RouteRule { n_expert: 4, k: 3, sigmoid: false, bias: None, groups: 1, groups_used: 1, norm: false, scale: 1.0, softmax_chosen: false };
         r.route(&[1.0, 2.0, 1.0, 2.0], &rule);
         assert_eq!(r.ids, vec![0, 1, 3]);
         r.route(&[5.0, 0.0, 0.0, 1.0], &RouteRule { k: 2, norm: true, ..rule });
@@ -261,7 +274,7 @@ mod tests {
     fn grouped_sigmoid_routing_with_a_choosing_bias() {
         let logits = [2.0, 1.0, -1.0, 0.5, 0.0, 3.0, -2.0, 1.5];
         let bias = [0.0, 0.0, 0.0, 0.0, 0.0, -5.0, 0.0, 0.0];
-        let rule = RouteRule { n_expert: 8, k: 2, sigmoid: true, bias: Some(&bias), groups: 4, groups_used: 2, norm: true, scale: 2.5 };
+        let rule = RouteRule { n_expert: 8, k: 2, sigmoid: true, bias: Some(&bias), groups: 4, groups_used: 2, norm: true, scale: 2.5, softmax_chosen: false };
         let mut r = Routing::default();
         r.route(&logits, &rule);
         // Biased scores by group: {0,1} 0.88+0.73, {2,3} 0.27+0.62, {4,5} 0.5+(0.95-5), {6,7} 0.12+0.82: groups

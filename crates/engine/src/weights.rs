@@ -7,7 +7,7 @@
 use titan_gguf::{GgufFile, TensorInfo};
 use titan_kernels::{regroup_weights, regrouped_weights_pay, weights_regroupable, GgmlType, WeightLayout, WeightView};
 
-use crate::config::{Config, Mixer, QkNorm};
+use crate::config::{Activation, Config, Mixer, QkNorm};
 use crate::{EngineError, Result};
 
 /// A matrix of `rows` × `cols` in its GGUF encoding, located by its byte range in the file.
@@ -59,6 +59,8 @@ pub struct Moe {
     pub router: Mat,
     /// `exp_probs_b` (DeepSeek-V3): added to the expert scores to choose experts, not to weigh them.
     pub choice_bias: Option<Vec<f32>>,
+    /// `ffn_gate_inp.bias` (gpt-oss): added to the router's logits.
+    pub router_bias: Option<Vec<f32>>,
     pub gate_exps: Stacked,
     pub up_exps: Stacked,
     pub down_exps: Stacked,
@@ -99,6 +101,11 @@ pub struct Attention {
     pub bv: Option<Vec<f32>>,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+    /// `attn_output.bias` (gpt-oss).
+    pub bo: Option<Vec<f32>>,
+    /// `attn_sinks` (gpt-oss): per head a logit that joins the softmax's denominator, so a head can
+    /// attend to nothing.
+    pub sinks: Option<Vec<f32>>,
 }
 
 /// A Gated DeltaNet layer's weights (llama.cpp's tensor names in the comments).
@@ -153,8 +160,65 @@ impl Layer {
     }
 }
 
+/// What experts compute with besides their three matrices: the activation, and per layer the experts'
+/// biases (gpt-oss), decoded to f32 at load (they are small), wherever the matrices come from.
+pub struct ExpertExtras {
+    pub act: Activation,
+    n_expert: usize,
+    layers: Vec<Option<ExpertBiases>>,
+}
+
+/// One layer's expert biases, expert after expert.
+struct ExpertBiases {
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+}
+
+/// One expert's biases.
+#[derive(Clone, Copy)]
+pub struct ExpertBias<'a> {
+    pub gate: &'a [f32],
+    pub up: &'a [f32],
+    pub down: &'a [f32],
+}
+
+impl ExpertExtras {
+    /// The activation of `c`, and the expert biases the file has (`blk.N.ffn_{gate,up,down}_exps.bias`).
+    pub fn load(f: &GgufFile, c: &Config) -> Result<ExpertExtras> {
+        let l = Loader { f };
+        let (e, ff, n) = (c.n_embd, c.expert_ff, c.n_expert);
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let name = |p: &str| format!("blk.{i}.ffn_{p}_exps.bias");
+            layers.push(if f.tensor(&name("gate")).is_some() {
+                let table = |p: &str, len: usize| l.decode(l.tensor(&name(p), &[len, n])?, len * n);
+                Some(ExpertBiases { gate: table("gate", ff)?, up: table("up", ff)?, down: table("down", e)? })
+            } else {
+                None
+            });
+        }
+        Ok(ExpertExtras { act: c.expert_act, n_expert: n, layers })
+    }
+
+    /// Expert `e` of `layer`'s biases, if the model has any.
+    pub fn bias(&self, layer: usize, e: usize) -> Option<ExpertBias<'_>> {
+        let b = self.layers.get(layer)?.as_ref()?;
+        let n = self.n_expert;
+        Some(ExpertBias { gate: expert_row(&b.gate, n, e), up: expert_row(&b.up, n, e), down: expert_row(&b.down, n, e) })
+    }
+}
+
+/// Row `e` of a table of `n` equal rows.
+fn expert_row(v: &[f32], n: usize, e: usize) -> &[f32] {
+    let per = v.len() / n;
+    &v[e * per..(e + 1) * per]
+}
+
 pub struct Weights {
     pub file: GgufFile,
+    /// The experts' activation and biases.
+    pub extras: std::sync::Arc<ExpertExtras>,
     /// Tensors copied out of the mapping (see [`Weights::copy_out`]).
     copies: Copies,
     pub token_embd: Mat,
@@ -198,6 +262,7 @@ impl Weights {
                 Some(Moe {
                     router: l.mat(&n("ffn_gate_inp.weight"), e, c.n_expert)?,
                     choice_bias: if l.f.tensor(&bias).is_some() { Some(l.vec(&bias, c.n_expert)?) } else { None },
+                    router_bias: if l.f.tensor(&n("ffn_gate_inp.bias")).is_some() { Some(l.vec(&n("ffn_gate_inp.bias"), c.n_expert)?) } else { None },
                     gate_exps: l.stacked(&n("ffn_gate_exps.weight"), e, c.expert_ff, c.n_expert)?,
                     up_exps: l.stacked(&n("ffn_up_exps.weight"), e, c.expert_ff, c.n_expert)?,
                     down_exps: l.stacked(&n("ffn_down_exps.weight"), c.expert_ff, e, c.n_expert)?,
@@ -208,10 +273,12 @@ impl Weights {
                 (Mixer::Attention, Some(_)) => Mixing::Latent(l.latent(c, i)?),
                 (Mixer::DeltaNet, _) => Mixing::DeltaNet(l.delta_net(c, i)?),
             };
-            let ffn_norm = if c.attn_gate { "post_attention_norm.weight" } else { "ffn_norm.weight" };
+            let post_norm = c.attn_gate || c.arch == crate::Arch::GptOss;
+            let ffn_norm = if post_norm { "post_attention_norm.weight" } else { "ffn_norm.weight" };
             layers.push(Layer { attn_norm: l.vec(&n("attn_norm.weight"), e)?, mixing, ffn_norm: l.vec(&n(ffn_norm), e)?, moe, shared });
         }
-        Ok(Weights { file, copies: Copies::default(), token_embd, output_norm, output, layers })
+        let extras = std::sync::Arc::new(ExpertExtras::load(&file, c)?);
+        Ok(Weights { file, extras, copies: Copies::default(), token_embd, output_norm, output, layers })
     }
 
     /// A view of a matrix: zero-copy into the mapping, or into its copy.
@@ -354,6 +421,8 @@ impl Loader<'_> {
             bv: bias("attn_v.bias", kv)?,
             q_norm,
             k_norm,
+            bo: if self.f.tensor(&n("attn_output.bias")).is_some() { Some(self.vec(&n("attn_output.bias"), e)?) } else { None },
+            sinks: if self.f.tensor(&n("attn_sinks.weight")).is_some() { Some(self.vec(&n("attn_sinks.weight"), c.n_head)?) } else { None },
         })
     }
 

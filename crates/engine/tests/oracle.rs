@@ -93,6 +93,11 @@ const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
     ("deepseek3", "f16", 4e-3),       // 2.377e-3
     ("deepseek3", "q8_0", 8e-2),      // 4.003e-2
     ("deepseek3", "q4_0", 8e-2),      // 4.180e-2
+    // gpt-oss (sinks, a sliding window of 8 on layers 0 and 2, biases, clamped SwiGLU, YaRN).
+    ("gpt-oss", "f32", 3e-6),       // 1.580e-6
+    ("gpt-oss", "f16", 5e-3),       // 2.863e-3
+    ("gpt-oss", "q8_0", 8e-7),      // 4.768e-7
+    ("gpt-oss", "mxfp4_moe", 8e-7), // 4.768e-7
     ("qwen35moe-k", "mxfp4_moe", 4e-2), // 2.194e-2, at position 36 only (a step as above); the rest agree to 5e-7
 ];
 
