@@ -343,6 +343,68 @@ MODELS = [
             num_experts_per_tok=2, num_experts=8, tie_word_embeddings=False,
         ),
     },
+    # DeepSeek-V2-Lite style: no q-LoRA (q_proj straight from the hidden state), MLA with kv_lora_rank 32, softmax
+    # scoring, greedy top-k, no top-k normalisation (transformers' DeepseekV2MoEGate ignores norm_topk_prob, and the
+    # real V2-Lite has it false), routed_scaling_factor 2 (V2-Lite: 1), layer 0 dense, 2 shared experts, the real
+    # V2-Lite's YaRN (factor 40, mscale = mscale_all_dim = 0.707, original context 4096; see match_llama_cpp).
+    # 26 layers because llama.cpp decides "lite" (no q-LoRA: it then does not ask for attention.q_lora_rank, which
+    # the converter writes only when the config has one) from the layer count alone (26 or 27); a 3-layer model
+    # without q-LoRA does not load. As the -k models, the f32 GGUF stays in build/fixtures/ (size; so does f16).
+    {
+        "name": "deepseek2-lite", "arch": "deepseek2", "hf_class": "DeepseekV2ForCausalLM", "tokenizer": "qwen",
+        "seed": 9,
+        "types": ["q8_0", "q4_0"],
+        "config": dict(
+            hidden_size=64, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=26,
+            num_attention_heads=2, num_key_value_heads=2, hidden_act="silu", max_position_embeddings=163840,
+            rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=False,
+            rope_scaling=dict(type="yarn", factor=40.0, beta_fast=32.0, beta_slow=1.0, mscale=0.707,
+                              mscale_all_dim=0.707, original_max_position_embeddings=4096),
+            q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32,
+            first_k_dense_replace=1, n_shared_experts=2, n_routed_experts=8, num_experts_per_tok=2,
+            scoring_func="softmax", topk_method="greedy", n_group=1, topk_group=1, norm_topk_prob=False,
+            routed_scaling_factor=2.0, tie_word_embeddings=False,
+        ),
+    },
+    # DeepSeek-V3 style: q-LoRA, MLA, sigmoid scoring with e_score_correction_bias (noaux_tc: the bias only
+    # chooses, the weights are the unbiased sigmoid scores), group-limited top-k (4 groups of 2 experts, best 2
+    # groups by the sum of their top-2 biased scores), top-k normalised, routed_scaling_factor 2.5, layer 0 dense,
+    # 1 shared expert, the real V3's YaRN (factor 40, mscale = mscale_all_dim = 1, original context 4096).
+    # `scoring_func` must be in the config or the converter writes no gating function (llama.cpp: softmax).
+    {
+        "name": "deepseek3", "arch": "deepseek2", "hf_class": "DeepseekV3ForCausalLM", "tokenizer": "qwen",
+        "seed": 10,
+        "types": ["f32", "f16", "q8_0", "q4_0"],
+        "config": dict(
+            hidden_size=64, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=4, hidden_act="silu", max_position_embeddings=163840,
+            rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=False,
+            rope_scaling=dict(type="yarn", factor=40.0, beta_fast=32.0, beta_slow=1.0, mscale=1.0,
+                              mscale_all_dim=1.0, original_max_position_embeddings=4096),
+            rope_interleave=True,
+            q_lora_rank=32, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32,
+            first_k_dense_replace=1, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
+            scoring_func="sigmoid", topk_method="noaux_tc", n_group=4, topk_group=2, norm_topk_prob=True,
+            routed_scaling_factor=2.5, tie_word_embeddings=False,
+        ),
+    },
+    # gpt-oss: alternating sliding-window (layers 0, 2) / full attention, sliding_window 8 (< the 36-token prompt),
+    # attention sinks, q/k/v/o biases, 8 experts top-2 (softmax over the top-k router logits, router bias), expert
+    # biases, clamped SwiGLU (alpha 1.702, limit 7), YaRN as the real config (factor 32, beta 32/1, original context
+    # 4096) but with truncate=True: llama.cpp always truncates the YaRN correction range, the real config says
+    # truncate=false (transformers then differs from llama.cpp by ~1e-2).
+    {
+        "name": "gpt-oss", "arch": "gpt-oss", "hf_class": "GptOssForCausalLM", "tokenizer": "qwen", "seed": 11,
+        "types": ["f32", "f16", "q8_0", "mxfp4_moe"],
+        "config": dict(
+            hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=32, hidden_act="silu", max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=150000.0,
+            rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=True,
+                              original_max_position_embeddings=4096),
+            sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2, attention_bias=True,
+            num_local_experts=8, num_experts_per_tok=2, swiglu_limit=7.0, tie_word_embeddings=False,
+        ),
+    },
 ]
 
 CONVERTER_TYPES = {"f32", "f16", "bf16"}
@@ -400,13 +462,36 @@ def build_hf_model(spec: dict, tok_info: dict, hf_dir: Path):
             elif "norm" in name and p.dim() == 1:
                 # around the initial value: 1 + N(0, 0.1^2) for plain norms, N(0, 0.1^2) for (1 + w) norms
                 p.copy_(p + 0.1 * torch.randn(p.shape, generator=g))
-            elif name.endswith(".bias"):
+            elif name.endswith(".bias") or name.endswith("_proj_bias"):  # gpt-oss: gate_up_proj_bias, down_proj_bias
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".sinks"):
+                # gpt-oss attention sinks (one logit per head): N(0, 1), the size of the attention logits
+                p.copy_(torch.randn(p.shape, generator=g))
             elif name == "lm_head.weight":
                 p.copy_(torch.randn(p.shape, generator=g) / (config.hidden_size ** 0.5))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                # DeepSeek-V3's selection bias (a buffer, zeros at init): N(0, 0.1^2), the spread of the sigmoid scores
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
     hf_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(hf_dir, safe_serialization=True)
+    match_llama_cpp(model, config)
     return model, config
+
+
+def match_llama_cpp(model, config) -> None:
+    """Where transformers departs from the model's own definition (and llama.cpp), fix the reference model in memory
+    (the saved checkpoint is untouched). DeepSeek-V2 under YaRN: the original DeepSeek-V2 code and llama.cpp scale the
+    attention logits by mscale^2 / sqrt(qk_head_dim), mscale = 0.1 * mscale_all_dim * ln(factor) + 1, but
+    transformers 4.57's DeepseekV2Attention keeps 1 / sqrt(qk_head_dim) (its DeepseekV3Attention has the mscale^2);
+    without this, a V2 model with the real V2-Lite's YaRN differs from llama.cpp by ~3 in the logits, with it by ~1e-5."""
+    import math
+
+    rs = getattr(config, "rope_scaling", None) or {}
+    if type(model).__name__ == "DeepseekV2ForCausalLM" and rs.get("mscale_all_dim"):
+        mscale = 0.1 * rs["mscale_all_dim"] * math.log(rs["factor"]) + 1.0
+        for layer in model.model.layers:
+            layer.self_attn.scaling = layer.self_attn.scaling * mscale * mscale
 
 
 def routing_stats(model, config, ids: list[int]) -> dict:
@@ -425,7 +510,7 @@ def routing_stats(model, config, ids: list[int]) -> dict:
             router = mod
             break
     if router is None:
-        return {}
+        return router_stats_generic(model, config, ids)
     h = router.register_forward_hook(hook)
     with torch.no_grad():
         model(torch.tensor([ids]))
@@ -436,6 +521,40 @@ def routing_stats(model, config, ids: list[int]) -> dict:
     distinct = len({tuple(r.tolist()) for r in top})
     used = len(set(top.flatten().tolist()))
     return {"distinct_topk_sets": distinct, "experts_used": used, "router_logit_std": float(logits.std())}
+
+
+def router_stats_generic(model, config, ids: list[int]) -> dict:
+    """routing_stats for routers that return the chosen experts rather than logits (DeepSeek-V2/V3 gates, gpt-oss's
+    router) and whose first MoE layer may not be layer 0 (DeepSeek's first_k_dense_replace): the experts actually
+    chosen by the first MoE layer (with DeepSeek-V3's bias and group limit), and the std of its router logits."""
+    n_experts = getattr(config, "n_routed_experts", None) or getattr(config, "num_local_experts", -1)
+    found = None
+    for name, mod in model.named_modules():
+        w = getattr(mod, "weight", None)
+        if (name.endswith(".gate") or name.endswith(".router")) and isinstance(w, torch.nn.Parameter) \
+                and tuple(w.shape) == (n_experts, config.hidden_size):
+            found = (name, mod)
+            break
+    if found is None:
+        return {}
+    name, router = found
+    seen = {}
+
+    def hook(_mod, inp, out):
+        seen["x"] = inp[0].detach()
+        seen["idx"] = next(o for o in out if not o.is_floating_point()).detach()
+
+    h = router.register_forward_hook(hook)
+    with torch.no_grad():
+        model(torch.tensor([ids]), use_cache=False)
+    h.remove()
+    with torch.no_grad():
+        x = seen["x"].reshape(-1, config.hidden_size).float()
+        logits = torch.nn.functional.linear(x, router.weight.float(), getattr(router, "bias", None))
+    top = seen["idx"].reshape(len(ids), -1).sort(dim=-1).values
+    return {"layer": int(name.split(".layers.")[1].split(".")[0]),
+            "distinct_topk_sets": len({tuple(r.tolist()) for r in top}),
+            "experts_used": len(set(top.flatten().tolist())), "router_logit_std": float(logits.std())}
 
 
 def gdn_stats(model, ids: list[int]) -> dict:

@@ -56,7 +56,7 @@ impl ClusterArgs {
     fn hot_experts(&self, model: &Model) -> Result<Vec<(usize, usize)>> {
         let Some(path) = &self.replicate_hot else { return Ok(Vec::new()) };
         let profile = titan_store::Profile::load(path)?;
-        let (n_layer, n_expert) = (model.config.n_layer, model.config.n_expert);
+        let (n_layer, dense, n_expert) = (model.config.n_layer, model.config.dense_lead, model.config.n_expert);
         if profile.counts.len() != n_layer || profile.counts.iter().any(|r| r.len() != n_expert) {
             bail!("{}: a profile of another model ({} layers; this one has {n_layer} of {n_expert} experts)", path.display(), profile.counts.len());
         }
@@ -123,14 +123,14 @@ impl ClusterArgs {
 /// Connects to the nodes; with a deadline (nodes still downloading their shards), a node that is not
 /// listening yet is waited for.
 fn connect_patiently(local: Box<dyn Experts>, model: &Model, opts: ClusterOptions, deadline: Option<Instant>) -> Result<Cluster> {
-    let (n_layer, n_expert) = (model.config.n_layer, model.config.n_expert);
+    let (n_layer, dense, n_expert) = (model.config.n_layer, model.config.dense_lead, model.config.n_expert);
     let mut local = Some(local);
     loop {
         // Reachability first, so that `local` is only handed over for a connection that can succeed.
         let unreachable = opts.nodes.iter().find(|n| std::net::TcpStream::connect(n.as_str()).is_err());
         match (unreachable, deadline) {
             (Some(_), Some(d)) if Instant::now() < d => std::thread::sleep(Duration::from_millis(200)),
-            _ => return Cluster::connect(local.take().expect("connected once"), n_layer, n_expert, opts),
+            _ => return Cluster::connect(local.take().expect("connected once"), n_layer, dense, n_expert, opts),
         }
     }
 }

@@ -127,7 +127,7 @@ pub fn demo(a: DemoArgs) -> Result<()> {
         hot: Vec::new(),
     };
     let local = std::mem::replace(&mut model.experts, Box::new(ExpertSource::Resident(model.weights.clone())));
-    let cluster = Arc::new(Cluster::connect(local, model.config.n_layer, model.config.n_expert, opts)?);
+    let cluster = Arc::new(Cluster::connect(local, model.config.n_layer, model.config.dense_lead, model.config.n_expert, opts)?);
     model.experts = Box::new(cluster.clone());
     let (g2, t2, text2) = greedy(&model, &prompt, a.n_predict)?;
 

@@ -14,7 +14,7 @@ use common::*;
 
 #[test]
 fn any_node_count_and_placement_gives_the_single_node_trace() {
-    for model in ["qwen3moe/q8_0.gguf", "olmoe/q4_0.gguf", "qwen3moe-k/q4_k_m.gguf", "qwen2moe/q8_0.gguf", "qwen3next/q8_0.gguf", "qwen35moe-k/q4_k_m.gguf"] {
+    for model in ["qwen3moe/q8_0.gguf", "olmoe/q4_0.gguf", "qwen3moe-k/q4_k_m.gguf", "qwen2moe/q8_0.gguf", "qwen3next/q8_0.gguf", "qwen35moe-k/q4_k_m.gguf", "deepseek3/q8_0.gguf", "gpt-oss/mxfp4_moe.gguf"] {
         let dir = tempfile::tempdir().unwrap();
         let m = fixture(model);
         let single = dir.path().join("single.trace");
@@ -171,16 +171,17 @@ fn slice(model: &Path, layers: &str, experts: &str, dir: &Path) -> PathBuf {
 
 #[test]
 fn workers_serving_shards_give_the_single_node_trace() {
-    for model in ["qwen3moe/q8_0.gguf", "olmoe/q4_0.gguf", "qwen35moe/q4_0.gguf"] {
+    for model in ["qwen3moe/q8_0.gguf", "olmoe/q4_0.gguf", "qwen35moe/q4_0.gguf", "deepseek3/q4_0.gguf"] {
         let dir = tempfile::tempdir().unwrap();
         let m = fixture(model);
         let single = dir.path().join("single.trace");
         trace(&m, &single, &[]);
         let token = token_file(dir.path());
-        // Every layer-expert held by exactly one shard, cut along both axes: all layers, or the first or
-        // second half of them.
-        let n = titan_engine::Config::from_gguf(&titan_gguf::GgufFile::open(&m).unwrap()).unwrap().n_layer;
-        let span = |a: usize, b: usize| if a == b { a.to_string() } else { format!("{a}-{b}") };
+        // Every layer-expert held by exactly one shard, cut along both axes: all MoE layers (DeepSeek's first
+        // layer is dense), or the first or second half of them.
+        let c = titan_engine::Config::from_gguf(&titan_gguf::GgufFile::open(&m).unwrap()).unwrap();
+        let (lo, n) = (c.dense_lead, c.n_layer - c.dense_lead);
+        let span = |a: usize, b: usize| if a == b { (lo + a).to_string() } else { format!("{}-{}", lo + a, lo + b) };
         let (all, first, second) = (span(0, n - 1), span(0, n / 2 - 1), span(n / 2, n - 1));
         let cuts = [(&all, "0-2"), (&first, "3-7"), (&second, "3-5"), (&second, "6-7")];
         let workers: Vec<Worker> = cuts.iter().enumerate().map(|(i, (l, e))| Worker::start_with("--shard", &slice(&m, l, e, dir.path()), dir.path(), &format!("w{i}"), "127.0.0.1:0")).collect();
@@ -430,4 +431,18 @@ fn a_hung_worker_misses_the_deadline_and_changes_no_byte() {
     assert_eq!(String::from_utf8_lossy(&text), String::from_utf8_lossy(&single), "the text differs after a node hung");
     assert!(err.contains(&format!("node 1 ({}) is down", workers[1].addr)) && err.contains("no answer within the deadline"), "{err}");
     assert!(took < Duration::from_secs(60), "the run took {took:?}: the hung node stalled it");
+}
+
+/// Models whose experts carry biases (gpt-oss) cannot be cut into shards yet: `titan slice` says why and
+/// what to do instead, and writes nothing; a dense layer cannot be sliced either.
+#[test]
+fn shards_of_unsupported_layers_and_models_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("shard.gguf");
+    let o = titan().arg("slice").arg(fixture("gpt-oss/q8_0.gguf")).args(["--layers", "0-1", "--experts", "0-3", "-o"]).arg(&out).output().unwrap();
+    assert!(!o.status.success() && !out.exists());
+    assert!(stderr(&o).contains("gpt-oss experts carry biases and a clamped activation that shards do not hold yet: give the node the whole model"), "{}", stderr(&o));
+    let o = titan().arg("slice").arg(fixture("deepseek3/q8_0.gguf")).args(["--layers", "0-2", "--experts", "0-3", "-o"]).arg(&out).output().unwrap();
+    assert!(!o.status.success() && !out.exists());
+    assert!(stderr(&o).contains("the model's first 1 layers are dense and have no experts; start the layers at 1"), "{}", stderr(&o));
 }

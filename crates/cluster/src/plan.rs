@@ -29,15 +29,17 @@ impl std::str::FromStr for Placement {
 
 pub struct Plan {
     n_layer: usize,
+    /// Layers 0..dense have no experts (DeepSeek's first layers): nobody holds anything there.
+    dense: usize,
     n_expert: usize,
     /// owners[layer * n_expert + expert]: node indices, primary first.
     owners: Vec<Vec<usize>>,
 }
 
 impl Plan {
-    /// Places `n_expert` experts of each of `n_layer` layers on nodes of the given budgets, each expert
-    /// on `replicas` distinct nodes (the primary, then the next nodes in order).
-    pub fn new(n_layer: usize, n_expert: usize, budgets: &[u64], placement: Placement, replicas: usize) -> Result<Plan> {
+    /// Places `n_expert` experts of each of the layers dense..n_layer on nodes of the given budgets, each
+    /// expert on `replicas` distinct nodes (the primary, then the next nodes in order).
+    pub fn new(n_layer: usize, dense: usize, n_expert: usize, budgets: &[u64], placement: Placement, replicas: usize) -> Result<Plan> {
         let n = budgets.len();
         if n == 0 {
             bail!("a plan needs at least one node");
@@ -62,25 +64,26 @@ impl Plan {
             }
         };
         let per_layer: Vec<Vec<usize>> = primary.iter().map(|&p| (0..replicas).map(|r| (p + r) % n).collect()).collect();
-        let owners = (0..n_layer).flat_map(|_| per_layer.iter().cloned()).collect();
-        Ok(Plan { n_layer, n_expert, owners })
+        let none = vec![Vec::new(); n_expert];
+        let owners = (0..n_layer).flat_map(|l| if l < dense { none.clone() } else { per_layer.clone() }).collect();
+        Ok(Plan { n_layer, dense, n_expert, owners })
     }
 
     /// The plan of nodes that hold fixed shards: each expert on the nodes whose shard holds it, in node
     /// order (`None`: the node holds the whole model and takes the experts no shard holds, evenly).
-    pub fn from_holdings(n_layer: usize, n_expert: usize, holdings: &[Option<Vec<SliceSpec>>]) -> Plan {
+    pub fn from_holdings(n_layer: usize, dense: usize, n_expert: usize, holdings: &[Option<Vec<SliceSpec>>]) -> Plan {
         let whole: Vec<usize> = (0..holdings.len()).filter(|&n| holdings[n].is_none()).collect();
         let mut owners = Vec::with_capacity(n_layer * n_expert);
         for l in 0..n_layer {
             for e in 0..n_expert {
                 let mut o: Vec<usize> = (0..holdings.len()).filter(|&n| holdings[n].as_ref().is_some_and(|h| h.iter().any(|s| s.contains(l, e)))).collect();
-                if o.is_empty() && !whole.is_empty() {
+                if o.is_empty() && !whole.is_empty() && l >= dense {
                     o.push(whole[e % whole.len()]);
                 }
                 owners.push(o);
             }
         }
-        Plan { n_layer, n_expert, owners }
+        Plan { n_layer, dense, n_expert, owners }
     }
 
     /// Gives each of `hot` (layer, expert) a second copy, on the next node after its primary: the experts a
@@ -110,8 +113,8 @@ impl Plan {
         for (i, name) in nodes.iter().enumerate() {
             let held = |l: usize| -> Vec<usize> { (0..self.n_expert).filter(|&e| self.owners(l, e).contains(&i)).collect() };
             let mut parts = Vec::new();
-            let mut first = 0;
-            for l in 1..=self.n_layer {
+            let mut first = self.dense;
+            for l in self.dense + 1..=self.n_layer {
                 if l == self.n_layer || held(l) != held(first) {
                     let which = if first == 0 && l == self.n_layer { format!("each of {} layers", self.n_layer) } else { format!("layers {}", ranges(&(first..l).collect::<Vec<_>>())) };
                     let h = held(first);
@@ -124,7 +127,7 @@ impl Plan {
             let primary = (0..self.n_layer).flat_map(|l| (0..self.n_expert).map(move |e| (l, e))).filter(|&(l, e)| self.owners(l, e).first() == Some(&i)).count();
             let _ = writeln!(out, "  node {i} {name}: {} ({primary} layer-experts as primary)", if parts.is_empty() { "nothing".into() } else { parts.join("; ") });
         }
-        let orphans = self.owners.iter().filter(|o| o.is_empty()).count();
+        let orphans = self.owners[self.dense * self.n_expert..].iter().filter(|o| o.is_empty()).count();
         if orphans > 0 {
             let _ = writeln!(out, "  backbone: {orphans} layer-experts no node holds");
         }
@@ -153,30 +156,30 @@ mod tests {
 
     #[test]
     fn contiguous_follows_budgets() {
-        let p = Plan::new(2, 8, &[1, 1, 2], Placement::Contiguous, 1).unwrap();
+        let p = Plan::new(2, 0, 8, &[1, 1, 2], Placement::Contiguous, 1).unwrap();
         let primaries: Vec<usize> = (0..8).map(|e| p.owners(1, e)[0]).collect();
         assert_eq!(primaries, [0, 0, 1, 1, 2, 2, 2, 2]);
-        let even = Plan::new(1, 8, &[0, 0, 0], Placement::Contiguous, 1).unwrap();
+        let even = Plan::new(1, 0, 8, &[0, 0, 0], Placement::Contiguous, 1).unwrap();
         assert_eq!((0..8).map(|e| even.owners(0, e)[0]).collect::<Vec<_>>(), [0, 0, 1, 1, 1, 2, 2, 2]);
     }
 
     #[test]
     fn interleaved_with_replicas() {
-        let p = Plan::new(1, 5, &[1, 1], Placement::Interleaved, 2).unwrap();
+        let p = Plan::new(1, 0, 5, &[1, 1], Placement::Interleaved, 2).unwrap();
         assert_eq!(p.owners(0, 0), [0, 1]);
         assert_eq!(p.owners(0, 3), [1, 0]);
         assert!(p.describe(&["a".into(), "b".into()]).contains("experts 0-4 of each of 1 layers"));
-        assert!(Plan::new(1, 5, &[1, 1], Placement::Interleaved, 3).is_err());
+        assert!(Plan::new(1, 0, 5, &[1, 1], Placement::Interleaved, 3).is_err());
     }
 
     #[test]
     fn hot_experts_get_a_second_node() {
-        let mut p = Plan::new(2, 4, &[1, 1, 1], Placement::Contiguous, 1).unwrap();
+        let mut p = Plan::new(2, 0, 4, &[1, 1, 1], Placement::Contiguous, 1).unwrap();
         p.replicate(&[(0, 0), (1, 3), (1, 9)], 3);
         assert_eq!(p.owners(0, 0), [0, 1]);
         assert_eq!(p.owners(1, 3), [2, 0]);
         assert_eq!(p.owners(0, 3), [2]);
-        let mut one = Plan::new(1, 2, &[1], Placement::Contiguous, 1).unwrap();
+        let mut one = Plan::new(1, 0, 2, &[1], Placement::Contiguous, 1).unwrap();
         one.replicate(&[(0, 0)], 1);
         assert_eq!(one.owners(0, 0), [0], "no second node to copy to");
     }
@@ -184,13 +187,13 @@ mod tests {
     #[test]
     fn shards_place_what_they_hold() {
         let spec = |layers, experts| vec![SliceSpec { layers, experts }];
-        let p = Plan::from_holdings(2, 4, &[Some(spec(0..=1, 0..=1)), Some(spec(0..=0, 2..=3)), None]);
+        let p = Plan::from_holdings(2, 0, 4, &[Some(spec(0..=1, 0..=1)), Some(spec(0..=0, 2..=3)), None]);
         assert_eq!(p.owners(0, 1), [0]);
         assert_eq!(p.owners(0, 3), [1]);
         assert_eq!(p.owners(1, 3), [2], "no shard holds it: the whole-model node");
         let text = p.describe(&["a".into(), "b".into(), "c".into()]);
         assert!(text.contains("b: experts 2-3 of layers 0 "), "{text}");
-        let none = Plan::from_holdings(1, 2, &[Some(spec(0..=0, 0..=0))]);
+        let none = Plan::from_holdings(1, 0, 2, &[Some(spec(0..=0, 0..=0))]);
         assert!(none.owners(0, 1).is_empty());
         assert!(none.describe(&["a".into()]).contains("backbone: 1 layer-experts"));
     }
@@ -199,5 +202,15 @@ mod tests {
     fn id_ranges() {
         assert_eq!(ranges(&[0, 1, 2, 5, 7, 8]), "0-2, 5, 7-8");
         assert_eq!(ranges(&[]), "none");
+    }
+
+    /// Dense layers (no experts) are nobody's: no owners, not described, not counted for the backbone.
+    #[test]
+    fn dense_layers_are_held_by_no_node() {
+        let p = Plan::new(3, 1, 4, &[1, 1], Placement::Contiguous, 1).unwrap();
+        assert!((0..4).all(|e| p.owners(0, e).is_empty()));
+        assert_eq!((p.owners(1, 0), p.owners(2, 3)), (&[0][..], &[1][..]));
+        let text = p.describe(&["a".into(), "b".into()]);
+        assert!(text.contains("a: experts 0-1 of layers 1-2 (4 layer-experts as primary)") && !text.contains("backbone"), "{text}");
     }
 }

@@ -117,7 +117,8 @@ struct State {
 impl Cluster {
     /// Connects to every node (each must be up, hold the same model and accept the token), plans the
     /// placement from their budgets, and returns the source; `local` computes what no live node does.
-    pub fn connect(local: Box<dyn Experts>, n_layer: usize, n_expert: usize, opts: ClusterOptions) -> Result<Cluster> {
+    /// Layers 0..dense have no experts.
+    pub fn connect(local: Box<dyn Experts>, n_layer: usize, dense: usize, n_expert: usize, opts: ClusterOptions) -> Result<Cluster> {
         let mut nodes = Vec::new();
         let mut budgets = Vec::new();
         let mut holdings = Vec::new();
@@ -133,10 +134,10 @@ impl Cluster {
         }
         let (plan, plan_kind) = if holdings.iter().any(Option::is_some) {
             // Shards decide: each node computes what it holds.
-            (Plan::from_holdings(n_layer, n_expert, &holdings), "each node serves the experts of its shard".to_string())
+            (Plan::from_holdings(n_layer, dense, n_expert, &holdings), "each node serves the experts of its shard".to_string())
         } else {
             let copies = if opts.replicas == 1 { "1 copy".into() } else { format!("{} copies", opts.replicas) };
-            let mut plan = Plan::new(n_layer, n_expert, &budgets, opts.placement, opts.replicas)?;
+            let mut plan = Plan::new(n_layer, dense, n_expert, &budgets, opts.placement, opts.replicas)?;
             plan.replicate(&opts.hot, budgets.len());
             let hot = if opts.hot.is_empty() { String::new() } else { format!(", {} hot layer-experts on a second node", opts.hot.len()) };
             (plan, format!("{:?} placement, {copies} of each expert{hot}", opts.placement).to_lowercase())

@@ -113,6 +113,12 @@ impl Shard {
         if *spec.layers.end() >= config.n_layer || *spec.experts.end() >= config.n_expert {
             bail!("layers {:?} × experts {:?} is outside the model ({} layers of {} experts)", spec.layers, spec.experts, config.n_layer, config.n_expert);
         }
+        if config.expert_act != titan_engine::config::Activation::Silu {
+            bail!("{} experts carry biases and a clamped activation that shards do not hold yet: give the node the whole model (--model)", config.arch_name);
+        }
+        if *spec.layers.start() < config.dense_lead {
+            bail!("layers {:?}: the model's first {} layers are dense and have no experts; start the layers at {}", spec.layers, config.dense_lead, config.dense_lead);
+        }
         let keys: Vec<(usize, usize)> = spec.layers.clone().flat_map(|l| spec.experts.clone().map(move |e| (l, e))).collect();
         let digests = keys.par_iter().map(|&(l, e)| digests.get(src, l, e)).collect::<Result<Vec<_>>>()?;
 
@@ -235,6 +241,9 @@ impl ShardExperts {
         };
         let spec = SliceSpec { layers: range(KEY_LAYERS)?, experts: range(KEY_EXPERTS)? };
         let config = Config::of_part(&file)?;
+        if config.expert_act != titan_engine::config::Activation::Silu {
+            return Err(bad(format!("a {} shard: its experts need biases a shard does not hold", config.arch_name)));
+        }
         if *spec.layers.end() >= config.n_layer || *spec.experts.end() >= config.n_expert {
             return Err(bad(format!("holds layers {:?} × experts {:?} of a model of {} × {}", spec.layers, spec.experts, config.n_layer, config.n_expert)));
         }
@@ -304,7 +313,8 @@ impl ShardExperts {
     pub fn weights(&self, l: usize, e: usize) -> Option<ExpertWeights<'_>> {
         self.spec.contains(l, e).then(|| {
             let [gate, up, down] = self.views(l, e);
-            ExpertWeights { gate, up, down }
+            // Shards are refused for models whose experts have biases or another activation (see `plan`).
+            ExpertWeights { gate, up, down, bias: None, act: titan_engine::config::Activation::Silu }
         })
     }
 

@@ -65,6 +65,8 @@ struct Shared {
     model: Arc<GgufFile>,
     identity: String,
     n_layer: usize,
+    /// Layers 0..dense have no experts.
+    dense: usize,
     n_expert: usize,
     opts: SliceServerOptions,
     digests: Digests,
@@ -92,6 +94,7 @@ impl SliceServer {
             identity: crate::model_identity(&model),
             digests: Digests::new(config.n_layer, config.n_expert),
             n_layer: config.n_layer,
+            dense: config.dense_lead,
             n_expert: config.n_expert,
             model,
             opts,
@@ -159,7 +162,7 @@ async fn join(State(s): State<Arc<Shared>>, headers: HeaderMap, body: axum::body
         budgets[i] = Some(j.budget);
         if s.plan.borrow().is_none() && budgets.iter().all(Option::is_some) {
             let b: Vec<u64> = budgets.iter().map(|b| b.unwrap_or(0)).collect();
-            match Plan::new(s.n_layer, s.n_expert, &b, s.opts.placement, s.opts.replicas) {
+            match Plan::new(s.n_layer, s.dense, s.n_expert, &b, s.opts.placement, s.opts.replicas) {
                 Ok(mut p) => {
                     p.replicate(&s.opts.hot, b.len());
                     let _ = s.plan.send(Some(Arc::new(p)));

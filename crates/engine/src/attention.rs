@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use crate::ops::{dot, softmax};
+use crate::ops::{dot, exp, softmax};
 
 /// Keys and values of every layer for one sequence, f32 (llama.cpp defaults to f16 here; f32 keeps the
 /// cache exact, and on MoE models it is a small share of memory at the context sizes TITAN targets).
@@ -18,28 +18,47 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// A cache for the layers whose `attends` entry is true (the others get none).
-    pub fn new(attends: &[bool], n_ctx: usize, kv_dim: usize) -> KvCache {
+    /// A cache for the layers whose `attends` entry is true (the others get none); keys only when
+    /// `values` is false (latent attention reads its values out of the keys).
+    pub fn new(attends: &[bool], n_ctx: usize, kv_dim: usize, values: bool) -> KvCache {
         let per_layer = |&a: &bool| if a { vec![0.0; n_ctx * kv_dim] } else { Vec::new() };
-        KvCache { n_ctx, kv_dim, k: attends.iter().map(per_layer).collect(), v: attends.iter().map(per_layer).collect() }
+        let v = if values { attends.iter().map(per_layer).collect() } else { vec![Vec::new(); attends.len()] };
+        KvCache { n_ctx, kv_dim, k: attends.iter().map(per_layer).collect(), v }
     }
 
     pub fn n_ctx(&self) -> usize {
         self.n_ctx
     }
 
-    /// Store rows of keys and values (`n × kv_dim` each) for positions pos..pos+n of `layer`.
+    /// Floats per position and layer.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+
+    /// Store rows of keys and values (`n × kv_dim` each; no values in a keys-only cache) for positions
+    /// pos..pos+n of `layer`.
     pub fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
         let at = pos * self.kv_dim;
         self.k[layer][at..at + k.len()].copy_from_slice(k);
-        self.v[layer][at..at + v.len()].copy_from_slice(v);
+        if !v.is_empty() {
+            self.v[layer][at..at + v.len()].copy_from_slice(v);
+        }
+    }
+
+    /// The keys of `layer`, position after position.
+    pub fn keys(&self, layer: usize) -> &[f32] {
+        &self.k[layer]
     }
 }
 
-pub struct AttnShape {
+pub struct AttnShape<'a> {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
+    /// Only the last `window` positions are seen (0: all of them).
+    pub window: usize,
+    /// Per head, a logit that joins the softmax's denominator and attends to nothing (gpt-oss).
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// `q`: n rows of n_head × head_dim for positions pos0..pos0+n; `out`: same shape; `scores`: working space.
@@ -63,14 +82,19 @@ pub fn attend(cache: &KvCache, layer: usize, s: &AttnShape, pos0: usize, q: &[f3
             let idx = task * per_task + j;
             let (i, h) = (idx / s.n_head, idx % s.n_head);
             let kv_off = (h / group) * s.head_dim;
-            let scores = &mut scores[..pos0 + i + 1];
-            for (t, sc) in scores.iter_mut().enumerate() {
+            let pos = pos0 + i;
+            let first = if s.window > 0 { (pos + 1).saturating_sub(s.window) } else { 0 };
+            let scores = &mut scores[first..=pos];
+            for (t, sc) in (first..).zip(scores.iter_mut()) {
                 let k = &keys[t * cache.kv_dim + kv_off..][..s.head_dim];
                 *sc = dot(qh, k) * scale;
             }
-            softmax(scores);
+            match s.sinks {
+                Some(sinks) => softmax_with_sink(scores, sinks[h]),
+                None => softmax(scores),
+            }
             oh.fill(0.0);
-            for (t, &p) in scores.iter().enumerate() {
+            for (t, &p) in (first..).zip(scores.iter()) {
                 let v = &values[t * cache.kv_dim + kv_off..][..s.head_dim];
                 for (o, &vv) in oh.iter_mut().zip(v) {
                     *o += p * vv;
@@ -78,4 +102,20 @@ pub fn attend(cache: &KvCache, layer: usize, s: &AttnShape, pos0: usize, q: &[f3
             }
         }
     });
+}
+
+/// Softmax in place with one more logit, `sink`, in the denominator only: the weights sum to less than
+/// one by what the sink takes (llama.cpp's soft_max with sinks).
+fn softmax_with_sink(x: &mut [f32], sink: f32) {
+    let max = x.iter().copied().fold(sink, f32::max);
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = exp(*v - max);
+        sum += *v;
+    }
+    sum += exp(sink - max);
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
 }

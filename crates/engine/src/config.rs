@@ -15,6 +15,37 @@ pub enum Arch {
     Qwen3Next,
     /// Qwen3.5 / 3.6 MoE: Qwen3-Next's layers, with the linear-attention heads in the converter's order.
     Qwen35Moe,
+    /// DeepSeek-V2 / V3 (and models built on them): multi-head latent attention, dense first layers,
+    /// shared experts, softmax or sigmoid scores with group-limited choice.
+    DeepSeek2,
+    /// gpt-oss: attention sinks, a sliding window on every other layer, biases everywhere, a softmax over
+    /// the chosen experts' logits, and a clamped SwiGLU.
+    GptOss,
+}
+
+/// The experts' activation between their gate/up and down projections.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// silu(gate) · up.
+    Silu,
+    /// gpt-oss: g · sigmoid(alpha · g) · (u + 1), with g = min(gate, limit) and u = up clamped to ±limit.
+    ClampedSwiglu { alpha: f32, limit: f32 },
+}
+
+/// Multi-head latent attention's dimensions (DeepSeek-V2/V3): keys and values are decompressed per head
+/// from one shared latent vector per position, which is all the cache holds (with the RoPE part of the
+/// key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaShape {
+    /// Rank of the query's compression (`attention.q_lora_rank`), 0 when the query is projected directly.
+    pub q_lora: usize,
+    /// Size of the latent vector (`attention.kv_lora_rank`).
+    pub kv_lora: usize,
+    /// Per head: the query/key part without RoPE, the part with RoPE (shared by all heads on the key side),
+    /// and the value size.
+    pub nope: usize,
+    pub rope: usize,
+    pub v_dim: usize,
 }
 
 /// What mixes a layer's tokens: softmax attention over a KV cache, or a Gated DeltaNet (linear
@@ -110,6 +141,72 @@ pub struct Config {
     pub attn_gate: bool,
     /// The linear-attention layers' dimensions (hybrid architectures only).
     pub delta_net: Option<DeltaNetShape>,
+    /// Multi-head latent attention (DeepSeek-V2/V3 only).
+    pub mla: Option<MlaShape>,
+    /// How many layers at the start have a dense feed-forward of `dense_ff` instead of experts.
+    pub dense_lead: usize,
+    pub dense_ff: usize,
+    /// Expert scores by sigmoid instead of softmax (DeepSeek-V3).
+    pub sigmoid_scores: bool,
+    /// Group-limited expert choice: experts in `expert_groups` groups, chosen from the best
+    /// `expert_groups_used` (1 and 1: no groups).
+    pub expert_groups: usize,
+    pub expert_groups_used: usize,
+    /// The chosen experts' weights are multiplied by this (DeepSeek's routed scaling factor; else 1).
+    pub expert_weights_scale: f32,
+    /// The shared expert's output is scaled by a sigmoid gate (Qwen2-MoE, the hybrids), or added as it is.
+    pub shared_gated: bool,
+    /// YaRN context extension of RoPE.
+    pub yarn: Option<Yarn>,
+    /// Layers whose attention only sees the last `sliding_window` positions (gpt-oss: every other one).
+    pub sliding: Vec<bool>,
+    pub sliding_window: usize,
+    /// Experts are chosen by their raw logits and weighed by a softmax over the chosen ones (gpt-oss).
+    pub softmax_chosen: bool,
+    pub expert_act: Activation,
+}
+
+/// YaRN's RoPE scaling, as llama.cpp applies it (`rope_yarn` in ggml, its factors in `llama_context`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f32,
+    pub orig_ctx: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// `rope.scaling.yarn_log_multiplier` (DeepSeek's mscale_all_dim), 0 if absent.
+    pub log_mul: f32,
+    /// DeepSeek-V2's special case of the attention factor.
+    pub deepseek: bool,
+}
+
+impl Yarn {
+    /// YaRN's magnitude scaling for a scale and an mscale (transformers' `get_mscale`).
+    fn mscale(scale: f32, m: f32) -> f32 {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * libm::logf(scale) + 1.0
+        }
+    }
+
+    /// What cos and sin are multiplied by: llama.cpp's attention factor, which it divides by
+    /// 1 + 0.1 ln(factor) and ggml's `rope_yarn` multiplies back.
+    pub fn rope_mscale(&self) -> f32 {
+        let f = self.factor;
+        if self.log_mul != 0.0 {
+            let m = if self.deepseek && self.log_mul != 1.0 { self.log_mul } else { 1.0 };
+            Yarn::mscale(f, m) / Yarn::mscale(f, self.log_mul)
+        } else {
+            Yarn::mscale(f, 1.0)
+        }
+    }
+
+    /// The first and last pair index (fractional, as ggml's `ggml_rope_yarn_corr_dims`) between which
+    /// YaRN blends from extrapolation to interpolation, for `dims` rotated dimensions.
+    pub fn corr_dims(&self, dims: usize, base: f32) -> (f32, f32) {
+        let corr = |beta: f32| dims as f32 * libm::logf(self.orig_ctx as f32 / (beta * 2.0 * std::f32::consts::PI)) / (2.0 * libm::logf(base));
+        (libm::floorf(corr(self.beta_fast)).max(0.0), libm::ceilf(corr(self.beta_slow)).min(dims as f32 - 1.0))
+    }
 }
 
 /// How many transformer blocks the file has tensors for: one more than the highest `blk.N.` prefix.
@@ -143,10 +240,12 @@ impl Config {
             "llama" if n_expert > 0 => Arch::Mixtral,
             "qwen3next" => Arch::Qwen3Next,
             "qwen35moe" => Arch::Qwen35Moe,
+            "deepseek2" => Arch::DeepSeek2,
+            "gpt-oss" => Arch::GptOss,
             "llama" => return Err(bad("architecture llama without experts (a dense model) is not supported: TITAN runs mixture-of-experts models".into())),
             other => {
                 return Err(bad(format!(
-                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe)"
+                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, deepseek2, gpt-oss)"
                 )))
             }
         };
@@ -164,7 +263,10 @@ impl Config {
             None if n_head > 0 => n_embd / n_head,
             None => 0,
         };
-        if let Some(v) = f.get_u64(&k("attention.value_length"))? {
+        let mla = if arch == Arch::DeepSeek2 { Some(mla_shape(f, &k).map_err(bad)?) } else { None };
+        // MLA's key_length is the latent vector's plus the RoPE part; a head's query/key is key_length_mla.
+        let head_dim = mla.map_or(head_dim, |m| m.nope + m.rope);
+        if let (Some(v), None) = (f.get_u64(&k("attention.value_length"))?, mla) {
             if v as usize != head_dim {
                 return Err(bad(format!("attention.value_length {v} differs from key_length {head_dim}, which is not supported")));
             }
@@ -174,17 +276,44 @@ impl Config {
             Some(v) => v as usize,
             None => need("feed_forward_length")?,
         };
-        let shared_ff = f.get_u64(&k("expert_shared_feed_forward_length"))?.unwrap_or(0) as usize;
+        // DeepSeek writes a count of shared experts of the routed experts' size instead of a length.
+        let shared_ff = match f.get_u64(&k("expert_shared_count"))? {
+            Some(n) if arch == Arch::DeepSeek2 => n as usize * expert_ff,
+            _ => f.get_u64(&k("expert_shared_feed_forward_length"))?.unwrap_or(0) as usize,
+        };
+        let dense_lead = f.get_u64(&k("leading_dense_block_count"))?.unwrap_or(0) as usize;
+        let dense_ff = if dense_lead > 0 { need("feed_forward_length")? } else { 0 };
+        // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid; absent means softmax.
+        let sigmoid_scores = match f.get_u64(&k("expert_gating_func"))? {
+            None | Some(1) => false,
+            Some(2) => true,
+            Some(g) => return Err(bad(format!("{} {g} is not supported (1 softmax, 2 sigmoid)", k("expert_gating_func")))),
+        };
+        let expert_groups = f.get_u64(&k("expert_group_count"))?.unwrap_or(1).max(1) as usize;
+        let expert_groups_used = f.get_u64(&k("expert_group_used_count"))?.unwrap_or(expert_groups as u64) as usize;
+        let expert_weights_scale = f.get_f64(&k("expert_weights_scale"))?.unwrap_or(1.0) as f32;
         let rms_eps = f.get_f64(&k("attention.layer_norm_rms_epsilon"))?.ok_or_else(|| bad(format!("missing {}", k("attention.layer_norm_rms_epsilon"))))? as f32;
         let rope_base = f.get_f64(&k("rope.freq_base"))?.unwrap_or(10000.0) as f32;
         let rope_dims = f.get_u64(&k("rope.dimension_count"))?.map(|v| v as usize).unwrap_or(head_dim);
         // Qwen3.5's multi-section RoPE (`rope.dimension_sections`) gives text tokens the same position in
         // every section, which makes it the plain rotation over `rope.dimension_count` dimensions.
-        if let Some(t) = f.get_str(&k("rope.scaling.type"))? {
-            if t != "none" && t != "linear" || f.get_f64(&k("rope.scaling.factor"))?.is_some_and(|x| x != 1.0 && x != 0.0) {
-                return Err(bad(format!("RoPE scaling {t:?} is not supported yet")));
+        let factor = f.get_f64(&k("rope.scaling.factor"))?.unwrap_or(1.0) as f32;
+        let yarn = match f.get_str(&k("rope.scaling.type"))? {
+            Some("yarn") => {
+                let get = |key: &str, default: f32| -> Result<f32> { Ok(f.get_f64(&k(key))?.map_or(default, |v| v as f32)) };
+                // llama.cpp divides DeepSeek-V2's log multiplier by 0.1 again, undoing its converter's factor.
+                let log_mul = get("rope.scaling.yarn_log_multiplier", 0.0)? / if arch == Arch::DeepSeek2 { 0.1 } else { 1.0 };
+                let orig_ctx = f.get_u64(&k("rope.scaling.original_context_length"))?.unwrap_or(0) as usize;
+                let y = Yarn { factor, orig_ctx, beta_fast: get("rope.scaling.yarn_beta_fast", 32.0)?, beta_slow: get("rope.scaling.yarn_beta_slow", 1.0)?, log_mul, deepseek: arch == Arch::DeepSeek2 };
+                if !(factor.is_finite() && factor >= 1.0) || orig_ctx == 0 || !(y.beta_fast.is_finite() && y.beta_slow.is_finite() && log_mul.is_finite()) {
+                    return Err(bad(format!("YaRN scaling with factor {factor}, original context {orig_ctx}, betas {} and {} is not supported", y.beta_fast, y.beta_slow)));
+                }
+                Some(y)
             }
-        }
+            Some("none" | "linear") | None if factor == 1.0 || factor == 0.0 => None,
+            Some(t) => return Err(bad(format!("RoPE scaling {t:?} by {factor} is not supported yet"))),
+            None => return Err(bad(format!("RoPE scaling factor {factor} without a scaling type is not supported"))),
+        };
         let n_ctx_train = f.get_u64(&k("context_length"))?.unwrap_or(4096) as usize;
         let n_vocab = match f.get_array("tokenizer.ggml.tokens")? {
             Some(a) => a.len(),
@@ -196,7 +325,20 @@ impl Config {
             Arch::Olmoe => (RopeStyle::Halves, QkNorm::Whole, false, false),
             Arch::Mixtral => (RopeStyle::Adjacent, QkNorm::None, false, true),
             Arch::Qwen3Next | Arch::Qwen35Moe => (RopeStyle::Halves, QkNorm::PerHead, false, true),
+            Arch::DeepSeek2 => (RopeStyle::Adjacent, QkNorm::None, false, false),
+            Arch::GptOss => (RopeStyle::Halves, QkNorm::None, true, false),
         };
+        let gpt_oss = arch == Arch::GptOss;
+        // llama.cpp's pattern for gpt-oss: layers 0, 2, 4, … slide, unless the file lists them.
+        let sliding_window = f.get_u64(&k("attention.sliding_window"))?.unwrap_or(0) as usize;
+        let sliding: Vec<bool> = match f.get_array(&k("attention.sliding_window_pattern"))? {
+            Some(a) => a.iter().take(n_layer).map(|v| v.as_bool().unwrap_or(false)).collect(),
+            None if gpt_oss => (0..n_layer).map(|i| i % 2 == 0).collect(),
+            None => vec![false; n_layer],
+        };
+        if sliding.len() != n_layer || sliding.iter().any(|&s| s) && sliding_window == 0 {
+            return Err(bad(format!("{} does not describe {n_layer} layers with a positive window", k("attention.sliding_window_pattern"))));
+        }
         let hybrid = matches!(arch, Arch::Qwen3Next | Arch::Qwen35Moe);
         // llama.cpp always renormalises the hybrids' top-k weights, whatever the metadata says.
         let norm_topk = hybrid || f.get_bool(&k("expert_weights_norm"))?.unwrap_or(default_norm);
@@ -213,7 +355,10 @@ impl Config {
         let c = Config {
             arch, arch_name, n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ctx_train, rms_eps, rope_base,
             rope_dims, rope_style, qk_norm, qkv_bias, n_expert, n_expert_used, expert_ff, shared_ff, norm_topk, mixers,
-            attn_gate: hybrid, delta_net,
+            attn_gate: hybrid, delta_net, mla, dense_lead, dense_ff, sigmoid_scores, expert_groups, expert_groups_used,
+            expert_weights_scale, shared_gated: arch != Arch::DeepSeek2, yarn, sliding, sliding_window, softmax_chosen: gpt_oss,
+            // llama.cpp's constants for gpt-oss (the files carry no key for them)
+            expert_act: if gpt_oss { Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 } } else { Activation::Silu },
         };
         c.validate().map_err(bad)?;
         Ok(c)
@@ -242,6 +387,18 @@ impl Config {
         if self.n_expert_used > self.n_expert {
             return Err(format!("expert_used_count {} exceeds expert_count {}", self.n_expert_used, self.n_expert));
         }
+        if self.dense_lead > self.n_layer || self.dense_lead > 0 && self.dense_ff == 0 {
+            return Err(format!("leading_dense_block_count {} with feed_forward_length {} does not fit {} layers", self.dense_lead, self.dense_ff, self.n_layer));
+        }
+        if !self.n_expert.is_multiple_of(self.expert_groups) || self.expert_groups_used == 0 || self.expert_groups_used > self.expert_groups {
+            return Err(format!("{} experts in {} groups, {} of them used, is not a valid grouping", self.n_expert, self.expert_groups, self.expert_groups_used));
+        }
+        if self.expert_groups > 1 && self.n_expert / self.expert_groups < 2 || self.expert_groups_used * (self.n_expert / self.expert_groups) < self.n_expert_used {
+            return Err(format!("{} experts in {} groups cannot give {} from {} groups", self.n_expert, self.expert_groups, self.n_expert_used, self.expert_groups_used));
+        }
+        if !(self.expert_weights_scale.is_finite() && self.expert_weights_scale > 0.0) {
+            return Err(format!("expert_weights_scale is {}; it must be a positive number", self.expert_weights_scale));
+        }
         if self.rope_dims > self.head_dim || !self.rope_dims.is_multiple_of(2) {
             return Err(format!("rope.dimension_count {} does not fit head size {}", self.rope_dims, self.head_dim));
         }
@@ -255,8 +412,25 @@ impl Config {
         self.n_head * self.head_dim
     }
 
+    /// Floats the KV cache holds per position and layer: keys and values of every KV head, or with MLA
+    /// the latent vector and the key's RoPE part.
     pub fn kv_dim(&self) -> usize {
-        self.n_head_kv * self.head_dim
+        match self.mla {
+            Some(m) => m.kv_lora + m.rope,
+            None => self.n_head_kv * self.head_dim,
+        }
+    }
+
+    /// The attention scores' scale: 1/sqrt(head size), times DeepSeek's YaRN factor squared.
+    pub fn attn_scale(&self) -> f32 {
+        let base = 1.0 / (self.head_dim as f32).sqrt();
+        match (self.arch, self.yarn) {
+            (Arch::DeepSeek2, Some(y)) => {
+                let m = y.rope_mscale() * (1.0 + 0.1 * y.log_mul * libm::logf(y.factor));
+                m * m * base
+            }
+            _ => base,
+        }
     }
 
     /// Rows of the query projection: the queries, and as many gate values when attention is gated.
@@ -272,6 +446,19 @@ impl Config {
     pub fn n_attention_layers(&self) -> usize {
         self.mixers.iter().filter(|&&m| m == Mixer::Attention).count()
     }
+}
+
+/// DeepSeek's latent-attention dimensions.
+fn mla_shape(f: &GgufFile, k: &dyn Fn(&str) -> String) -> std::result::Result<MlaShape, String> {
+    let get = |key: &str| -> std::result::Result<Option<usize>, String> { f.get_u64(&k(key)).map(|v| v.map(|v| v as usize)).map_err(|e| e.to_string()) };
+    let need = |key: &str| get(key)?.ok_or_else(|| format!("missing {}", k(key)));
+    let rope = need("rope.dimension_count")?;
+    let key_mla = need("attention.key_length_mla")?;
+    let m = MlaShape { q_lora: get("attention.q_lora_rank")?.unwrap_or(0), kv_lora: need("attention.kv_lora_rank")?, nope: key_mla.saturating_sub(rope), rope, v_dim: need("attention.value_length_mla")? };
+    if m.kv_lora == 0 || m.nope == 0 || m.v_dim == 0 {
+        return Err(format!("latent attention of rank {}, key length {key_mla} with {rope} RoPE dimensions and value length {} is not supported", m.kv_lora, m.v_dim));
+    }
+    Ok(m)
 }
 
 /// The hybrids' layer pattern and linear-attention dimensions. Which layers are linear comes from

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use titan_kernels::{matmul_many, Activations, MatmulJob, WeightView};
 use titan_store::ExpertCache;
 
-use crate::ops::silu;
+use crate::config::Activation;
+use crate::ops::{add_bias, exp, silu};
 use crate::scratch::{recycle, slots};
-use crate::weights::Weights;
+use crate::weights::{ExpertBias, ExpertExtras, Weights};
 use crate::{EngineError, Result};
 
 /// One layer's work for the experts: expert `ids[i]` applied to rows `rows_of(i)` of `input`.
@@ -111,16 +112,18 @@ pub enum ExpertSource {
     /// whole model fits in memory, or the page cache copes.
     Resident(Arc<Weights>),
     /// Served by a bounded cache over an expert store: a layer's misses are read together, and each
-    /// expert is computed as soon as its record has arrived.
-    Streamed(ExpertCache),
+    /// expert is computed as soon as its record has arrived. The biases and activation stay resident.
+    Streamed(ExpertCache, Arc<ExpertExtras>),
 }
 
-/// One expert's three matrices.
+/// One expert's three matrices, its biases if the model has them, and its activation.
 #[derive(Clone, Copy)]
 pub struct ExpertWeights<'a> {
     pub gate: WeightView<'a>,
     pub up: WeightView<'a>,
     pub down: WeightView<'a>,
+    pub bias: Option<ExpertBias<'a>>,
+    pub act: Activation,
 }
 
 impl Experts for ExpertSource {
@@ -133,7 +136,7 @@ impl Experts for ExpertSource {
     fn cache(&self) -> Option<&ExpertCache> {
         match self {
             ExpertSource::Resident(_) => None,
-            ExpertSource::Streamed(c) => Some(c),
+            ExpertSource::Streamed(c, _) => Some(c),
         }
     }
 }
@@ -181,22 +184,24 @@ impl ExpertSource {
     ) -> Result<()> {
         match self {
             ExpertSource::Resident(w) => {
-                let l = &w.layers[layer];
+                let l = w.layers[layer].experts();
                 let mut all: Vec<ExpertWeights> = recycle(std::mem::take(views));
                 all.extend(ids.iter().map(|&e| {
                     let e = e as usize;
-                    ExpertWeights { gate: w.view(&l.gate_exps.expert(e)), up: w.view(&l.up_exps.expert(e)), down: w.view(&l.down_exps.expert(e)) }
+                    let (bias, act) = (w.extras.bias(layer, e), w.extras.act);
+                    ExpertWeights { gate: w.view(&l.gate_exps.expert(e)), up: w.view(&l.up_exps.expert(e)), down: w.view(&l.down_exps.expert(e)), bias, act }
                 }));
                 let r = f(0, &all);
                 *views = recycle(all);
                 r
             }
-            ExpertSource::Streamed(cache) => {
+            ExpertSource::Streamed(cache, extras) => {
                 // The callback cannot return an error to the cache; keep the first one and stop computing.
                 let mut failed: Option<EngineError> = None;
                 cache.get_layer_with(layer, ids, &mut |i, rec| {
                     if failed.is_none() {
-                        let ew = ExpertWeights { gate: rec.gate().weight_view(), up: rec.up().weight_view(), down: rec.down().weight_view() };
+                        let (bias, act) = (extras.bias(layer, ids[i] as usize), extras.act);
+                        let ew = ExpertWeights { gate: rec.gate().weight_view(), up: rec.up().weight_view(), down: rec.down().weight_view(), bias, act };
                         if let Err(e) = f(i, std::slice::from_ref(&ew)) {
                             failed = Some(e);
                         }
@@ -244,9 +249,23 @@ pub fn swiglu_many<'s>(ffns: &[ExpertWeights<'_>], x: &[Activations], s: &'s mut
     matmul_many(&mut jobs)?;
     // A fresh list for the down products: this ends the first list's borrows of `gate` and `up`.
     let mut jobs: Vec<MatmulJob> = recycle(jobs);
-    for (((f, a), (g, u)), m) in ffns.iter().zip(x).zip(gate.iter_mut().zip(up.iter())).zip(mid.iter_mut()) {
-        for (p, &q) in g.iter_mut().zip(u.iter()) {
-            *p = silu(*p) * q;
+    for (((f, a), (g, u)), m) in ffns.iter().zip(x).zip(gate.iter_mut().zip(up.iter_mut())).zip(mid.iter_mut()) {
+        if let Some(b) = &f.bias {
+            add_bias(g, b.gate);
+            add_bias(u, b.up);
+        }
+        match f.act {
+            Activation::Silu => {
+                for (p, &q) in g.iter_mut().zip(u.iter()) {
+                    *p = silu(*p) * q;
+                }
+            }
+            Activation::ClampedSwiglu { alpha, limit } => {
+                for (p, &q) in g.iter_mut().zip(u.iter()) {
+                    let x = p.min(limit);
+                    *p = x / (1.0 + exp(-alpha * x)) * (q.clamp(-limit, limit) + 1.0);
+                }
+            }
         }
         m.quantize(f.down.ty.act_type(), g, a.rows(), f.gate.rows)?;
     }
@@ -256,5 +275,10 @@ pub fn swiglu_many<'s>(ffns: &[ExpertWeights<'_>], x: &[Activations], s: &'s mut
     }
     matmul_many(&mut jobs)?;
     s.jobs = recycle(jobs);
+    for (f, y) in ffns.iter().zip(s.out.iter_mut()) {
+        if let Some(b) = &f.bias {
+            add_bias(y, b.down);
+        }
+    }
     Ok(&s.out[..n])
 }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod delta_net;
 pub mod experts;
 pub mod generate;
+pub mod latent;
 pub mod model;
 pub mod moe;
 pub mod ops;

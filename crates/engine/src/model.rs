@@ -13,12 +13,13 @@ use crate::attention::{attend, AttnShape, KvCache};
 use crate::config::{Config, Mixer, RopeStyle};
 use crate::delta_net::{self, DeltaScratch, DeltaState};
 use crate::experts::{ExpertSource, Experts};
-use crate::moe::{moe_block, MoeScratch, Routing};
+use crate::latent::attend_latent;
+use crate::moe::{dense_ffn, moe_block, MoeScratch, RouteRule, Routing};
 use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head, sigmoid};
 use crate::scratch::{recycle, slots};
 use crate::stats::{Phase, Stats};
 use crate::trace::Trace;
-use crate::weights::{Attention, BetaAlpha, DeltaNet, Layer, Mat, Mixing, Residency, Weights};
+use crate::weights::{Attention, BetaAlpha, DeltaNet, ExpertExtras, Latent, LatentQuery, Mat, Mixing, Moe, Residency, Weights};
 use crate::{vocab, EngineError, Result};
 
 pub struct Model {
@@ -75,7 +76,7 @@ impl Model {
         let weights = Arc::new(weights);
         let prefetch = opts.stream.as_ref().is_some_and(|s| s.prefetch);
         let experts = match cache {
-            Some(c) => ExpertSource::Streamed(c),
+            Some(c) => ExpertSource::Streamed(c, weights.extras.clone()),
             None => ExpertSource::Resident(weights.clone()),
         };
         Ok(Model { config, weights, tokenizer, experts: Box::new(experts), prefetch, stats: Stats::default() })
@@ -88,7 +89,10 @@ impl Model {
         let file = GgufFile::open(path)?;
         let config = Config::from_gguf(&file)?;
         let source = match &opts.stream {
-            Some(s) => ExpertSource::Streamed(open_cache(s, &file)?),
+            Some(s) => {
+                let extras = Arc::new(ExpertExtras::load(&file, &config)?);
+                ExpertSource::Streamed(open_cache(s, &file)?, extras)
+            }
             None => {
                 // Shapes are checked for every tensor, dense ones included: a node refuses a broken file.
                 let mut weights = Weights::load(file, &config)?;
@@ -104,7 +108,9 @@ impl Model {
     pub fn kv_bytes(&self, n_ctx: usize) -> u128 {
         let c = &self.config;
         let recurrent = c.delta_net.map_or(0, |s| (c.n_layer - c.n_attention_layers()) * DeltaState::bytes(&s));
-        2 * 4 * c.n_attention_layers() as u128 * n_ctx as u128 * c.kv_dim() as u128 + recurrent as u128
+        // latent attention keeps keys only: its values are read out of them
+        let tensors = if c.mla.is_some() { 1 } else { 2 };
+        tensors * 4 * c.n_attention_layers() as u128 * n_ctx as u128 * c.kv_dim() as u128 + recurrent as u128
     }
 
     /// Refuse a context longer than the model was trained for (unless `past_training`: its positions
@@ -135,7 +141,7 @@ impl Model {
             Some(s) => c.mixers.iter().map(|&m| if m == Mixer::DeltaNet { DeltaState::new(&s) } else { DeltaState::default() }).collect(),
             None => Vec::new(),
         };
-        Sequence { mem: Memory { kv: KvCache::new(&attends, n_ctx, c.kv_dim()), delta, next: 0 }, scratch: Scratch::default() }
+        Sequence { mem: Memory { kv: KvCache::new(&attends, n_ctx, c.kv_dim(), c.mla.is_none()), delta, next: 0 }, scratch: Scratch::default() }
     }
 
     /// Run `tokens` at positions pos0.. of `seq` through the model, appending their keys and values to its
@@ -220,7 +226,7 @@ impl Model {
         let half = c.rope_dims / 2;
         let positions = parts.iter().flat_map(|p| p.pos0..p.pos0 + p.tokens.len());
         for ((cs, sn), pos) in cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)).zip(positions) {
-            rope_angles(pos, c.rope_dims, c.rope_base, cs, sn);
+            rope_angles(pos, c.rope_dims, c.rope_base, c.yarn.as_ref(), cs, sn);
         }
         let stats = &self.stats;
 
@@ -234,6 +240,7 @@ impl Model {
                 match &l.mixing {
                     Mixing::Attention(a) => self.attention(a, il, parts, h, (cos, sin), mixer, attn_out),
                     Mixing::DeltaNet(dn) => self.linear_attention(dn, il, parts, h, mixer, attn_out),
+                    Mixing::Latent(a) => self.latent_attention(a, il, parts, h, (cos, sin), mixer, attn_out),
                 }
             })?;
             if let Some(t) = trace.as_deref_mut() {
@@ -241,8 +248,21 @@ impl Model {
             }
             add(x, attn_out);
 
+            let Some(experts) = &l.moe else {
+                // ffn_norm, then a dense layer's feed-forward
+                stats.time(Phase::Experts, || -> Result<()> {
+                    rms_norm_into(x, &l.ffn_norm, c.rms_eps, &mut route.h);
+                    dense_ffn(w, l.shared.as_ref().expect("a dense layer has its feed-forward"), &route.h, d, moe)
+                })?;
+                stats.add_bytes(self.layer_bytes(il, 0));
+                if let Some(t) = trace.as_deref_mut() {
+                    t.tensor(Some(il), "ffn_out", &[n, d], moe.out());
+                }
+                add(x, moe.out());
+                continue;
+            };
             // ffn_norm, router, experts
-            stats.time(Phase::Router, || self.route_layer(l, x, route))?;
+            stats.time(Phase::Router, || self.route_layer(il, experts, x, route))?;
             if self.prefetch {
                 self.prefetch_next(il, x, next)?;
             }
@@ -290,23 +310,42 @@ impl Model {
         Ok(())
     }
 
-    /// The routing of layer `l` for the residual stream `x`, into `r`.
-    fn route_layer(&self, l: &Layer, x: &[f32], r: &mut Route) -> Result<()> {
+    /// How layer `il` chooses and weighs its experts.
+    pub fn route_rule(&self, il: usize) -> RouteRule<'_> {
+        let c = &self.config;
+        RouteRule {
+            n_expert: c.n_expert,
+            k: c.n_expert_used,
+            sigmoid: c.sigmoid_scores,
+            bias: self.weights.layers[il].moe.as_ref().and_then(|m| m.choice_bias.as_deref()),
+            groups: c.expert_groups,
+            groups_used: c.expert_groups_used,
+            norm: c.norm_topk,
+            scale: c.expert_weights_scale,
+            softmax_chosen: c.softmax_chosen,
+        }
+    }
+
+    /// The routing of layer `il` (whose experts are `m`) for the residual stream `x`, into `r`.
+    fn route_layer(&self, il: usize, m: &Moe, x: &[f32], r: &mut Route) -> Result<()> {
         let c = &self.config;
         let rows = x.len() / c.n_embd;
-        rms_norm_into(x, &l.ffn_norm, c.rms_eps, &mut r.h);
-        r.acts.quantize(l.router.ty.act_type(), &r.h, rows, c.n_embd)?;
+        rms_norm_into(x, &self.weights.layers[il].ffn_norm, c.rms_eps, &mut r.h);
+        r.acts.quantize(m.router.ty.act_type(), &r.h, rows, c.n_embd)?;
         r.logits.resize(rows * c.n_expert, 0.0);
-        matmul(&self.weights.view(&l.router), &r.acts, &mut r.logits)?;
-        r.routing.route(&r.logits, c.n_expert, c.n_expert_used, c.norm_topk);
+        matmul(&self.weights.view(&m.router), &r.acts, &mut r.logits)?;
+        if let Some(b) = &m.router_bias {
+            add_bias(&mut r.logits, b);
+        }
+        r.routing.route(&r.logits, &self.route_rule(il));
         Ok(())
     }
 
     /// Issue reads for the experts layer `il + 1` will probably choose: its router applied to the current
     /// residual stream (which the next layer only changes by its attention output), routed into `r`.
     fn prefetch_next(&self, il: usize, x: &[f32], r: &mut Route) -> Result<()> {
-        let (Some(cache), Some(next)) = (self.experts.cache(), self.weights.layers.get(il + 1)) else { return Ok(()) };
-        self.route_layer(next, x, r)?;
+        let (Some(cache), Some(Some(next))) = (self.experts.cache(), self.weights.layers.get(il + 1).map(|l| l.moe.as_ref())) else { return Ok(()) };
+        self.route_layer(il + 1, next, x, r)?;
         let ids = &mut r.routing.ids;
         ids.sort_unstable();
         ids.dedup();
@@ -320,6 +359,13 @@ impl Model {
         let l = &self.weights.layers[il];
         let mixing = match &l.mixing {
             Mixing::Attention(a) => [a.wq, a.wk, a.wv, a.wo].iter().map(Mat::bytes).sum::<usize>(),
+            Mixing::Latent(a) => {
+                let q = match &a.q {
+                    LatentQuery::Direct(wq) => wq.bytes(),
+                    LatentQuery::Compressed { a, b, .. } => a.bytes() + b.bytes(),
+                };
+                q + a.kv_a.bytes() + a.k_b.mat.bytes() * a.k_b.n + a.v_b.mat.bytes() * a.v_b.n + a.wo.bytes()
+            }
             Mixing::DeltaNet(dn) => {
                 let gates = match dn.beta_alpha {
                     BetaAlpha::Apart { beta, alpha } => beta.bytes() + alpha.bytes(),
@@ -328,11 +374,11 @@ impl Model {
                 [dn.qkv, dn.z, dn.out].iter().map(Mat::bytes).sum::<usize>() + gates
             }
         };
-        let mut dense = l.router.bytes() + mixing;
+        let mut dense = mixing + l.moe.as_ref().map_or(0, |m| m.router.bytes());
         if let Some(sh) = &l.shared {
             dense += sh.gate.bytes() + sh.up.bytes() + sh.down.bytes();
         }
-        let expert = l.gate_exps.mat.bytes() + l.up_exps.mat.bytes() + l.down_exps.mat.bytes();
+        let expert = l.moe.as_ref().map_or(0, |m| m.gate_exps.mat.bytes() + m.up_exps.mat.bytes() + m.down_exps.mat.bytes());
         (dense + experts * expert) as u64
     }
 
@@ -380,7 +426,8 @@ impl Model {
             }
         }
         // attention of each span over its own cache
-        let shape = AttnShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
+        let window = if c.sliding[il] { c.sliding_window } else { 0 };
+        let shape = AttnShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, window, sinks: a.sinks.as_deref() };
         let mut row = 0;
         for p in parts.iter_mut() {
             let rows = row..row + p.tokens.len();
@@ -396,6 +443,82 @@ impl Model {
         }
         // attn_output on all rows
         acts.quantize(a.wo.ty.act_type(), attn, n, q_dim)?;
+        matmul(&self.weights.view(&a.wo), acts, out)?;
+        if let Some(bo) = &a.bo {
+            add_bias(out, bo);
+        }
+        Ok(())
+    }
+
+    /// Multi-head latent attention of layer `il` over the rows of `h`, into `out` (see `latent.rs`): the
+    /// query (directly or through its compression), the latent vector and the key's RoPE part on all rows;
+    /// each head's query absorbed into the latent space; attention of each span over its own cache; each
+    /// head's value out of the latent space; attn_output on all rows.
+    #[allow(clippy::too_many_arguments)]
+    fn latent_attention(&self, a: &Latent, il: usize, parts: &mut [Part<'_>], h: &[f32], (cos, sin): (&[f32], &[f32]), m: &mut MixerScratch, out: &mut [f32]) -> Result<()> {
+        let c = &self.config;
+        let s = c.mla.expect("latent attention has its shape");
+        let (n, nh, half) = (h.len() / c.n_embd, c.n_head, c.rope_dims / 2);
+        let (qd, width) = (s.nope + s.rope, s.kv_lora + s.rope);
+        let MixerScratch { q, k, qg, gate, attn, scores, proj_acts, jobs, acts, .. } = m;
+        // q: n × nh × (nope + rope); k: n × (kv_lora + rope), the latent vector then the key's RoPE part.
+        match &a.q {
+            LatentQuery::Direct(wq) => self.project(h, &[wq, &a.kv_a], proj_acts, jobs, &mut [q, k])?,
+            LatentQuery::Compressed { a: wqa, norm, b } => {
+                self.project(h, &[wqa, &a.kv_a], proj_acts, jobs, &mut [qg, k])?;
+                rms_norm(qg, norm, c.rms_eps);
+                self.project(qg, &[b], proj_acts, jobs, &mut [q])?;
+            }
+        }
+        let halves = c.rope_style == RopeStyle::Halves;
+        for (i, row) in k.chunks_exact_mut(width).enumerate() {
+            let (cs, sn) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
+            rope_head(&mut row[s.kv_lora..], cs, sn, halves);
+            rms_norm(&mut row[..s.kv_lora], &a.kv_norm, c.rms_eps);
+        }
+        // Each head's query: the non-RoPE part through attn_k_b into the latent space, then the RoPE part.
+        // `gate` holds the full queries, n × nh × width; `attn` one head's parts on the way.
+        gate.resize(n * nh * width, 0.0);
+        for hd in 0..nh {
+            attn.clear();
+            attn.extend(q.chunks_exact(nh * qd).flat_map(|row| &row[hd * qd..hd * qd + s.nope]));
+            let w = &a.k_b.expert(hd);
+            acts.quantize(w.ty.act_type(), attn, n, s.nope)?;
+            scores.resize(n * s.kv_lora, 0.0);
+            matmul(&self.weights.view(w), acts, scores)?;
+            for (i, (row, qrow)) in gate.chunks_exact_mut(nh * width).zip(q.chunks_exact_mut(nh * qd)).enumerate() {
+                let head = &mut row[hd * width..(hd + 1) * width];
+                head[..s.kv_lora].copy_from_slice(&scores[i * s.kv_lora..(i + 1) * s.kv_lora]);
+                let pe = &mut qrow[hd * qd + s.nope..(hd + 1) * qd];
+                rope_head(pe, &cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half], halves);
+                head[s.kv_lora..].copy_from_slice(pe);
+            }
+        }
+        // attention of each span over its own cache, in the latent space: n × nh × kv_lora into `qg`
+        let scale = c.attn_scale();
+        qg.resize(n * nh * s.kv_lora, 0.0);
+        let mut row = 0;
+        for p in parts.iter_mut() {
+            let rows = row..row + p.tokens.len();
+            p.mem.kv.store(il, p.pos0, &k[rows.start * width..rows.end * width], &[]);
+            let (qs, os) = (&gate[rows.start * nh * width..rows.end * nh * width], &mut qg[rows.start * nh * s.kv_lora..rows.end * nh * s.kv_lora]);
+            attend_latent(&p.mem.kv, il, nh, s.kv_lora, scale, p.pos0, qs, os, scores);
+            row = rows.end;
+        }
+        // each head's value through attn_v_b, into n × nh × v_dim, then attn_output
+        q.resize(n * nh * s.v_dim, 0.0);
+        for hd in 0..nh {
+            attn.clear();
+            attn.extend(qg.chunks_exact(nh * s.kv_lora).flat_map(|row| &row[hd * s.kv_lora..(hd + 1) * s.kv_lora]));
+            let w = &a.v_b.expert(hd);
+            acts.quantize(w.ty.act_type(), attn, n, s.kv_lora)?;
+            scores.resize(n * s.v_dim, 0.0);
+            matmul(&self.weights.view(w), acts, scores)?;
+            for (i, row) in q.chunks_exact_mut(nh * s.v_dim).enumerate() {
+                row[hd * s.v_dim..(hd + 1) * s.v_dim].copy_from_slice(&scores[i * s.v_dim..(i + 1) * s.v_dim]);
+            }
+        }
+        acts.quantize(a.wo.ty.act_type(), q, n, nh * s.v_dim)?;
         matmul(&self.weights.view(&a.wo), acts, out)?;
         Ok(())
     }

@@ -3,11 +3,33 @@
 
 use titan_kernels::Activations;
 
-use crate::config::Config;
+use crate::config::{Activation, Config};
 use crate::experts::{swiglu_many, ExpertJob, ExpertScratch, ExpertWeights, Experts, FfnScratch};
-use crate::ops::{dot, sigmoid};
+use crate::ops::{add, dot, sigmoid};
 use crate::weights::{SharedExpert, Weights};
 use crate::{EngineError, Result};
+
+/// How a layer turns router logits into its experts and their weights.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteRule<'a> {
+    pub n_expert: usize,
+    pub k: usize,
+    /// Scores from the logits: a softmax over all experts, or a sigmoid of each (DeepSeek-V3).
+    pub sigmoid: bool,
+    /// Added to the scores to choose the experts, not to weigh them (DeepSeek-V3's correction bias).
+    pub bias: Option<&'a [f32]>,
+    /// Group-limited choice: the experts split into `groups` equal groups, each scored by the sum of its two
+    /// best (biased) scores, and the experts chosen only from the best `groups_used` groups. 1: no groups.
+    pub groups: usize,
+    pub groups_used: usize,
+    /// Renormalise the chosen experts' weights to sum to one.
+    pub norm: bool,
+    /// Then multiply them by this (DeepSeek's routed scaling factor; 1 elsewhere).
+    pub scale: f32,
+    /// Choose by the raw logits and weigh by a softmax over the chosen ones (gpt-oss), instead of
+    /// scoring all experts first.
+    pub softmax_chosen: bool,
+}
 
 /// The routing decision for a batch: per row, `k` (expert id, weight) pairs in ascending expert-id order.
 #[derive(Debug, Default)]
@@ -15,35 +37,90 @@ pub struct Routing {
     pub k: usize,
     pub ids: Vec<u32>,
     pub weights: Vec<f32>,
-    /// Working space of [`Routing::route`]: one row's probabilities, and the experts in rank order.
+    /// Working space of [`Routing::route`]: one row's scores, the scores that choose, the experts in
+    /// rank order, and the groups in rank order.
     probs: Vec<f32>,
+    choose: Vec<f32>,
     order: Vec<u32>,
+    group_scores: Vec<f32>,
+    group_order: Vec<u32>,
+    picked: Vec<f32>,
 }
 
 impl Routing {
-    /// Route each row of `logits` (`n_expert` router logits per row), replacing the previous decision.
-    pub fn route(&mut self, logits: &[f32], n_expert: usize, k: usize, norm_topk: bool) {
-        let Routing { ids, weights, probs, order, .. } = self;
+    /// Route each row of `logits` (`n_expert` router logits per row) by `rule`, replacing the previous
+    /// decision. Rankings break ties by ascending id, so every choice is total and stable.
+    pub fn route(&mut self, logits: &[f32], rule: &RouteRule<'_>) {
+        let Routing { ids, weights, probs, choose, order, group_scores, group_order, picked, .. } = self;
+        let (n, k) = (rule.n_expert, rule.k);
         self.k = k;
         ids.clear();
         weights.clear();
-        probs.resize(n_expert, 0.0);
-        for row in logits.chunks_exact(n_expert) {
-            probs.copy_from_slice(row);
-            crate::ops::softmax(probs);
+        for row in logits.chunks_exact(n) {
+            probs.clear();
+            probs.extend_from_slice(row);
+            if rule.sigmoid {
+                probs.iter_mut().for_each(|p| *p = crate::ops::sigmoid(*p));
+            } else if !rule.softmax_chosen {
+                crate::ops::softmax(probs);
+            }
+            choose.clear();
+            choose.extend_from_slice(probs);
+            if let Some(b) = rule.bias {
+                choose.iter_mut().zip(b).for_each(|(c, &b)| *c += b);
+            }
+            if rule.groups > 1 {
+                // Each group's score is its best plus its second best; experts outside the best groups
+                // cannot be chosen.
+                let per = n / rule.groups;
+                let group_score = |g: usize| {
+                    let s = &choose[g * per..(g + 1) * per];
+                    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+                    for &v in s {
+                        if v > a {
+                            (a, b) = (v, a);
+                        } else if v > b {
+                            b = v;
+                        }
+                    }
+                    a + b
+                };
+                group_scores.clear();
+                group_scores.extend((0..rule.groups).map(group_score));
+                group_order.clear();
+                group_order.extend(0..rule.groups as u32);
+                group_order.sort_by(|&a, &b| by_score(group_scores, a, b));
+                for &g in &group_order[rule.groups_used..] {
+                    choose[g as usize * per..(g as usize + 1) * per].fill(f32::NEG_INFINITY);
+                }
+            }
             order.clear();
-            order.extend(0..n_expert as u32);
-            // Highest probability first; equal probabilities by ascending id, so the choice is total and stable.
-            order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
+            order.extend(0..n as u32);
+            order.sort_by(|&a, &b| by_score(choose, a, b));
             let chosen = &mut order[..k];
-            let scale = if norm_topk { 1.0 / chosen.iter().fold(0f32, |s, &e| s + probs[e as usize]) } else { 1.0 };
+            if rule.softmax_chosen {
+                // The chosen logits' softmax, in rank order as llama.cpp takes it; then placed by id.
+                picked.clear();
+                picked.extend(chosen.iter().map(|&e| probs[e as usize]));
+                crate::ops::softmax(picked);
+                for (&e, &p) in chosen.iter().zip(picked.iter()) {
+                    probs[e as usize] = p;
+                }
+            }
+            let norm = if rule.norm { 1.0 / chosen.iter().fold(0f32, |s, &e| s + probs[e as usize]) } else { 1.0 };
             chosen.sort_unstable();
             for &e in chosen.iter() {
                 ids.push(e);
-                weights.push(probs[e as usize] * scale);
+                let w = probs[e as usize] * norm;
+                weights.push(if rule.scale == 1.0 { w } else { w * rule.scale });
             }
         }
     }
+}
+
+/// Highest score first; equal scores by ascending id.
+fn by_score(s: &[f32], a: u32, b: u32) -> std::cmp::Ordering {
+    s[b as usize].total_cmp(&s[a as usize]).then(a.cmp(&b))
 }
 
 /// The working buffers of [`moe_block`], kept between calls.
@@ -103,7 +180,7 @@ pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x
     slot_rows.extend(by_expert.iter().map(|&slot| slot / k));
 
     // The layer's input is quantised once; each expert gets its rows as byte copies of those rows.
-    input.quantize(w.layers[layer].gate_exps.mat.ty.act_type(), x, rows, d)?;
+    input.quantize(w.layers[layer].experts().gate_exps.mat.ty.act_type(), x, rows, d)?;
 
     contributions.resize(rows * k * d, 0.0);
     let job = ExpertJob { layer, input, ids, rows: slot_rows, starts: runs };
@@ -139,23 +216,37 @@ pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x
         }
     }
 
-    // Qwen2-MoE's shared expert, added after the combine: out += sigmoid(x · gate_inp) · ffn(x).
+    // The shared expert, added after the combine: out += sigmoid(x · gate_inp) · ffn(x) (Qwen2-MoE, the
+    // hybrids), or out += ffn(x) (DeepSeek).
     if let Some(sh) = shared {
         let y = ffn.output(0);
         for ((xr, yr), or) in x.chunks_exact(d).zip(y.chunks_exact(d)).zip(out.chunks_exact_mut(d)) {
-            let g = sigmoid(dot(xr, &sh.gate_inp));
-            for (o, &v) in or.iter_mut().zip(yr) {
-                *o += v * g;
+            match &sh.gate_inp {
+                Some(gate_inp) => {
+                    let g = sigmoid(dot(xr, gate_inp));
+                    for (o, &v) in or.iter_mut().zip(yr) {
+                        *o += v * g;
+                    }
+                }
+                None => add(or, yr),
             }
         }
     }
     Ok(ids.len())
 }
 
+/// A dense layer's feed-forward of the rows of `x` (already normalised), into [`MoeScratch::out`].
+pub fn dense_ffn(w: &Weights, f: &SharedExpert, x: &[f32], d: usize, s: &mut MoeScratch) -> Result<()> {
+    shared_expert(w, f, x, d, &mut s.shared_input, &mut s.ffn)?;
+    s.out.clear();
+    s.out.extend_from_slice(s.ffn.output(0));
+    Ok(())
+}
+
 /// The shared expert's output for the rows of `x`, into `ffn` (output 0); `acts` receives x quantised for it.
 fn shared_expert(w: &Weights, sh: &SharedExpert, x: &[f32], d: usize, acts: &mut Activations, ffn: &mut FfnScratch) -> Result<()> {
     acts.quantize(sh.gate.ty.act_type(), x, x.len() / d, d)?;
-    let weights = ExpertWeights { gate: w.view(&sh.gate), up: w.view(&sh.up), down: w.view(&sh.down) };
+    let weights = ExpertWeights { gate: w.view(&sh.gate), up: w.view(&sh.up), down: w.view(&sh.down), bias: None, act: Activation::Silu };
     swiglu_many(&[weights], std::slice::from_ref(acts), ffn)?;
     Ok(())
 }
@@ -168,12 +259,30 @@ mod tests {
     fn top_k_ties_break_by_ascending_id_and_output_is_sorted() {
         // experts 1 and 3 tie for the top; 0 and 2 tie below.
         let mut r = Routing::default();
-        r.route(&[1.0, 2.0, 1.0, 2.0], 4, 3, false);
+        let rule = RouteRule { n_expert: 4, k: 3, sigmoid: false, bias: None, groups: 1, groups_used: 1, norm: false, scale: 1.0, softmax_chosen: false };
+        r.route(&[1.0, 2.0, 1.0, 2.0], &rule);
         assert_eq!(r.ids, vec![0, 1, 3]);
-        r.route(&[5.0, 0.0, 0.0, 1.0], 4, 2, true);
+        r.route(&[5.0, 0.0, 0.0, 1.0], &RouteRule { k: 2, norm: true, ..rule });
         assert_eq!(r.ids, vec![0, 3]);
         assert!((r.weights[0] + r.weights[1] - 1.0).abs() < 1e-6);
         assert!(r.weights[0] > r.weights[1]);
+    }
+
+    /// DeepSeek-V3's rule: sigmoid scores, a bias that only chooses, the best groups first, then the
+    /// chosen (unbiased) scores renormalised and scaled.
+    #[test]
+    fn grouped_sigmoid_routing_with_a_choosing_bias() {
+        let logits = [2.0, 1.0, -1.0, 0.5, 0.0, 3.0, -2.0, 1.5];
+        let bias = [0.0, 0.0, 0.0, 0.0, 0.0, -5.0, 0.0, 0.0];
+        let rule = RouteRule { n_expert: 8, k: 2, sigmoid: true, bias: Some(&bias), groups: 4, groups_used: 2, norm: true, scale: 2.5, softmax_chosen: false };
+        let mut r = Routing::default();
+        r.route(&logits, &rule);
+        // Biased scores by group: {0,1} 0.88+0.73, {2,3} 0.27+0.62, {4,5} 0.5+(0.95-5), {6,7} 0.12+0.82: groups
+        // {0,1} and {6,7} win; expert 5, the best unbiased, is out; the top two left are 0 and 7.
+        assert_eq!(r.ids, vec![0, 7]);
+        let s = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let (a, b) = (s(2.0), s(1.5));
+        assert!((r.weights[0] - 2.5 * a / (a + b)).abs() < 1e-6 && (r.weights[1] - 2.5 * b / (a + b)).abs() < 1e-6);
     }
 
     /// A source that computes every expert but keeps one expert's output to itself.
@@ -194,7 +303,7 @@ mod tests {
         let x: Vec<f32> = (0..3 * c.n_embd).map(|i| (i as f32 * 0.37).sin()).collect();
         let logits: Vec<f32> = (0..3 * c.n_expert).map(|i| (i as f32 * 1.3).cos()).collect();
         let mut routing = Routing::default();
-        routing.route(&logits, c.n_expert, c.n_expert_used, c.norm_topk);
+        routing.route(&logits, &model.route_rule(0));
         let mut s = MoeScratch::default();
         let all = moe_block(&model.weights, &*model.experts, c, 0, &x, &routing, &mut s).unwrap();
         let whole = s.out().to_vec();

@@ -1,6 +1,8 @@
 //! Element-wise and per-row operations of the forward pass. Each has one fixed order of floating-point
 //! operations, so its result depends only on its inputs (see the determinism contract in DESIGN.md).
 
+use crate::config::Yarn;
+
 /// RMS norm of each `w.len()`-long row of `x`, in place: x · w / sqrt(mean(x²) + eps).
 /// The sum of squares is accumulated in f64, sequentially, as llama.cpp does.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
@@ -87,11 +89,20 @@ pub fn softmax(x: &mut [f32]) {
 /// Rotary position embedding tables for one position: cos and sin of `pos · base^(-2i/dims)` for each
 /// pair `i` (`dims / 2` of each). Computed in f64 and rounded once, so every position gets the most
 /// accurate angle f32 can hold.
-pub fn rope_angles(pos: usize, dims: usize, base: f32, cos: &mut [f32], sin: &mut [f32]) {
+pub fn rope_angles(pos: usize, dims: usize, base: f32, yarn: Option<&Yarn>, cos: &mut [f32], sin: &mut [f32]) {
+    // YaRN blends each pair's angle from extrapolated (the plain angle) to interpolated (divided by the
+    // factor) across the correction range, and scales cos and sin (see `Yarn`).
+    let blend = yarn.map(|y| (y.factor as f64, y.corr_dims(dims, base), y.rope_mscale() as f64));
     for (i, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
-        let theta = pos as f64 * libm::pow(base as f64, -2.0 * i as f64 / dims as f64);
-        *c = libm::cos(theta) as f32;
-        *s = libm::sin(theta) as f32;
+        let mut theta = pos as f64 * libm::pow(base as f64, -2.0 * i as f64 / dims as f64);
+        let mut m = 1.0;
+        if let Some((factor, (low, high), mscale)) = blend {
+            let ramp = 1.0 - ((i as f64 - low as f64) / (high - low).max(0.001) as f64).clamp(0.0, 1.0);
+            theta = theta / factor * (1.0 - ramp) + theta * ramp;
+            m = mscale;
+        }
+        *c = (libm::cos(theta) * m) as f32;
+        *s = (libm::sin(theta) * m) as f32;
     }
 }
 
@@ -131,7 +142,7 @@ mod tests {
     #[test]
     fn rope_rotation_preserves_norm_and_pairs() {
         let (mut c, mut s) = ([0.0; 2], [0.0; 2]);
-        rope_angles(7, 4, 10000.0, &mut c, &mut s);
+        rope_angles(7, 4, 10000.0, None, &mut c, &mut s);
         let mut h = vec![1.0, 0.0, 0.0, 0.0];
         rope_head(&mut h, &c, &s, true);
         // halves: dim 0 pairs with dim 2

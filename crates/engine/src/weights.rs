@@ -7,7 +7,7 @@
 use titan_gguf::{GgufFile, TensorInfo};
 use titan_kernels::{regroup_weights, regrouped_weights_pay, weights_regroupable, GgmlType, WeightLayout, WeightView};
 
-use crate::config::{Config, Mixer, QkNorm};
+use crate::config::{Activation, Config, Mixer, QkNorm};
 use crate::{EngineError, Result};
 
 /// A matrix of `rows` × `cols` in its GGUF encoding, located by its byte range in the file.
@@ -43,12 +43,50 @@ impl Stacked {
     }
 }
 
+/// A feed-forward that every token goes through: the shared expert beside the routed ones, or a dense
+/// layer's whole feed-forward (DeepSeek's first layers).
 pub struct SharedExpert {
     pub gate: Mat,
     pub up: Mat,
     pub down: Mat,
-    /// Qwen2-MoE: the shared expert's output is scaled by sigmoid(x · gate_inp).
-    pub gate_inp: Vec<f32>,
+    /// Qwen2-MoE and the hybrids scale the shared expert's output by sigmoid(x · gate_inp); DeepSeek adds it
+    /// as it is.
+    pub gate_inp: Option<Vec<f32>>,
+}
+
+/// A layer's routed experts.
+pub struct Moe {
+    pub router: Mat,
+    /// `exp_probs_b` (DeepSeek-V3): added to the expert scores to choose experts, not to weigh them.
+    pub choice_bias: Option<Vec<f32>>,
+    /// `ffn_gate_inp.bias` (gpt-oss): added to the router's logits.
+    pub router_bias: Option<Vec<f32>>,
+    pub gate_exps: Stacked,
+    pub up_exps: Stacked,
+    pub down_exps: Stacked,
+}
+
+/// Multi-head latent attention's weights (DeepSeek-V2/V3, llama.cpp's names in the comments).
+pub struct Latent {
+    pub q: LatentQuery,
+    /// `attn_kv_a_mqa`: the latent vector, then the key's RoPE part.
+    pub kv_a: Mat,
+    /// `attn_kv_a_norm`, on the latent vector.
+    pub kv_norm: Vec<f32>,
+    /// `attn_k_b`: per head, from its query's non-RoPE part to the latent space (the key side absorbed
+    /// into the query), `kv_lora` × `nope`.
+    pub k_b: Stacked,
+    /// `attn_v_b`: per head, from the attended latent vector to the head's value, `v_dim` × `kv_lora`.
+    pub v_b: Stacked,
+    pub wo: Mat,
+}
+
+/// How a latent-attention layer projects its queries.
+pub enum LatentQuery {
+    /// `attn_q` (DeepSeek-V2-Lite).
+    Direct(Mat),
+    /// `attn_q_a`, its RMS norm `attn_q_a_norm`, then `attn_q_b`.
+    Compressed { a: Mat, norm: Vec<f32>, b: Mat },
 }
 
 /// Softmax attention's weights.
@@ -63,6 +101,11 @@ pub struct Attention {
     pub bv: Option<Vec<f32>>,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+    /// `attn_output.bias` (gpt-oss).
+    pub bo: Option<Vec<f32>>,
+    /// `attn_sinks` (gpt-oss): per head a logit that joins the softmax's denominator, so a head can
+    /// attend to nothing.
+    pub sinks: Option<Vec<f32>>,
 }
 
 /// A Gated DeltaNet layer's weights (llama.cpp's tensor names in the comments).
@@ -96,6 +139,7 @@ pub enum BetaAlpha {
 pub enum Mixing {
     Attention(Attention),
     DeltaNet(DeltaNet),
+    Latent(Latent),
 }
 
 pub struct Layer {
@@ -103,15 +147,78 @@ pub struct Layer {
     pub mixing: Mixing,
     /// The norm before the router and experts (`post_attention_norm` in the hybrids).
     pub ffn_norm: Vec<f32>,
-    pub router: Mat,
-    pub gate_exps: Stacked,
-    pub up_exps: Stacked,
-    pub down_exps: Stacked,
+    /// The routed experts; none in a dense layer.
+    pub moe: Option<Moe>,
+    /// The shared expert, or a dense layer's feed-forward.
     pub shared: Option<SharedExpert>,
+}
+
+impl Layer {
+    /// The routed experts, which only a dense layer lacks (and no expert of it is ever asked for).
+    pub fn experts(&self) -> &Moe {
+        self.moe.as_ref().expect("experts are only asked for in MoE layers")
+    }
+}
+
+/// What experts compute with besides their three matrices: the activation, and per layer the experts'
+/// biases (gpt-oss), decoded to f32 at load (they are small), wherever the matrices come from.
+pub struct ExpertExtras {
+    pub act: Activation,
+    n_expert: usize,
+    layers: Vec<Option<ExpertBiases>>,
+}
+
+/// One layer's expert biases, expert after expert.
+struct ExpertBiases {
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+}
+
+/// One expert's biases.
+#[derive(Clone, Copy)]
+pub struct ExpertBias<'a> {
+    pub gate: &'a [f32],
+    pub up: &'a [f32],
+    pub down: &'a [f32],
+}
+
+impl ExpertExtras {
+    /// The activation of `c`, and the expert biases the file has (`blk.N.ffn_{gate,up,down}_exps.bias`).
+    pub fn load(f: &GgufFile, c: &Config) -> Result<ExpertExtras> {
+        let l = Loader { f };
+        let (e, ff, n) = (c.n_embd, c.expert_ff, c.n_expert);
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let name = |p: &str| format!("blk.{i}.ffn_{p}_exps.bias");
+            layers.push(if f.tensor(&name("gate")).is_some() {
+                let table = |p: &str, len: usize| l.decode(l.tensor(&name(p), &[len, n])?, len * n);
+                Some(ExpertBiases { gate: table("gate", ff)?, up: table("up", ff)?, down: table("down", e)? })
+            } else {
+                None
+            });
+        }
+        Ok(ExpertExtras { act: c.expert_act, n_expert: n, layers })
+    }
+
+    /// Expert `e` of `layer`'s biases, if the model has any.
+    pub fn bias(&self, layer: usize, e: usize) -> Option<ExpertBias<'_>> {
+        let b = self.layers.get(layer)?.as_ref()?;
+        let n = self.n_expert;
+        Some(ExpertBias { gate: expert_row(&b.gate, n, e), up: expert_row(&b.up, n, e), down: expert_row(&b.down, n, e) })
+    }
+}
+
+/// Row `e` of a table of `n` equal rows.
+fn expert_row(v: &[f32], n: usize, e: usize) -> &[f32] {
+    let per = v.len() / n;
+    &v[e * per..(e + 1) * per]
 }
 
 pub struct Weights {
     pub file: GgufFile,
+    /// The experts' activation and biases.
+    pub extras: std::sync::Arc<ExpertExtras>,
     /// Tensors copied out of the mapping (see [`Weights::copy_out`]).
     copies: Copies,
     pub token_embd: Mat,
@@ -131,33 +238,47 @@ impl Weights {
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
-            let shared = if c.shared_ff > 0 {
-                Some(SharedExpert {
-                    gate: l.mat(&n("ffn_gate_shexp.weight"), e, c.shared_ff)?,
-                    up: l.mat(&n("ffn_up_shexp.weight"), e, c.shared_ff)?,
-                    down: l.mat(&n("ffn_down_shexp.weight"), c.shared_ff, e)?,
-                    gate_inp: l.vec_or_row(&n("ffn_gate_inp_shexp.weight"), e)?,
+            let dense = i < c.dense_lead;
+            let ffn = |ff: usize, gate_inp: Option<Vec<f32>>, suffix: &str| -> Result<SharedExpert> {
+                Ok(SharedExpert {
+                    gate: l.mat(&n(&format!("ffn_gate{suffix}.weight")), e, ff)?,
+                    up: l.mat(&n(&format!("ffn_up{suffix}.weight")), e, ff)?,
+                    down: l.mat(&n(&format!("ffn_down{suffix}.weight")), ff, e)?,
+                    gate_inp,
                 })
+            };
+            let shared = if dense {
+                Some(ffn(c.dense_ff, None, "")?)
+            } else if c.shared_ff > 0 {
+                let gate_inp = if c.shared_gated { Some(l.vec_or_row(&n("ffn_gate_inp_shexp.weight"), e)?) } else { None };
+                Some(ffn(c.shared_ff, gate_inp, "_shexp")?)
             } else {
                 None
             };
-            let mixing = match c.mixers[i] {
-                Mixer::Attention => Mixing::Attention(l.attention(c, i)?),
-                Mixer::DeltaNet => Mixing::DeltaNet(l.delta_net(c, i)?),
+            let moe = if dense {
+                None
+            } else {
+                let bias = n("exp_probs_b.bias");
+                Some(Moe {
+                    router: l.mat(&n("ffn_gate_inp.weight"), e, c.n_expert)?,
+                    choice_bias: if l.f.tensor(&bias).is_some() { Some(l.vec(&bias, c.n_expert)?) } else { None },
+                    router_bias: if l.f.tensor(&n("ffn_gate_inp.bias")).is_some() { Some(l.vec(&n("ffn_gate_inp.bias"), c.n_expert)?) } else { None },
+                    gate_exps: l.stacked(&n("ffn_gate_exps.weight"), e, c.expert_ff, c.n_expert)?,
+                    up_exps: l.stacked(&n("ffn_up_exps.weight"), e, c.expert_ff, c.n_expert)?,
+                    down_exps: l.stacked(&n("ffn_down_exps.weight"), c.expert_ff, e, c.n_expert)?,
+                })
             };
-            let ffn_norm = if c.attn_gate { "post_attention_norm.weight" } else { "ffn_norm.weight" };
-            layers.push(Layer {
-                attn_norm: l.vec(&n("attn_norm.weight"), e)?,
-                mixing,
-                ffn_norm: l.vec(&n(ffn_norm), e)?,
-                router: l.mat(&n("ffn_gate_inp.weight"), e, c.n_expert)?,
-                gate_exps: l.stacked(&n("ffn_gate_exps.weight"), e, c.expert_ff, c.n_expert)?,
-                up_exps: l.stacked(&n("ffn_up_exps.weight"), e, c.expert_ff, c.n_expert)?,
-                down_exps: l.stacked(&n("ffn_down_exps.weight"), c.expert_ff, e, c.n_expert)?,
-                shared,
-            });
+            let mixing = match (c.mixers[i], c.mla) {
+                (Mixer::Attention, None) => Mixing::Attention(l.attention(c, i)?),
+                (Mixer::Attention, Some(_)) => Mixing::Latent(l.latent(c, i)?),
+                (Mixer::DeltaNet, _) => Mixing::DeltaNet(l.delta_net(c, i)?),
+            };
+            let post_norm = c.attn_gate || c.arch == crate::Arch::GptOss;
+            let ffn_norm = if post_norm { "post_attention_norm.weight" } else { "ffn_norm.weight" };
+            layers.push(Layer { attn_norm: l.vec(&n("attn_norm.weight"), e)?, mixing, ffn_norm: l.vec(&n(ffn_norm), e)?, moe, shared });
         }
-        Ok(Weights { file, copies: Copies::default(), token_embd, output_norm, output, layers })
+        let extras = std::sync::Arc::new(ExpertExtras::load(&file, c)?);
+        Ok(Weights { file, extras, copies: Copies::default(), token_embd, output_norm, output, layers })
     }
 
     /// A view of a matrix: zero-copy into the mapping, or into its copy.
@@ -300,6 +421,28 @@ impl Loader<'_> {
             bv: bias("attn_v.bias", kv)?,
             q_norm,
             k_norm,
+            bo: if self.f.tensor(&n("attn_output.bias")).is_some() { Some(self.vec(&n("attn_output.bias"), e)?) } else { None },
+            sinks: if self.f.tensor(&n("attn_sinks.weight")).is_some() { Some(self.vec(&n("attn_sinks.weight"), c.n_head)?) } else { None },
+        })
+    }
+
+    fn latent(&self, c: &Config, i: usize) -> Result<Latent> {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let m = c.mla.expect("latent attention has its shape");
+        let (e, h) = (c.n_embd, c.n_head);
+        let q_rows = h * (m.nope + m.rope);
+        let q = if m.q_lora > 0 {
+            LatentQuery::Compressed { a: self.mat(&n("attn_q_a.weight"), e, m.q_lora)?, norm: self.vec(&n("attn_q_a_norm.weight"), m.q_lora)?, b: self.mat(&n("attn_q_b.weight"), m.q_lora, q_rows)? }
+        } else {
+            LatentQuery::Direct(self.mat(&n("attn_q.weight"), e, q_rows)?)
+        };
+        Ok(Latent {
+            q,
+            kv_a: self.mat(&n("attn_kv_a_mqa.weight"), e, m.kv_lora + m.rope)?,
+            kv_norm: self.vec(&n("attn_kv_a_norm.weight"), m.kv_lora)?,
+            k_b: self.stacked(&n("attn_k_b.weight"), m.nope, m.kv_lora, h)?,
+            v_b: self.stacked(&n("attn_v_b.weight"), m.kv_lora, m.v_dim, h)?,
+            wo: self.mat(&n("attn_output.weight"), h * m.v_dim, e)?,
         })
     }
 

@@ -45,7 +45,7 @@ fn counts() -> (u64, u64) {
 }
 
 /// One model per architecture (qwen2moe has a shared expert), and both SIMD-kernel formats.
-const FILES: &[&str] = &["qwen3moe/q8_0.gguf", "qwen3moe/q4_0.gguf", "olmoe/q8_0.gguf", "qwen2moe/q8_0.gguf", "mixtral/q4_0.gguf", "qwen35moe/q8_0.gguf"];
+const FILES: &[&str] = &["qwen3moe/q8_0.gguf", "qwen3moe/q4_0.gguf", "olmoe/q8_0.gguf", "qwen2moe/q8_0.gguf", "mixtral/q4_0.gguf", "qwen35moe/q8_0.gguf", "deepseek3/q8_0.gguf", "gpt-oss/q8_0.gguf"];
 
 /// (allocations, bytes) of each of `steps` greedily decoded tokens after `prompt`.
 fn decode(model: &Model, prompt: &[u32], steps: usize) -> Vec<(u64, u64)> {

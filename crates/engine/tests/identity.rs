@@ -9,7 +9,7 @@ use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions};
 
 /// One model per architecture, and the K-quant model (every file of a model shares its code paths but
 /// not its kernels, so take a few types too).
-const FILES: &[&str] = &["qwen3moe/q4_0.gguf", "olmoe/q8_0.gguf", "qwen2moe/f16.gguf", "mixtral/q5_1.gguf", "qwen3moe-k/q4_k_m.gguf", "qwen3next/q8_0.gguf", "qwen35moe/q4_0.gguf", "qwen35moe-k/q6_k.gguf"];
+const FILES: &[&str] = &["qwen3moe/q4_0.gguf", "olmoe/q8_0.gguf", "qwen2moe/f16.gguf", "mixtral/q5_1.gguf", "qwen3moe-k/q4_k_m.gguf", "qwen3next/q8_0.gguf", "qwen35moe/q4_0.gguf", "qwen35moe-k/q6_k.gguf", "deepseek3/q8_0.gguf", "deepseek2-lite/q4_0.gguf", "gpt-oss/mxfp4_moe.gguf"];
 
 fn traced_run(model: &Model, threads: usize) -> Trace {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();

@@ -84,6 +84,20 @@ const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
     ("qwen35moe", "q4_0", 1.0),     // 6.577e-1
     ("qwen35moe-k", "q4_k_m", 2.5e-6), // 1.431e-6
     ("qwen35moe-k", "q6_k", 1.5e-6),   // 9.537e-7
+    // DeepSeek (latent attention, YaRN, dense first layer, grouped sigmoid routing on deepseek3): positions agree to
+    // 2.4e-7 up to a step as above (deepseek3 q8_0 at position 25, q4_0 at 37; deepseek2-lite, 26 layers deep, q8_0 at
+    // 11 and q4_0 at 8), which the KV cache then carries.
+    ("deepseek2-lite", "q8_0", 1.0),  // 5.594e-1
+    ("deepseek2-lite", "q4_0", 5e-1), // 2.928e-1
+    ("deepseek3", "f32", 2.5e-6),     // 1.550e-6
+    ("deepseek3", "f16", 4e-3),       // 2.377e-3
+    ("deepseek3", "q8_0", 8e-2),      // 4.003e-2
+    ("deepseek3", "q4_0", 8e-2),      // 4.180e-2
+    // gpt-oss (sinks, a sliding window of 8 on layers 0 and 2, biases, clamped SwiGLU, YaRN).
+    ("gpt-oss", "f32", 3e-6),       // 1.580e-6
+    ("gpt-oss", "f16", 5e-3),       // 2.863e-3
+    ("gpt-oss", "q8_0", 8e-7),      // 4.768e-7
+    ("gpt-oss", "mxfp4_moe", 8e-7), // 4.768e-7
     ("qwen35moe-k", "mxfp4_moe", 4e-2), // 2.194e-2, at position 36 only (a step as above); the rest agree to 5e-7
 ];
 

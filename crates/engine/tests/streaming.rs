@@ -10,7 +10,7 @@ use titan_engine::{GenerateOptions, LoadOptions, Model, Outputs, SamplerOptions,
 use titan_gguf::GgufFile;
 use titan_store::{convert, write_index, ConvertOptions, ExpertCache, Policy, Store};
 
-const FILES: &[&str] = &["qwen3moe/q4_0.gguf", "qwen2moe/q8_0.gguf", "olmoe/f16.gguf", "mixtral/q4_1.gguf", "qwen3moe-k/q4_k_m.gguf", "qwen3next/q4_0.gguf", "qwen35moe-k/mxfp4_moe.gguf"];
+const FILES: &[&str] = &["qwen3moe/q4_0.gguf", "qwen2moe/q8_0.gguf", "olmoe/f16.gguf", "mixtral/q4_1.gguf", "qwen3moe-k/q4_k_m.gguf", "qwen3next/q4_0.gguf", "qwen35moe-k/mxfp4_moe.gguf", "deepseek3/q4_0.gguf", "gpt-oss/mxfp4_moe.gguf"];
 
 fn streamed(path: &std::path::Path, store: &std::path::Path, budget_bytes: u64, direct_io: bool, prefetch: bool) -> Model {
     let opts = LoadOptions {
@@ -110,7 +110,7 @@ fn on_disk(path: &std::path::Path, store: &std::path::Path, disk: FaultyDisk) ->
     let mut model = Model::load(path).unwrap();
     let s = Store::open(store, &model.weights.file).unwrap().with_source(disk);
     let cache = ExpertCache::new(std::sync::Arc::new(s), &titan_store::CacheOptions::new(titan_store::Budget::Bytes(1))).unwrap();
-    model.experts = Box::new(titan_engine::experts::ExpertSource::Streamed(cache));
+    model.experts = Box::new(titan_engine::experts::ExpertSource::Streamed(cache, model.weights.extras.clone()));
     model
 }
 

@@ -32,7 +32,7 @@ pub fn run(data: &[u8]) {
             // The handler plans once every node has joined: this node and one other.
             let Ok(j) = Join::parse(text) else { return };
             let budgets = [j.budget, other_budget];
-            let Ok(plan) = Plan::new(n_layer, n_expert, &budgets, placement, replicas) else {
+            let Ok(plan) = Plan::new(n_layer, 0, n_expert, &budgets, placement, replicas) else {
                 return;
             };
             for (l, e) in (0..n_layer).flat_map(|l| (0..n_expert).map(move |e| (l, e))) {
