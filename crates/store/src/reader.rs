@@ -121,11 +121,19 @@ struct Span {
 }
 
 /// How one record is read: its spans, where its gate, up and down start in the buffer, the buffer's size.
+/// At most three spans, held inline: the cache asks for a record's size on every request, hits included.
 #[derive(Debug, PartialEq, Eq)]
 struct Plan {
-    spans: Vec<Span>,
+    span: [Span; 3],
+    n_spans: usize,
     starts: [u64; 3],
     len: u64,
+}
+
+impl Plan {
+    fn spans(&self) -> &[Span] {
+        &self.span[..self.n_spans]
+    }
 }
 
 /// Plan the reads of parts at `(offset, length)`. A part that starts where the previous one ends (a
@@ -134,10 +142,15 @@ struct Plan {
 /// memory; the rounding costs at most two blocks per part, and the bytes outside the parts are never
 /// looked at.
 fn plan(parts: [(u64, u64); 3], align: u64) -> Plan {
-    let mut spans: Vec<Span> = Vec::with_capacity(3);
-    let (mut starts, mut len) = ([0; 3], 0);
+    let empty = Span {
+        offset: 0,
+        len: 0,
+        at: 0,
+        need: 0,
+    };
+    let (mut span, mut n_spans, mut starts, mut len) = ([empty; 3], 0, [0; 3], 0);
     for (i, (offset, n)) in parts.into_iter().enumerate() {
-        match spans.last_mut() {
+        match span[..n_spans].last_mut() {
             Some(s) if s.offset + s.need == offset => {
                 starts[i] = s.at + s.need;
                 s.need += n;
@@ -149,17 +162,23 @@ fn plan(parts: [(u64, u64); 3], align: u64) -> Plan {
                 let lo = offset / align * align;
                 let hi = (offset + n).next_multiple_of(align);
                 starts[i] = len + offset - lo;
-                spans.push(Span {
+                span[n_spans] = Span {
                     offset: lo,
                     len: hi - lo,
                     at: len,
                     need: offset + n - lo,
-                });
+                };
+                n_spans += 1;
                 len += hi - lo;
             }
         }
     }
-    Plan { spans, starts, len }
+    Plan {
+        span,
+        n_spans,
+        starts,
+        len,
+    }
 }
 
 impl Store {
@@ -516,7 +535,7 @@ impl Store {
             .ok()
             .and_then(|n| AlignedBuf::zeroed(n, self.align as usize))
             .ok_or_else(too_big)?;
-        for s in &plan.spans {
+        for s in plan.spans() {
             let dst = &mut buf.as_mut_slice()[s.at as usize..(s.at + s.len) as usize];
             self.read_span(dst, s.offset, s.need)?;
         }
@@ -923,13 +942,13 @@ mod tests {
         };
         // A copied record: aligned, its parts back to back, one read padded at the end.
         let p = plan([(8192, 1000), (9192, 1000), (10192, 3000)], 4096);
-        assert_eq!(p.spans, vec![span(8192, 8192, 0, 5000)]);
+        assert_eq!(p.spans(), [span(8192, 8192, 0, 5000)]);
         assert_eq!((p.starts, p.len), ([0, 1000, 2000], 8192));
         // In place: three tensors apart, each slice rounded out to whole blocks at both ends.
         let p = plan([(100, 5000), (40_000, 4096), (1 << 20, 10)], 4096);
         assert_eq!(
-            p.spans,
-            vec![
+            p.spans(),
+            [
                 span(0, 8192, 0, 5100),
                 span(36_864, 8192, 8192, 7232),
                 span(1 << 20, 4096, 16_384, 10),
@@ -939,8 +958,8 @@ mod tests {
         // Slices that happen to abut across tensors are one read, as in a copy.
         let p = plan([(512, 512), (1024, 512), (8192, 512)], 512);
         assert_eq!(
-            p.spans,
-            vec![span(512, 1024, 0, 1024), span(8192, 512, 1024, 512)]
+            p.spans(),
+            [span(512, 1024, 0, 1024), span(8192, 512, 1024, 512)]
         );
         assert_eq!((p.starts, p.len), ([0, 512, 1024], 1536));
     }
