@@ -1171,11 +1171,7 @@ unsafe fn bf16_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: 
 }
 
 #[inline(always)]
-unsafe fn float_rows<K: FloatWeights, const R: usize>(
-    w: &[u8],
-    acts: [&[u8]; R],
-    out: &mut [f32],
-) {
+unsafe fn float_rows<K: FloatWeights, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
     let n = w.len() / K::BYTES;
     for a in acts {
         assert!(a.len() >= 4 * n, "activation row shorter than weight row");
