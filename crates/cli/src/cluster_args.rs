@@ -56,7 +56,7 @@ impl ClusterArgs {
     fn hot_experts(&self, model: &Model) -> Result<Vec<(usize, usize)>> {
         let Some(path) = &self.replicate_hot else { return Ok(Vec::new()) };
         let profile = titan_store::Profile::load(path)?;
-        let (n_layer, dense, n_expert) = (model.config.n_layer, model.config.dense_lead, model.config.n_expert);
+        let (n_layer, n_expert) = (model.config.n_layer, model.config.n_expert);
         if profile.counts.len() != n_layer || profile.counts.iter().any(|r| r.len() != n_expert) {
             bail!("{}: a profile of another model ({} layers; this one has {n_layer} of {n_expert} experts)", path.display(), profile.counts.len());
         }

@@ -184,7 +184,7 @@ impl ExpertSource {
     ) -> Result<()> {
         match self {
             ExpertSource::Resident(w) => {
-                let l = w.layers[layer].experts();
+                let l = w.layers[layer].experts(layer, ids.first().copied().unwrap_or(0))?;
                 let mut all: Vec<ExpertWeights> = recycle(std::mem::take(views));
                 all.extend(ids.iter().map(|&e| {
                     let e = e as usize;

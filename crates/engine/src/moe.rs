@@ -180,7 +180,8 @@ pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x
     slot_rows.extend(by_expert.iter().map(|&slot| slot / k));
 
     // The layer's input is quantised once; each expert gets its rows as byte copies of those rows.
-    input.quantize(w.layers[layer].experts().gate_exps.mat.ty.act_type(), x, rows, d)?;
+    let first = routing.ids.first().copied().unwrap_or(0);
+    input.quantize(w.layers[layer].experts(layer, first)?.gate_exps.mat.ty.act_type(), x, rows, d)?;
 
     contributions.resize(rows * k * d, 0.0);
     let job = ExpertJob { layer, input, ids, rows: slot_rows, starts: runs };

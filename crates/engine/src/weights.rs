@@ -154,9 +154,10 @@ pub struct Layer {
 }
 
 impl Layer {
-    /// The routed experts, which only a dense layer lacks (and no expert of it is ever asked for).
-    pub fn experts(&self) -> &Moe {
-        self.moe.as_ref().expect("experts are only asked for in MoE layers")
+    /// The routed experts of layer `il` (this layer), or why there are none: a request for an expert of
+    /// a dense layer (one a node could receive) is an error, not a panic.
+    pub fn experts(&self, il: usize, expert: u32) -> Result<&Moe> {
+        self.moe.as_ref().ok_or_else(|| EngineError::Expert { layer: il, expert, what: "the layer is dense and has no experts".into() })
     }
 }
 
