@@ -438,7 +438,10 @@ impl Grouped for Q5_0 {
         let lane_bytes =
             _mm256_broadcastsi128_si256(_mm_setr_epi32(0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C));
         let m4 = _mm256_set1_epi8(0x0F);
-        array::from_fn(|j| {
+        // A loop, not `array::from_fn`: a closure this size is not inlined, and its intrinsics would
+        // then be calls (measured: decode as slow as scalar).
+        let mut u = [_mm256_setzero_si256(); 8];
+        for (j, u) in u.iter_mut().enumerate() {
             let (m, h) = (j / 2, j % 2);
             let q = quads[m];
             let nibbles = if h == 0 {
@@ -455,8 +458,9 @@ impl Grouped for Q5_0 {
             );
             let bit = _mm256_set1_epi32(0x0804_0201 << (4 * (m % 2)));
             let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-            _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
-        })
+            *u = _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        }
+        u
     }
 
     #[inline(always)]
