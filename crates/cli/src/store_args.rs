@@ -32,6 +32,10 @@ pub struct StreamArgs {
     /// Read the next layer's likely experts ahead of time.
     #[arg(long)]
     pub prefetch: bool,
+    /// Load every weight into memory even when the model does not fit (by default such a model streams
+    /// its experts, from an in-place index made beside it on first use).
+    #[arg(long, conflicts_with_all = ["expert_budget", "store"])]
+    pub resident: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Default)]
@@ -86,6 +90,50 @@ fn find_store(model: &Path) -> Result<PathBuf> {
     )
 }
 
+/// Whether `model`'s weights fit in the memory available with headroom to spare; says so when not.
+fn fits(model: &Path) -> Result<bool> {
+    let (dense, experts) = titan_engine::weights::dense_and_expert_bytes(&titan_gguf::GgufFile::open(model)?);
+    let Some(available) = mem_available() else { return Ok(true) };
+    if dense + experts + HEADROOM <= available {
+        return Ok(true);
+    }
+    let h = crate::human;
+    if dense + HEADROOM > available {
+        bail!(
+            "{}: its dense weights alone ({}) and 1 GiB of headroom do not fit in the {} of memory available, so not even its experts can stream (--resident tries anyway)",
+            model.display(),
+            h(dense),
+            h(available)
+        );
+    }
+    eprintln!(
+        "{}: {} of weights do not fit in the {} of memory available: its experts ({}) stream from disk through a \
+         budget of {} (--resident loads everything anyway)",
+        model.display(),
+        h(dense + experts),
+        h(available),
+        h(experts),
+        h(available - dense - HEADROOM)
+    );
+    Ok(false)
+}
+
+/// The in-place index beside `model`, written now (with a progress bar): streaming without a second copy
+/// of the experts.
+fn index_beside(model: &Path) -> Result<PathBuf> {
+    let out = default_store(model, Layout::InPlace);
+    eprintln!("indexing the experts of {} into {} (once; no copy of them is made)", model.display(), out.display());
+    let bar = crate::progress_bar(0, "indexing");
+    let gguf = titan_gguf::GgufFile::open(model)?;
+    titan_store::write_index(&gguf, &out, false, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .with_context(|| format!("writing the expert index {} (give --store a writable place for one made with `titan convert --layout in-place -o`)", out.display()))?;
+    bar.finish_and_clear();
+    Ok(out)
+}
+
 /// "4GiB", "512MiB", "2.5GB", "1000000" -> bytes.
 pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
@@ -107,17 +155,47 @@ pub fn parse_size(s: &str) -> Result<u64> {
     Ok((n * mult) as u64)
 }
 
-/// Memory the kernel says is available for new allocations without swapping.
+/// Memory this process can still take without swapping or being killed: the kernel's MemAvailable,
+/// less where a cgroup (v2) above the process limits it to less; `TITAN_MEMORY_AVAILABLE` (a size)
+/// overrides both, to plan as if only that much were free.
 pub fn mem_available() -> Option<u64> {
+    if let Ok(v) = std::env::var("TITAN_MEMORY_AVAILABLE") {
+        return parse_size(&v).ok();
+    }
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    let host = line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024;
+    Some(cgroup_headroom().map_or(host, |c| c.min(host)))
 }
 
+/// The least `memory.max - memory.current` over this process's cgroup and its ancestors (cgroup v2),
+/// if any of them sets a limit: a container or `systemd-run -p MemoryMax=` bounds the process there.
+fn cgroup_headroom() -> Option<u64> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?.trim().trim_start_matches('/').to_string();
+    let mut dir = PathBuf::from("/sys/fs/cgroup").join(rel);
+    let mut least: Option<u64> = None;
+    loop {
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok().and_then(|v| v.trim().parse::<u64>().ok());
+        if let (Some(max), Some(current)) = (read("memory.max"), read("memory.current")) {
+            let left = max.saturating_sub(current);
+            least = Some(least.map_or(left, |l| l.min(left)));
+        }
+        if !dir.pop() || dir == Path::new("/sys/fs") {
+            return least;
+        }
+    }
+}
+
+/// Memory kept free beside the weights for the KV cache, the activations and the rest of the system.
+const HEADROOM: u64 = 1 << 30;
+
 impl StreamArgs {
-    /// Load options for a model at `model`; resident unless a budget or a store was given.
+    /// Load options for a model at `model`: streamed when a budget or a store is given, or when the
+    /// model's weights do not fit in the memory available (unless `--resident`); else resident.
     pub fn load_options(&self, model: &Path) -> Result<LoadOptions> {
-        if self.expert_budget.is_none() && self.store.is_none() {
+        let automatic = self.expert_budget.is_none() && self.store.is_none();
+        if automatic && (self.resident || fits(model)?) {
             return Ok(LoadOptions::default());
         }
         let store = match &self.store {
@@ -125,14 +203,14 @@ impl StreamArgs {
                 bail!("{}: no expert store there (create it with `titan convert {}`)", s.display(), model.display())
             }
             Some(s) => s.clone(),
+            None if automatic => find_store(model).or_else(|_| index_beside(model))?,
             None => find_store(model)?,
         };
         let budget_bytes = match self.expert_budget.as_deref() {
             None | Some("auto") => {
-                // Free memory less the dense weights (copied into memory at load) and 1 GiB of headroom
-                // for the KV cache, activations and the rest of the system.
+                // Free memory less the dense weights (copied into memory at load) and the headroom.
                 let (dense, _) = titan_engine::weights::dense_and_expert_bytes(&titan_gguf::GgufFile::open(model)?);
-                mem_available().context("cannot read MemAvailable from /proc/meminfo; give --expert-budget a size")?.saturating_sub(dense + (1 << 30))
+                mem_available().context("cannot read MemAvailable from /proc/meminfo; give --expert-budget a size")?.saturating_sub(dense + HEADROOM)
             }
             Some(s) => parse_size(s)?,
         };

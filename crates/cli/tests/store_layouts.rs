@@ -104,3 +104,36 @@ fn a_flipped_model_byte_is_named_by_verify_and_by_the_run_that_reads_it() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains(&named) && !err.contains("panicked"), "{err}");
 }
+
+/// A model whose weights do not fit in the memory available streams its experts by default: the index is
+/// made beside it on first use (no copy), the output is the resident one, and `--resident` opts out.
+#[test]
+fn a_model_that_does_not_fit_streams_from_an_index_made_on_first_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.gguf");
+    std::fs::copy(fixture(MODEL), &m).unwrap();
+    let (dense, experts) = titan_engine::weights::dense_and_expert_bytes(&titan_gguf::GgufFile::open(&m).unwrap());
+    // Room for the dense weights, the 1 GiB of headroom and half the experts.
+    let memory = (dense + (1 << 30) + experts / 2).to_string();
+    let args = ["run", "-m", m.to_str().unwrap(), "-p", "The quick brown fox", "-n", "16", "--temp", "0"];
+    let resident = titan(&args);
+    assert!(resident.status.success() && !dir.path().join("m.titan-index").exists(), "{}", stderr(&resident));
+
+    let streamed = common::titan().args(args).env("TITAN_MEMORY_AVAILABLE", &memory).output().unwrap();
+    let err = stderr(&streamed);
+    assert!(streamed.status.success(), "{err}");
+    assert!(err.contains("of weights do not fit in the") && err.contains("indexing the experts of") && err.contains("hit rate"), "{err}");
+    assert!(dir.path().join("m.titan-index").is_file() && !dir.path().join("m.titan").exists());
+    assert_eq!(streamed.stdout, resident.stdout, "streamed output differs from resident");
+
+    // Second run: the index is there already; --resident loads everything.
+    let again = common::titan().args(args).env("TITAN_MEMORY_AVAILABLE", &memory).output().unwrap();
+    assert!(again.status.success() && !stderr(&again).contains("indexing"), "{}", stderr(&again));
+    let forced = common::titan().args(args).arg("--resident").env("TITAN_MEMORY_AVAILABLE", &memory).output().unwrap();
+    assert!(forced.status.success() && !stderr(&forced).contains("hit rate"), "{}", stderr(&forced));
+    assert_eq!(forced.stdout, resident.stdout);
+
+    // Not even the dense weights fit: an error that says so.
+    let none = common::titan().args(args).env("TITAN_MEMORY_AVAILABLE", "100MiB").output().unwrap();
+    assert!(!none.status.success() && stderr(&none).contains("do not fit in the 100.00 MiB of memory available"), "{}", stderr(&none));
+}
