@@ -267,6 +267,19 @@ mod tests {
         assert_eq!(dims("token_embd.weight"), [2048, 248320]);
         let linear = plan.iter().filter(|t| t.name.ends_with("ssm_a")).count();
         assert_eq!((linear, plan.iter().filter(|t| t.name.ends_with("attn_q.weight")).count()), (30, 10));
+
+        // Qwen3.5-122B-A10B: hidden 3072, 32 heads of 256 (16384 rows with the gates), 16 key and 64 value
+        // heads of 128 (conv channels 2·2048 + 8192), experts of 1024; 48 layers, more bits from 42.
+        let plan = crate::layout::plan(preset("qwen3.5-122b-a10b").unwrap(), FileType::Q4_K_M);
+        let dims = |name: &str| plan.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")).dims.clone();
+        assert_eq!(dims("blk.47.attn_q.weight"), [3072, 16384]);
+        assert_eq!(dims("blk.47.attn_output.weight"), [8192, 3072]);
+        assert_eq!(dims("blk.0.attn_qkv.weight"), [3072, 12288]);
+        assert_eq!(dims("blk.0.ssm_out.weight"), [8192, 3072]);
+        assert_eq!(dims("blk.0.ssm_alpha.weight"), [3072, 64]);
+        assert_eq!(dims("blk.0.ffn_down_exps.weight"), [1024, 3072, 256]);
+        assert_eq!(ty_of(&plan, "blk.42.attn_qkv.weight"), GgmlType::Q6_K);
+        assert_eq!(ty_of(&plan, "blk.40.attn_qkv.weight"), GgmlType::Q4_K);
     }
 
     #[test]
