@@ -284,7 +284,8 @@ struct InspectArgs {
 
 #[derive(Args)]
 struct SynthArgs {
-    /// Which model's dimensions: olmoe-1b-7b, qwen3-30b-a3b, qwen1.5-moe-a2.7b, mixtral-8x7b.
+    /// Which model's dimensions: olmoe-1b-7b, qwen3-30b-a3b, qwen1.5-moe-a2.7b, mixtral-8x7b, qwen3.6-35b-a3b,
+    /// qwen3.5-122b-a10b.
     #[arg(long)]
     preset: String,
     /// Tensor type of the file: q4_0, q8_0, q4_k_m, q6_k, f16.

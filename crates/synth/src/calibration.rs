@@ -22,6 +22,13 @@
 //! - **Zero-mean weights** (see `blocks`), so no layer adds a direction shared by every row.
 //! - **Routers** are plain random matrices of `router` logit scale: with token-specific inputs, each
 //!   expert wins for some tokens.
+//! - **Linear attention remembers, but not forever** (Gated DeltaNet layers of the hybrids). Each value
+//!   head's state decays per token by `exp(-A · softplus(alpha + dt_bias))`: `A = exp(A_log)` is
+//!   log-normal over heads around `linear_a`, so some heads keep a long memory and others a short one
+//!   (as Mamba-2 spreads its heads' time steps), alpha is about N(0, 1) and dt_bias N(0, 0.5²). The
+//!   per-token decay then spreads over (0, 1) instead of sitting at 0 (transformers' initialisation,
+//!   A up to 16) or at 1. The layer's output goes through an RMS norm, so it is scaled by `ssm_out`
+//!   alone, and it gets the same share of the budget as an attention layer.
 //!
 //! Scales are per unit of fan-in (`sigma = gain / sqrt(fan_in)`), so the same gains hold for every
 //! preset's dimensions. The defaults were measured with `routing_report` (see the crate's tests and the
@@ -55,6 +62,10 @@ pub struct Calibration {
     pub router: f32,
     /// Element RMS of the q/k/v biases (Qwen2-MoE).
     pub qkv_bias: f32,
+    /// Median over the linear-attention heads of the decay rate A = exp(A_log) (`ssm_a` holds -A).
+    pub linear_a: f32,
+    /// Standard deviation of A_log over the heads.
+    pub linear_a_spread: f32,
 }
 
 impl Default for Calibration {
@@ -71,12 +82,15 @@ impl Default for Calibration {
             moe_out: 0.6,
             router: 2.0,
             qkv_bias: 0.3,
+            linear_a: 0.2,
+            linear_a_spread: 1.0,
         }
     }
 }
 
-/// How a tensor's values are drawn: `mean + sigma · noise` for vectors; zero-mean with `sigma` for
-/// matrices (token_embd and output add the topic structure on top).
+/// How a tensor's values are drawn: `mean + sigma · noise` for vectors (for `ssm_a`, that is A_log, and
+/// the tensor holds -exp(A_log) as the converter writes it); zero-mean with `sigma` for matrices
+/// (token_embd and output add the topic structure on top).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Scale {
     pub mean: f32,
@@ -87,7 +101,11 @@ impl Calibration {
     pub(crate) fn scale(&self, p: &Preset, role: Role) -> Scale {
         let fan = |n: usize| 1.0 / (n as f32).sqrt();
         let e = p.n_embd;
-        let has_qk_norm = matches!(p.arch, Arch::Qwen3Moe | Arch::Olmoe);
+        let has_qk_norm = matches!(p.arch, Arch::Qwen3Moe | Arch::Olmoe | Arch::Qwen35Moe);
+        // The hybrids gate attention's output by a sigmoid of about 0.5; their attention layers make up
+        // for it. Their linear-attention output is silu(z) (z about N(0, 1)) times a normalised vector.
+        let attn_gate = if p.hybrid.is_some() { 2.0 } else { 1.0 };
+        let silu_rms = swiglu_rms(1.0);
         // Without q/k norms the score's spread is rms(q) · rms(k); with them it is the norms' weights.
         let qk = self.attn_score.sqrt();
         let per_layer = fan(p.n_layer) * self.embd_rms;
@@ -97,12 +115,12 @@ impl Calibration {
         let (mean, sigma) = match role {
             Role::TokenEmbd => (0.0, self.embd_rms),
             Role::Output => (0.0, self.head_logit(p) / e as f32),
-            Role::AttnNorm | Role::FfnNorm | Role::OutputNorm => (1.0, 0.05),
+            Role::AttnNorm | Role::FfnNorm | Role::OutputNorm | Role::SsmNorm => (1.0, 0.05),
             Role::QNorm | Role::KNorm => (qk, 0.05 * qk),
             Role::Wq | Role::Wk if has_qk_norm => (0.0, fan(e)),
             Role::Wq | Role::Wk => (0.0, qk * fan(e)),
             Role::Wv => (0.0, fan(e)),
-            Role::Wo => (0.0, self.attn_out * per_layer * fan(p.q_dim())),
+            Role::Wo => (0.0, attn_gate * self.attn_out * per_layer * fan(p.q_dim())),
             Role::Bq | Role::Bk | Role::Bv => (0.0, self.qkv_bias),
             Role::Router => (0.0, self.router * fan(e)),
             Role::GateExps | Role::UpExps | Role::GateShexp | Role::UpShexp => (0.0, self.ffn_in * fan(e)),
@@ -110,6 +128,16 @@ impl Calibration {
             // The shared expert (scaled by a sigmoid gate of about 0.5) gets as much as the routed ones.
             Role::DownShexp => (0.0, 2.0 * self.moe_out * per_layer * fan(p.shared_ff) / act),
             Role::ShexpGate => (0.0, fan(e)),
+            // q, k and v before the convolution, z, and the gates' inputs: about N(0, 1) each.
+            Role::Wqkv | Role::Wz | Role::Beta | Role::Alpha => (0.0, fan(e)),
+            Role::DtBias => (0.0, 0.5),
+            Role::SsmA => (self.linear_a.ln(), self.linear_a_spread),
+            // Four taps of N(0, 0.5²) over inputs of about unit scale: the convolution's output too.
+            Role::Conv => (0.0, 0.5),
+            Role::SsmOut => {
+                let value_dim = p.hybrid.map_or(1, |h| h.value_dim());
+                (0.0, self.attn_out * per_layer * fan(value_dim) / silu_rms)
+            }
         };
         Scale { mean, sigma }
     }
@@ -136,7 +164,8 @@ impl Calibration {
 /// N(0, router²) logits (fixed seed): what scales one expert's output to the weighted sum's.
 fn topk_weight_rms(p: &Preset, router: f32) -> f32 {
     let (n, k) = (p.n_expert, p.n_expert_used);
-    let norm = matches!(p.arch, Arch::Qwen3Moe | Arch::Llama);
+    // llama.cpp always renormalises the hybrids' top-k weights.
+    let norm = matches!(p.arch, Arch::Qwen3Moe | Arch::Llama | Arch::Qwen35Moe);
     let mut rng = crate::blocks::Rng::new(0x5eed);
     let (trials, mut acc) = (2000, 0.0f64);
     let mut logits = vec![0f32; n];

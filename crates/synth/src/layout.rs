@@ -1,6 +1,6 @@
 //! Which tensors a file holds, in what shape and encoding: the names and shapes llama.cpp's loader
-//! expects for the architecture (`src/models/{olmoe,qwen2moe,qwen3moe,llama}.cpp`), and the types
-//! llama-quantize would give them (`llama_tensor_get_type` in `src/llama-quant.cpp`).
+//! expects for the architecture (`src/models/{olmoe,qwen2moe,qwen3moe,llama,qwen35moe}.cpp`), and the
+//! types llama-quantize would give them (`llama_tensor_get_type` in `src/llama-quant.cpp`).
 
 use titan_kernels::GgmlType;
 
@@ -31,6 +31,24 @@ pub(crate) enum Role {
     UpShexp,
     DownShexp,
     ShexpGate,
+    /// Gated DeltaNet (`qwen35moe`'s linear-attention layers): `attn_qkv`, the convolution's input.
+    Wqkv,
+    /// `attn_gate`: z, the gate of the output norm.
+    Wz,
+    /// `ssm_beta`: each value head's write strength, through a sigmoid.
+    Beta,
+    /// `ssm_alpha`: each value head's decay input.
+    Alpha,
+    /// `ssm_dt.bias`, added to alpha.
+    DtBias,
+    /// `ssm_a`: -exp(A_log) per value head.
+    SsmA,
+    /// `ssm_conv1d`: the causal convolution's taps.
+    Conv,
+    /// `ssm_norm`: the gated RMS norm's weight.
+    SsmNorm,
+    /// `ssm_out`: back to the residual stream.
+    SsmOut,
 }
 
 #[derive(Clone, Debug)]
@@ -66,34 +84,57 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
         let n = |s: &str| format!("blk.{i}.{s}");
         let l = Some(i);
         push(n("attn_norm.weight"), &[e], Role::AttnNorm, l);
-        push(n("attn_q.weight"), &[e, q], Role::Wq, l);
-        push(n("attn_k.weight"), &[e, kv], Role::Wk, l);
-        push(n("attn_v.weight"), &[e, kv], Role::Wv, l);
-        push(n("attn_output.weight"), &[q, e], Role::Wo, l);
-        if p.arch == Arch::Qwen2Moe {
-            push(n("attn_q.bias"), &[q], Role::Bq, l);
-            push(n("attn_k.bias"), &[kv], Role::Bk, l);
-            push(n("attn_v.bias"), &[kv], Role::Bv, l);
-        }
-        match p.arch {
-            Arch::Qwen3Moe => {
-                push(n("attn_q_norm.weight"), &[p.head_dim as u64], Role::QNorm, l);
-                push(n("attn_k_norm.weight"), &[p.head_dim as u64], Role::KNorm, l);
+        match &p.hybrid {
+            Some(h) if h.is_recurrent(i) => {
+                let (conv, vd, nv) = (h.conv_dim() as u64, h.value_dim() as u64, h.n_v_heads as u64);
+                push(n("attn_qkv.weight"), &[e, conv], Role::Wqkv, l);
+                push(n("attn_gate.weight"), &[e, vd], Role::Wz, l);
+                push(n("ssm_conv1d.weight"), &[h.conv_kernel as u64, conv], Role::Conv, l);
+                push(n("ssm_dt.bias"), &[nv], Role::DtBias, l);
+                push(n("ssm_a"), &[nv], Role::SsmA, l);
+                push(n("ssm_beta.weight"), &[e, nv], Role::Beta, l);
+                push(n("ssm_alpha.weight"), &[e, nv], Role::Alpha, l);
+                push(n("ssm_norm.weight"), &[h.head_dim as u64], Role::SsmNorm, l);
+                push(n("ssm_out.weight"), &[vd, e], Role::SsmOut, l);
             }
-            Arch::Olmoe => {
-                push(n("attn_q_norm.weight"), &[q], Role::QNorm, l);
-                push(n("attn_k_norm.weight"), &[kv], Role::KNorm, l);
+            _ => {
+                // A hybrid's attention is gated: its query projection yields each head's queries, then as
+                // many gate values.
+                let q_rows = if p.hybrid.is_some() { 2 * q } else { q };
+                push(n("attn_q.weight"), &[e, q_rows], Role::Wq, l);
+                push(n("attn_k.weight"), &[e, kv], Role::Wk, l);
+                push(n("attn_v.weight"), &[e, kv], Role::Wv, l);
+                push(n("attn_output.weight"), &[q, e], Role::Wo, l);
+                if p.arch == Arch::Qwen2Moe {
+                    push(n("attn_q.bias"), &[q], Role::Bq, l);
+                    push(n("attn_k.bias"), &[kv], Role::Bk, l);
+                    push(n("attn_v.bias"), &[kv], Role::Bv, l);
+                }
+                match p.arch {
+                    Arch::Qwen3Moe | Arch::Qwen35Moe => {
+                        push(n("attn_q_norm.weight"), &[p.head_dim as u64], Role::QNorm, l);
+                        push(n("attn_k_norm.weight"), &[p.head_dim as u64], Role::KNorm, l);
+                    }
+                    Arch::Olmoe => {
+                        push(n("attn_q_norm.weight"), &[q], Role::QNorm, l);
+                        push(n("attn_k_norm.weight"), &[kv], Role::KNorm, l);
+                    }
+                    Arch::Qwen2Moe | Arch::Llama => {}
+                }
             }
-            Arch::Qwen2Moe | Arch::Llama => {}
         }
-        push(n("ffn_norm.weight"), &[e], Role::FfnNorm, l);
+        // The hybrids name the norm before the experts after its place in the Hugging Face model.
+        let ffn_norm = if p.hybrid.is_some() { "post_attention_norm.weight" } else { "ffn_norm.weight" };
+        push(n(ffn_norm), &[e], Role::FfnNorm, l);
         push(n("ffn_gate_inp.weight"), &[e, nx], Role::Router, l);
         push(n("ffn_gate_exps.weight"), &[e, ff, nx], Role::GateExps, l);
         push(n("ffn_up_exps.weight"), &[e, ff, nx], Role::UpExps, l);
         push(n("ffn_down_exps.weight"), &[ff, e, nx], Role::DownExps, l);
         if p.shared_ff > 0 {
             let sf = p.shared_ff as u64;
-            push(n("ffn_gate_inp_shexp.weight"), &[e], Role::ShexpGate, l);
+            // The converter writes the gate as a one-row matrix; llama-quantize rewrites it as a vector.
+            let gate_dims: &[u64] = if ft == FileType::F16 { &[e, 1] } else { &[e] };
+            push(n("ffn_gate_inp_shexp.weight"), gate_dims, Role::ShexpGate, l);
             push(n("ffn_gate_shexp.weight"), &[e, sf], Role::GateShexp, l);
             push(n("ffn_up_shexp.weight"), &[e, sf], Role::UpShexp, l);
             push(n("ffn_down_shexp.weight"), &[sf, e], Role::DownShexp, l);
@@ -114,7 +155,9 @@ fn use_more_bits(i: usize, n: usize) -> bool {
 /// for the rest of an f16 file), then llama-quantize's mix for the quantised file types.
 fn tensor_type(p: &Preset, ft: FileType, role: Role, dims: &[u64], layer: Option<usize>) -> GgmlType {
     use GgmlType::*;
-    if dims.len() == 1 || role == Role::Router {
+    // The converter keeps vectors, the router, the shared expert's gate and the convolution in F32, and
+    // llama-quantize leaves them (and every `_norm`) alone.
+    if dims.len() == 1 || matches!(role, Role::Router | Role::ShexpGate | Role::Conv) {
         return F32;
     }
     let base = match ft {
@@ -130,9 +173,11 @@ fn tensor_type(p: &Preset, ft: FileType, role: Role, dims: &[u64], layer: Option
     let ty = match role {
         Role::Output if !cols.is_multiple_of(base.block_len()) => Q8_0,
         Role::Output if base != Q8_0 => Q6_K,
-        // "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"
-        Role::Wv | Role::Wk if eight_experts => Q8_0,
-        Role::Wv if more_bits(layer) => Q6_K,
+        // "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"; llama-quantize counts
+        // attn_qkv with attn_v (`category_is_attn_v`), and a hybrid has one or the other in each layer, so
+        // the attn_v counter is the layer index.
+        Role::Wv | Role::Wqkv | Role::Wk if eight_experts => Q8_0,
+        Role::Wv | Role::Wqkv if more_bits(layer) => Q6_K,
         Role::DownExps | Role::DownShexp if more_bits(layer) => Q6_K,
         Role::Wo if eight_experts && ft == FileType::Q4_K_M => Q5_K,
         _ => base,
@@ -185,6 +230,56 @@ mod tests {
         assert_eq!(ty_of(&plan, "blk.3.attn_v.weight"), GgmlType::Q8_0);
         assert_eq!(ty_of(&plan, "blk.3.attn_k.weight"), GgmlType::Q8_0);
         assert_eq!(ty_of(&plan, "blk.3.attn_output.weight"), GgmlType::Q5_K);
+    }
+
+    /// Qwen3.6-35B-A3B at its real size: llama-quantize's Q4_K_M counts attn_qkv (linear layers) and
+    /// attn_v (full-attention layers) together, one per layer, so both follow `use_more_bits` by layer;
+    /// with 256 experts nothing is bumped to Q8_0 or Q5_K.
+    #[test]
+    fn hybrid_q4_k_m_follows_llama_quantize() {
+        let p = preset("qwen3.6-35b-a3b").unwrap();
+        let plan = plan(p, FileType::Q4_K_M);
+        let dims = |name: &str| plan.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")).dims.clone();
+        // 40 layers: more bits for 0..5, 35..40 and 5 + 3k + 2.
+        for (l, more) in [(0, true), (3, true), (4, true), (5, false), (7, true), (11, false), (13, true), (33, false), (34, true), (35, true), (39, true)] {
+            let t = if more { GgmlType::Q6_K } else { GgmlType::Q4_K };
+            let mixer = if (l + 1) % 4 == 0 { "attn_v" } else { "attn_qkv" };
+            assert_eq!(ty_of(&plan, &format!("blk.{l}.{mixer}.weight")), t, "layer {l}");
+            assert_eq!(ty_of(&plan, &format!("blk.{l}.ffn_down_exps.weight")), t, "layer {l}");
+            assert_eq!(ty_of(&plan, &format!("blk.{l}.ffn_down_shexp.weight")), t, "layer {l}");
+        }
+        assert_eq!(ty_of(&plan, "blk.3.attn_output.weight"), GgmlType::Q4_K);
+        assert_eq!(ty_of(&plan, "blk.3.attn_k.weight"), GgmlType::Q4_K);
+        assert_eq!(ty_of(&plan, "blk.0.attn_gate.weight"), GgmlType::Q4_K);
+        assert_eq!(ty_of(&plan, "blk.0.ssm_alpha.weight"), GgmlType::Q4_K);
+        assert_eq!(ty_of(&plan, "blk.0.ssm_out.weight"), GgmlType::Q4_K);
+        assert_eq!(ty_of(&plan, "blk.0.ssm_conv1d.weight"), GgmlType::F32);
+        assert_eq!(ty_of(&plan, "output.weight"), GgmlType::Q6_K);
+        // Full attention: 16 heads of 256, queries and gates (8192 rows), 2 KV heads; Gated DeltaNet: 16 key
+        // and 32 value heads of 128 (conv channels 2·2048 + 4096).
+        assert_eq!(dims("blk.3.attn_q.weight"), [2048, 8192]);
+        assert_eq!(dims("blk.3.attn_k.weight"), [2048, 512]);
+        assert_eq!(dims("blk.3.attn_output.weight"), [4096, 2048]);
+        assert_eq!(dims("blk.0.attn_qkv.weight"), [2048, 8192]);
+        assert_eq!(dims("blk.0.ssm_out.weight"), [4096, 2048]);
+        assert_eq!(dims("blk.0.ssm_conv1d.weight"), [4, 8192]);
+        assert_eq!(dims("blk.39.ffn_gate_exps.weight"), [2048, 512, 256]);
+        assert_eq!(dims("token_embd.weight"), [2048, 248320]);
+        let linear = plan.iter().filter(|t| t.name.ends_with("ssm_a")).count();
+        assert_eq!((linear, plan.iter().filter(|t| t.name.ends_with("attn_q.weight")).count()), (30, 10));
+
+        // Qwen3.5-122B-A10B: hidden 3072, 32 heads of 256 (16384 rows with the gates), 16 key and 64 value
+        // heads of 128 (conv channels 2·2048 + 8192), experts of 1024; 48 layers, more bits from 42.
+        let plan = crate::layout::plan(preset("qwen3.5-122b-a10b").unwrap(), FileType::Q4_K_M);
+        let dims = |name: &str| plan.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")).dims.clone();
+        assert_eq!(dims("blk.47.attn_q.weight"), [3072, 16384]);
+        assert_eq!(dims("blk.47.attn_output.weight"), [8192, 3072]);
+        assert_eq!(dims("blk.0.attn_qkv.weight"), [3072, 12288]);
+        assert_eq!(dims("blk.0.ssm_out.weight"), [8192, 3072]);
+        assert_eq!(dims("blk.0.ssm_alpha.weight"), [3072, 64]);
+        assert_eq!(dims("blk.0.ffn_down_exps.weight"), [1024, 3072, 256]);
+        assert_eq!(ty_of(&plan, "blk.42.attn_qkv.weight"), GgmlType::Q6_K);
+        assert_eq!(ty_of(&plan, "blk.40.attn_qkv.weight"), GgmlType::Q4_K);
     }
 
     #[test]

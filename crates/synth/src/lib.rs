@@ -26,10 +26,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
-use titan_gguf::{GgufWriter, Value};
+use titan_gguf::{GgufWriter, Value, ValueType};
 
 pub use calibration::Calibration;
-pub use preset::{preset, presets, Arch, FileType, Preset, VocabKind};
+pub use preset::{preset, presets, Arch, FileType, Hybrid, Preset, VocabKind};
 pub use routing::{routing_report, LayerRouting, RoutingReport};
 
 use blocks::Rng;
@@ -162,6 +162,17 @@ fn validate(p: &Preset) -> Result<(), SynthError> {
     if !p.n_embd.is_multiple_of(256) || !p.q_dim().is_multiple_of(256) || !p.expert_ff.is_multiple_of(32) || !p.shared_ff.is_multiple_of(32) {
         return bad("hidden and attention sizes must be multiples of 256 and feed-forward sizes of 32".into());
     }
+    if let Some(h) = &p.hybrid {
+        if h.full_attention_interval == 0 || h.conv_kernel == 0 || h.n_k_heads == 0 || !h.n_v_heads.is_multiple_of(h.n_k_heads) {
+            return bad("the linear attention needs a full-attention interval, convolution taps, and value heads a multiple of the key heads".into());
+        }
+        if !h.value_dim().is_multiple_of(256) || h.rope_dims > p.head_dim || !h.rope_dims.is_multiple_of(2) {
+            return bad("the linear attention's value size must be a multiple of 256 and the rotated dimensions fit a head".into());
+        }
+        if p.shared_ff == 0 {
+            return bad(format!("{} needs a shared expert", p.arch.gguf_name()));
+        }
+    }
     Ok(())
 }
 
@@ -192,7 +203,9 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
     set(format!("{a}.block_count"), u(p.n_layer));
     set(format!("{a}.context_length"), u(p.n_ctx));
     set(format!("{a}.embedding_length"), u(p.n_embd));
-    set(format!("{a}.feed_forward_length"), u(p.n_ff));
+    if p.n_ff > 0 {
+        set(format!("{a}.feed_forward_length"), u(p.n_ff));
+    }
     set(format!("{a}.attention.head_count"), u(p.n_head));
     set(format!("{a}.attention.head_count_kv"), u(p.n_head_kv));
     set(format!("{a}.rope.freq_base"), Value::F32(p.rope_base));
@@ -212,6 +225,18 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
     if p.arch == Arch::Llama {
         set(format!("{a}.vocab_size"), u(p.n_vocab));
         set(format!("{a}.rope.dimension_count"), u(p.head_dim));
+    }
+    if let Some(h) = &p.hybrid {
+        set(format!("{a}.rope.dimension_sections"), Value::Array(ValueType::I32, h.rope_sections.iter().map(|&s| Value::I32(s as i32)).collect()));
+        set(format!("{a}.rope.dimension_count"), u(h.rope_dims));
+        set(format!("{a}.ssm.conv_kernel"), u(h.conv_kernel));
+        set(format!("{a}.ssm.state_size"), u(h.head_dim));
+        set(format!("{a}.ssm.group_count"), u(h.n_k_heads));
+        set(format!("{a}.ssm.time_step_rank"), u(h.n_v_heads));
+        set(format!("{a}.ssm.inner_size"), u(h.value_dim()));
+        let recurrent = (0..p.n_layer).map(|i| Value::Bool(h.is_recurrent(i))).collect();
+        set(format!("{a}.attention.recurrent_layers"), Value::Array(ValueType::Bool, recurrent));
+        set(format!("{a}.full_attention_interval"), u(h.full_attention_interval));
     }
     for (k, v) in vocab::metadata(p) {
         set(k, v);
@@ -275,7 +300,12 @@ impl TensorData<'_> {
                 }
             }
             _ if t.dims.len() == 1 => {
-                let x: Vec<f32> = (0..t.cols()).map(|_| s.mean + s.sigma * rng.normal()).collect();
+                let draw = |rng: &mut Rng| s.mean + s.sigma * rng.normal();
+                let x: Vec<f32> = match t.role {
+                    // ssm_a holds -exp(A_log), as the converter writes it.
+                    Role::SsmA => (0..t.cols()).map(|_| -draw(&mut rng).exp()).collect(),
+                    _ => (0..t.cols()).map(|_| draw(&mut rng)).collect(),
+                };
                 blocks::encode(t.ty, s.sigma, &x, out);
             }
             _ => blocks::fill(t.ty, s.sigma, &mut rng, out),

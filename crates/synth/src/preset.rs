@@ -16,6 +16,9 @@ pub enum Arch {
     Olmoe,
     /// `llama` with experts (Mixtral).
     Llama,
+    /// `qwen35moe` (Qwen3.5 / Qwen3.6 MoE): Gated DeltaNet layers between gated full-attention layers
+    /// (see [`Hybrid`]), per-head q/k RMS norms, routed experts plus a sigmoid-gated shared expert.
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -25,6 +28,7 @@ impl Arch {
             Arch::Qwen2Moe => "qwen2moe",
             Arch::Olmoe => "olmoe",
             Arch::Llama => "llama",
+            Arch::Qwen35Moe => "qwen35moe",
         }
     }
 }
@@ -38,6 +42,50 @@ pub enum VocabKind {
     Olmo,
     /// SentencePiece (`tokenizer.ggml.model = "llama"`): `<unk>`, `<s>`, `</s>`, 256 byte tokens.
     Llama,
+    /// Qwen3.5's byte-level BPE, pre-tokenizer "qwen35", ChatML control tokens at 248044..=248046.
+    Qwen35,
+}
+
+/// The linear-attention side of a Gated DeltaNet hybrid (`qwen35moe`), as the converter writes it from
+/// the config: `ssm.*`, the layer pattern, and the full-attention layers' partial, multi-section RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hybrid {
+    /// Every n-th layer is full attention, the others linear (`full_attention_interval`; the converter
+    /// also writes the pattern as `attention.recurrent_layers`).
+    pub full_attention_interval: usize,
+    /// Taps of the causal convolution (`linear_conv_kernel_dim`).
+    pub conv_kernel: usize,
+    /// Key heads (`linear_num_key_heads`, `ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`linear_num_value_heads`, `ssm.time_step_rank`).
+    pub n_v_heads: usize,
+    /// Size of each key and value head (`linear_key_head_dim` = `linear_value_head_dim`, `ssm.state_size`).
+    pub head_dim: usize,
+    /// Rotated dimensions of a full-attention head: `partial_rotary_factor` × `head_dim`.
+    pub rope_dims: usize,
+    /// `mrope_section`, padded to four as the converter pads it.
+    pub rope_sections: [u32; 4],
+}
+
+impl Hybrid {
+    pub fn key_dim(&self) -> usize {
+        self.n_k_heads * self.head_dim
+    }
+
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.head_dim
+    }
+
+    /// Channels of the convolution: queries, keys and values together (`attn_qkv`'s rows).
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Whether layer `i` is a linear-attention (recurrent) layer: llama.cpp's and the config's
+    /// `(i + 1) % full_attention_interval != 0`.
+    pub fn is_recurrent(&self, i: usize) -> bool {
+        !(i + 1).is_multiple_of(self.full_attention_interval)
+    }
 }
 
 /// A model's shape. `presets()` lists the real ones; tests build smaller ones from them.
@@ -57,18 +105,21 @@ pub struct Preset {
     pub head_dim: usize,
     /// Written as `attention.key_length` / `value_length` (only when the config has `head_dim`).
     pub write_head_dim: bool,
-    /// `feed_forward_length` (the config's `intermediate_size`).
+    /// `feed_forward_length` (the config's `intermediate_size`); 0 where the config has none, and then
+    /// the key is not written (Qwen3.5 MoE).
     pub n_ff: usize,
     /// Each routed expert's feed-forward size.
     pub expert_ff: usize,
     /// Written as `expert_feed_forward_length` (Qwen-MoE converters; OLMoE and Mixtral use `n_ff`).
     pub write_expert_ff: bool,
-    /// Shared-expert feed-forward size (Qwen2-MoE), 0 if none.
+    /// Shared-expert feed-forward size (Qwen2-MoE, Qwen3.5 MoE), 0 if none.
     pub shared_ff: usize,
     pub n_expert: usize,
     pub n_expert_used: usize,
     pub rope_base: f32,
     pub rms_eps: f32,
+    /// The linear-attention layers of a hybrid; `None` for the all-attention architectures.
+    pub hybrid: Option<Hybrid>,
 }
 
 impl Preset {
@@ -98,6 +149,13 @@ impl fmt::Display for Preset {
             self.n_expert_used,
             self.expert_ff
         )?;
+        if let Some(h) = &self.hybrid {
+            write!(
+                f,
+                ", every {}th layer full attention, the others Gated DeltaNet of {}/{} heads of {}",
+                h.full_attention_interval, h.n_k_heads, h.n_v_heads, h.head_dim
+            )?;
+        }
         if self.shared_ff > 0 {
             write!(f, " + shared expert of ffn {}", self.shared_ff)?;
         }
@@ -105,7 +163,7 @@ impl fmt::Display for Preset {
     }
 }
 
-static PRESETS: [Preset; 4] = [
+static PRESETS: [Preset; 6] = [
     Preset {
         name: "olmoe-1b-7b",
         source: "allenai/OLMoE-1B-7B-0924",
@@ -127,6 +185,7 @@ static PRESETS: [Preset; 4] = [
         n_expert_used: 8,
         rope_base: 10000.0,
         rms_eps: 1e-5,
+        hybrid: None,
     },
     Preset {
         name: "qwen3-30b-a3b",
@@ -149,6 +208,7 @@ static PRESETS: [Preset; 4] = [
         n_expert_used: 8,
         rope_base: 1_000_000.0,
         rms_eps: 1e-6,
+        hybrid: None,
     },
     Preset {
         name: "qwen1.5-moe-a2.7b",
@@ -171,6 +231,7 @@ static PRESETS: [Preset; 4] = [
         n_expert_used: 4,
         rope_base: 1_000_000.0,
         rms_eps: 1e-6,
+        hybrid: None,
     },
     Preset {
         name: "mixtral-8x7b",
@@ -193,6 +254,77 @@ static PRESETS: [Preset; 4] = [
         n_expert_used: 2,
         rope_base: 1_000_000.0,
         rms_eps: 1e-5,
+        hybrid: None,
+    },
+    // Qwen3.6-35B-A3B has Qwen3.5-35B-A3B's text architecture (`qwen3_5_moe_text`), so one shape serves
+    // both. From the config: 40 layers in a 3 linear : 1 full pattern; full attention 16 heads / 2 KV of
+    // 256, output-gated, rotary over 25% (64 dims) in sections [11, 11, 10], theta 1e7; Gated DeltaNet
+    // 16 key / 32 value heads of 128, 4 taps; 256 experts top-8 of 512 plus a shared expert of 512;
+    // no `intermediate_size`. The config's MTP block is not written (the converter's `--no-mtp`, as the
+    // published GGUFs are): TITAN and llama.cpp's main pass do not use it.
+    Preset {
+        name: "qwen3.6-35b-a3b",
+        source: "Qwen/Qwen3.6-35B-A3B",
+        arch: Arch::Qwen35Moe,
+        vocab: VocabKind::Qwen35,
+        n_vocab: 248320,
+        n_ctx: 262144,
+        n_embd: 2048,
+        n_layer: 40,
+        n_head: 16,
+        n_head_kv: 2,
+        head_dim: 256,
+        write_head_dim: true,
+        n_ff: 0,
+        expert_ff: 512,
+        write_expert_ff: true,
+        shared_ff: 512,
+        n_expert: 256,
+        n_expert_used: 8,
+        rope_base: 10_000_000.0,
+        rms_eps: 1e-6,
+        hybrid: Some(Hybrid {
+            full_attention_interval: 4,
+            conv_kernel: 4,
+            n_k_heads: 16,
+            n_v_heads: 32,
+            head_dim: 128,
+            rope_dims: 64,
+            rope_sections: [11, 11, 10, 0],
+        }),
+    },
+    // The same architecture, wider: 48 layers, hidden 3072, 32 heads / 2 KV of 256, Gated DeltaNet
+    // 16 key / 64 value heads of 128, 256 experts top-8 of 1024 plus a shared expert of 1024.
+    Preset {
+        name: "qwen3.5-122b-a10b",
+        source: "Qwen/Qwen3.5-122B-A10B",
+        arch: Arch::Qwen35Moe,
+        vocab: VocabKind::Qwen35,
+        n_vocab: 248320,
+        n_ctx: 262144,
+        n_embd: 3072,
+        n_layer: 48,
+        n_head: 32,
+        n_head_kv: 2,
+        head_dim: 256,
+        write_head_dim: true,
+        n_ff: 0,
+        expert_ff: 1024,
+        write_expert_ff: true,
+        shared_ff: 1024,
+        n_expert: 256,
+        n_expert_used: 8,
+        rope_base: 10_000_000.0,
+        rms_eps: 1e-6,
+        hybrid: Some(Hybrid {
+            full_attention_interval: 4,
+            conv_kernel: 4,
+            n_k_heads: 16,
+            n_v_heads: 64,
+            head_dim: 128,
+            rope_dims: 64,
+            rope_sections: [11, 11, 10, 0],
+        }),
     },
 ];
 
@@ -258,5 +390,24 @@ impl FromStr for FileType {
             let names: Vec<_> = FileType::ALL.iter().map(|t| t.name()).collect();
             format!("unknown type {s:?}: use one of {}", names.join(", "))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hybrids' numbers agree with each other as the real configs' do: M-RoPE sections cover the
+    /// rotated half of a head, the value heads tile the key heads, the layer count is whole blocks of the
+    /// pattern.
+    #[test]
+    fn hybrid_presets_are_consistent() {
+        for p in presets().iter().filter(|p| p.arch == Arch::Qwen35Moe) {
+            let h = p.hybrid.expect("qwen35moe presets are hybrids");
+            assert_eq!(2 * h.rope_sections.iter().sum::<u32>() as usize, h.rope_dims, "{}", p.name);
+            assert_eq!(h.rope_dims * 4, p.head_dim, "{}: partial_rotary_factor 0.25", p.name);
+            assert!(h.n_v_heads.is_multiple_of(h.n_k_heads) && p.n_layer.is_multiple_of(h.full_attention_interval), "{}", p.name);
+            assert_eq!((0..p.n_layer).filter(|&i| !h.is_recurrent(i)).count(), p.n_layer / 4, "{}", p.name);
+        }
     }
 }

@@ -23,15 +23,16 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
     let mut kv = Vec::new();
     let mut set = |k: &str, v: Value| kv.push((format!("tokenizer.ggml.{k}"), v));
     match p.vocab {
-        VocabKind::Qwen2 | VocabKind::Olmo => {
-            // (id of the first control token, control texts, size of the tokenizer proper)
-            let (specials, real): (&[&str], usize) = match p.vocab {
-                VocabKind::Qwen2 => (&["<|endoftext|>", "<|im_start|>", "<|im_end|>"], 151_665),
-                _ => (&["<|endoftext|>"], 50_280),
+        VocabKind::Qwen2 | VocabKind::Qwen35 | VocabKind::Olmo => {
+            // (control texts, the real id of the first): the tokenizer's other added tokens after them
+            // become padding.
+            let (specials, first): (&[&str], usize) = match p.vocab {
+                VocabKind::Qwen2 => (&CHATML_TOKENS, 151_643),
+                VocabKind::Qwen35 => (&CHATML_TOKENS, 248_044),
+                _ => (&["<|endoftext|>"], 50_279),
             };
             // Small test presets shrink the vocabulary: keep the layout, scaled into it.
-            let real = real.min(n);
-            let first_special = real - specials.len().min(real);
+            let first_special = first.min(n - specials.len().min(n));
             let (mut tokens, mut types) = (Vec::with_capacity(n), Vec::with_capacity(n));
             for c in byte_chars() {
                 tokens.push(c.to_string());
@@ -48,7 +49,7 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
                 types.push(NORMAL);
                 word += 1;
             }
-            for s in specials.iter().take(real - first_special) {
+            for s in specials.iter().take(n - first_special) {
                 tokens.push(s.to_string());
                 types.push(CONTROL);
             }
@@ -61,8 +62,9 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
             let eot = first_special as u32;
             set("model", Value::String("gpt2".into()));
             match p.vocab {
-                VocabKind::Qwen2 => {
-                    set("pre", Value::String("qwen2".into()));
+                VocabKind::Qwen2 | VocabKind::Qwen35 => {
+                    let pre = if p.vocab == VocabKind::Qwen2 { "qwen2" } else { "qwen35" };
+                    set("pre", Value::String(pre.into()));
                     set("tokens", strings(tokens));
                     set("token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()));
                     set("merges", strings(merges.iter().map(|(a, b)| format!("{a} {b}")).collect()));
@@ -117,6 +119,8 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
     }
     kv
 }
+
+const CHATML_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
 const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 

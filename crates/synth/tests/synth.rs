@@ -4,25 +4,32 @@
 
 use std::path::{Path, PathBuf};
 
+use titan_engine::config::Mixer;
 use titan_engine::{Model, Outputs};
 use titan_gguf::GgufFile;
 use titan_kernels::GgmlType;
-use titan_synth::{preset, routing_report, synth, FileType, Preset, SynthOptions};
+use titan_synth::{preset, routing_report, synth, FileType, Hybrid, Preset, SynthOptions};
 
-/// A preset of the real architecture with small dimensions (tests only).
+/// A preset of the real architecture with small dimensions (tests only). A hybrid keeps its layer
+/// pattern: 4 layers, the last full attention.
 fn tiny(name: &str) -> Preset {
     let mut p = preset(name).unwrap().clone();
     p.n_embd = 256;
     p.n_head_kv = if p.n_head_kv == p.n_head { 4 } else { 2 };
     p.n_head = 4;
     p.head_dim = 64;
-    p.n_ff = 128;
+    p.n_ff = if p.n_ff > 0 { 128 } else { 0 };
     p.expert_ff = 128;
     p.shared_ff = if p.shared_ff > 0 { 256 } else { 0 };
     p.n_expert = p.n_expert.min(16);
     p.n_expert_used = p.n_expert_used.min(4);
     p.n_vocab = 2048;
     p.n_layer = 2;
+    if let Some(h) = &mut p.hybrid {
+        // rope sections cover the rotated half-dimension, as [11, 11, 10] covers 32 of 64
+        *h = Hybrid { n_k_heads: 2, n_v_heads: 4, head_dim: 64, rope_dims: 16, rope_sections: [3, 3, 2, 0], ..*h };
+        p.n_layer = h.full_attention_interval;
+    }
     p
 }
 
@@ -40,12 +47,17 @@ fn write(p: &Preset, ty: FileType, seed: u64, dir: &Path, file: &str) -> PathBuf
 #[test]
 fn every_architecture_loads_and_runs_in_titan() {
     let dir = tempfile::tempdir().unwrap();
-    for name in ["olmoe-1b-7b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "mixtral-8x7b"] {
-        for ty in [FileType::Q4_0, FileType::Q4_K_M, FileType::Q8_0] {
+    for name in ["olmoe-1b-7b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "mixtral-8x7b", "qwen3.6-35b-a3b", "qwen3.5-122b-a10b"] {
+        for ty in [FileType::Q4_0, FileType::Q4_K_M, FileType::Q8_0, FileType::F16] {
             let p = tiny(name);
             let path = write(&p, ty, 1, dir.path(), &format!("{name}-{ty}.gguf"));
             let model = Model::load(&path).unwrap_or_else(|e| panic!("{name} {ty}: {e}"));
-            assert_eq!(model.config.n_layer, 2);
+            assert_eq!(model.config.n_layer, p.n_layer);
+            if let Some(h) = &p.hybrid {
+                let linear: Vec<bool> = model.config.mixers.iter().map(|&m| m == Mixer::DeltaNet).collect();
+                assert_eq!(linear, (0..p.n_layer).map(|i| h.is_recurrent(i)).collect::<Vec<_>>(), "{name}: the layer pattern");
+                assert_eq!(model.config.rope_dims, h.rope_dims);
+            }
             assert_eq!(model.config.n_expert, p.n_expert);
             assert_eq!(model.config.n_vocab, p.n_vocab);
             let mut seq = model.new_sequence(8);
@@ -130,6 +142,127 @@ fn routing_is_realistic() {
     let r = routing_report(&path, 96, 1).unwrap();
     println!("{r}");
     assert_eq!(r.layers.len(), 6);
+    assert!(r.min_experts_used() >= 28, "{r}");
+    assert!((0.15..=0.5).contains(&r.mean_overlap()), "{r}");
+    assert!(r.max_overlap() <= 0.6, "{r}");
+}
+
+/// The hybrid's file as llama.cpp's `qwen35moe` loader reads it (`src/models/qwen35moe.cpp`) and its
+/// converter and quantiser write it (the `qwen35moe` fixtures made by them have the same keys, names,
+/// shapes and per-role types).
+#[test]
+fn hybrid_metadata_and_shapes_are_llama_cpps() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny("qwen3.6-35b-a3b");
+    let f = GgufFile::open(write(&p, FileType::Q4_0, 3, dir.path(), "h.gguf")).unwrap();
+    let u = |k: &str| f.get_u64(&format!("qwen35moe.{k}")).unwrap().unwrap_or_else(|| panic!("missing {k}"));
+    assert_eq!(f.get_str("general.architecture").unwrap(), Some("qwen35moe"));
+    assert_eq!(f.get_str("tokenizer.ggml.pre").unwrap(), Some("qwen35"));
+    assert_eq!(u("block_count"), 4);
+    assert_eq!(u("context_length"), 262144);
+    assert_eq!(f.get_u64("qwen35moe.feed_forward_length").unwrap(), None, "the config has no intermediate_size");
+    assert_eq!((u("attention.head_count"), u("attention.head_count_kv"), u("attention.key_length"), u("attention.value_length")), (4, 2, 64, 64));
+    assert_eq!((u("expert_feed_forward_length"), u("expert_shared_feed_forward_length")), (128, 256));
+    assert_eq!((u("ssm.conv_kernel"), u("ssm.state_size"), u("ssm.group_count"), u("ssm.time_step_rank"), u("ssm.inner_size")), (4, 64, 2, 4, 256));
+    assert_eq!((u("full_attention_interval"), u("rope.dimension_count")), (4, 16));
+    assert_eq!(f.get_f64("qwen35moe.rope.freq_base").unwrap(), Some(1e7));
+    let sections: Vec<i64> = f.get_array("qwen35moe.rope.dimension_sections").unwrap().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+    assert_eq!(sections, [3, 3, 2, 0]);
+    let recurrent: Vec<bool> = f.get_array("qwen35moe.attention.recurrent_layers").unwrap().unwrap().iter().map(|v| v.as_bool().unwrap()).collect();
+    assert_eq!(recurrent, [true, true, true, false]);
+
+    let t = |n: &str| f.tensor(n).unwrap_or_else(|| panic!("missing {n}"));
+    let shape = |n: &str| (t(n).dims.clone(), t(n).ty);
+    // a linear-attention layer: conv channels = 2 · 2 key heads · 64 + 4 value heads · 64 = 512
+    assert_eq!(shape("blk.0.attn_qkv.weight"), (vec![256, 512], GgmlType::Q4_0));
+    assert_eq!(shape("blk.0.attn_gate.weight"), (vec![256, 256], GgmlType::Q4_0));
+    assert_eq!(shape("blk.0.ssm_conv1d.weight"), (vec![4, 512], GgmlType::F32));
+    assert_eq!(shape("blk.0.ssm_dt.bias"), (vec![4], GgmlType::F32));
+    assert_eq!(shape("blk.0.ssm_a"), (vec![4], GgmlType::F32));
+    assert_eq!(shape("blk.0.ssm_beta.weight"), (vec![256, 4], GgmlType::Q4_0));
+    assert_eq!(shape("blk.0.ssm_alpha.weight"), (vec![256, 4], GgmlType::Q4_0));
+    assert_eq!(shape("blk.0.ssm_norm.weight"), (vec![64], GgmlType::F32));
+    assert_eq!(shape("blk.0.ssm_out.weight"), (vec![256, 256], GgmlType::Q4_0));
+    assert!(f.tensor("blk.0.attn_q.weight").is_none() && f.tensor("blk.3.attn_qkv.weight").is_none());
+    // the full-attention layer: queries and their gates, q/k norms per head
+    assert_eq!(shape("blk.3.attn_q.weight"), (vec![256, 512], GgmlType::Q4_0));
+    assert_eq!(shape("blk.3.attn_k.weight"), (vec![256, 128], GgmlType::Q4_0));
+    assert_eq!(shape("blk.3.attn_output.weight"), (vec![256, 256], GgmlType::Q4_0));
+    assert_eq!(shape("blk.3.attn_q_norm.weight"), (vec![64], GgmlType::F32));
+    for l in 0..4 {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        assert_eq!(shape(&n("post_attention_norm.weight")), (vec![256], GgmlType::F32));
+        assert_eq!(shape(&n("ffn_gate_inp.weight")), (vec![256, 16], GgmlType::F32));
+        assert_eq!(shape(&n("ffn_gate_inp_shexp.weight")), (vec![256], GgmlType::F32));
+        assert_eq!(shape(&n("ffn_down_shexp.weight")), (vec![256, 256], GgmlType::Q4_0));
+        assert_eq!(shape(&n("ffn_up_exps.weight")), (vec![256, 128, 16], GgmlType::Q4_0));
+        assert!(f.tensor(&n("ffn_norm.weight")).is_none());
+    }
+
+    // the converter's f16 file: the shared expert's gate a one-row F32 matrix, the convolution F32
+    let f = GgufFile::open(write(&p, FileType::F16, 3, dir.path(), "h16.gguf")).unwrap();
+    let gate = f.tensor("blk.0.ffn_gate_inp_shexp.weight").unwrap();
+    assert_eq!((gate.dims.clone(), gate.ty), (vec![256, 1], GgmlType::F32));
+    assert_eq!(f.tensor("blk.0.ssm_conv1d.weight").unwrap().ty, GgmlType::F32);
+    assert_eq!(f.tensor("blk.0.ssm_alpha.weight").unwrap().ty, GgmlType::F16);
+}
+
+/// The linear-attention state neither forgets everything at once nor keeps everything: the first
+/// layer's per-token decay exp(softplus(alpha + dt_bias) · a), computed from the file on the tokens'
+/// embeddings (that layer's input), spreads over (0, 1).
+#[test]
+fn hybrid_decay_spreads_over_zero_to_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = tiny("qwen3.6-35b-a3b");
+    p.n_embd = 1024;
+    let h = p.hybrid.as_mut().unwrap();
+    h.n_k_heads = 4;
+    h.n_v_heads = 32;
+    let f = GgufFile::open(write(&p, FileType::Q8_0, 7, dir.path(), "d.gguf")).unwrap();
+    let read = |name: &str| {
+        let t = f.tensor(name).unwrap_or_else(|| panic!("missing {name}"));
+        let mut x = vec![0f32; t.dims.iter().product::<u64>() as usize];
+        titan_kernels::dequantize_row(t.ty, f.tensor_data(t), &mut x).unwrap();
+        x
+    };
+    let (e, nv) = (p.n_embd, 32);
+    let (embd, norm) = (read("token_embd.weight"), read("blk.0.attn_norm.weight"));
+    let (alpha, dt, a) = (read("blk.0.ssm_alpha.weight"), read("blk.0.ssm_dt.bias"), read("blk.0.ssm_a"));
+    assert!(a.iter().all(|&x| x < 0.0), "ssm_a holds -exp(A_log): {a:?}");
+    let mut decay = Vec::new();
+    for token in (0..p.n_vocab).step_by(37) {
+        let x = &embd[token * e..(token + 1) * e];
+        let rms = (x.iter().map(|v| v * v).sum::<f32>() / e as f32 + p.rms_eps).sqrt();
+        let xn: Vec<f32> = x.iter().zip(&norm).map(|(v, w)| v / rms * w).collect();
+        for hd in 0..nv {
+            let al: f32 = alpha[hd * e..(hd + 1) * e].iter().zip(&xn).map(|(w, v)| w * v).sum();
+            let softplus = (1.0 + (al + dt[hd]).exp()).ln();
+            decay.push((softplus * a[hd]).exp());
+        }
+    }
+    decay.sort_by(f32::total_cmp);
+    let q = |f: f64| decay[((decay.len() - 1) as f64 * f) as usize];
+    println!("decay: 10% {:.3}, median {:.3}, 90% {:.3}", q(0.1), q(0.5), q(0.9));
+    assert!(decay.iter().all(|&d| d > 0.0 && d < 1.0));
+    assert!((0.5..0.95).contains(&q(0.5)), "median {}", q(0.5));
+    assert!(q(0.1) < 0.6 && q(0.9) > 0.95, "10% {} 90% {}", q(0.1), q(0.9));
+}
+
+/// Routing through the hybrid (three Gated DeltaNet layers per full-attention layer) is as realistic as
+/// through attention alone: most experts used, consecutive tokens sharing some.
+#[test]
+fn hybrid_routing_is_realistic() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = tiny("qwen3.6-35b-a3b");
+    p.n_embd = 512;
+    p.n_expert = 32;
+    p.n_expert_used = 4;
+    p.n_layer = 8;
+    p.n_vocab = 16384;
+    let path = write(&p, FileType::Q4_0, 5, dir.path(), "r.gguf");
+    let r = routing_report(&path, 96, 1).unwrap();
+    println!("{r}");
+    assert_eq!(r.layers.len(), 8);
     assert!(r.min_experts_used() >= 28, "{r}");
     assert!((0.15..=0.5).contains(&r.mean_overlap()), "{r}");
     assert!(r.max_overlap() <= 0.6, "{r}");
