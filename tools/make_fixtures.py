@@ -324,6 +324,25 @@ MODELS = [
             num_experts_per_tok=2, num_experts=8, tie_word_embeddings=False,
         ),
     },
+    # Dense Qwen3.5 (Qwen3_5ForCausalLM, text config `qwen3_5_text`; GGUF arch `qwen35`): the qwen35moe layers (the same
+    # Gated DeltaNet and gated full attention, partial rotary, interleaved M-RoPE) with a dense SwiGLU MLP instead of
+    # the experts. Its config class has no `full_attention_interval` field, but keeps the value as an extra attribute
+    # and the converter writes it (default 4, wrong for this alternating 4-layer model).
+    {
+        "name": "qwen35", "arch": "qwen35", "hf_class": "Qwen3_5ForCausalLM", "tokenizer": "qwen", "seed": 12,
+        "venv": ".venv-tf5",
+        "types": ["f32", "q8_0", "q4_0"],
+        "convert_args": ["--no-mtp"],
+        "config": dict(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=32, hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6,
+            rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
+                                 mrope_section=[2, 1, 1], mrope_interleaved=True),
+            attention_bias=False, layer_types=["linear_attention", "full_attention"] * 2, full_attention_interval=2,
+            linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+            linear_num_value_heads=4, tie_word_embeddings=False,
+        ),
+    },
     {
         # Rows of 256 everywhere (hidden, heads x head_dim, linear-attention value dim, expert and shared-expert ffn),
         # so that K-quants apply without fallback; MXFP4_MOE for the experts. One linear and one full attention layer.
