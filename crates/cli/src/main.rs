@@ -632,7 +632,14 @@ fn inspect(a: InspectArgs) -> Result<()> {
         let n = c.n_layer - c.n_attention_layers();
         println!("linear attn:   {n} of {} layers, {} key / {} value heads of {}, {}-tap convolution", c.n_layer, s.n_k_heads, s.n_v_heads, s.head_dim, s.conv_kernel);
     }
-    println!("experts:       {} per layer, {} used per token, expert FFN {}", c.n_expert, c.n_expert_used, c.expert_ff);
+    if c.dense_lead == c.n_layer {
+        println!("experts:       none (a dense feed-forward of {} in every layer)", c.dense_ff);
+    } else {
+        println!("experts:       {} per layer, {} used per token, expert FFN {}", c.n_expert, c.n_expert_used, c.expert_ff);
+    }
+    if c.dense_lead > 0 && c.dense_lead < c.n_layer {
+        println!("dense layers:  the first {}, feed-forward {}", c.dense_lead, c.dense_ff);
+    }
     if c.shared_ff > 0 {
         println!("shared expert: FFN {}", c.shared_ff);
     }
@@ -647,7 +654,10 @@ fn inspect(a: InspectArgs) -> Result<()> {
     let (dense, expert) = titan_engine::weights::dense_and_expert_bytes(&f);
     let types: Vec<String> = types.iter().map(|(n, (count, bytes))| format!("{n} ×{count} ({})", human(*bytes))).collect();
     println!("tensor types:  {}", types.join(", "));
-    println!("weights:       {} dense, {} experts ({} per expert per layer)", human(dense), human(expert), human(expert / (c.n_layer * c.n_expert) as u64));
+    match (c.n_layer - c.dense_lead) * c.n_expert {
+        0 => println!("weights:       {} dense, no experts", human(dense)),
+        n => println!("weights:       {} dense, {} experts ({} per expert per layer)", human(dense), human(expert), human(expert / n as u64)),
+    }
     Ok(())
 }
 

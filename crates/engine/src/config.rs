@@ -15,6 +15,8 @@ pub enum Arch {
     Qwen3Next,
     /// Qwen3.5 / 3.6 MoE: Qwen3-Next's layers, with the linear-attention heads in the converter's order.
     Qwen35Moe,
+    /// The dense Qwen3.5: the same layers with one feed-forward each instead of experts.
+    Qwen35,
     /// DeepSeek-V2 / V3 (and models built on them): multi-head latent attention, dense first layers,
     /// shared experts, softmax or sigmoid scores with group-limited choice.
     DeepSeek2,
@@ -240,12 +242,13 @@ impl Config {
             "llama" if n_expert > 0 => Arch::Mixtral,
             "qwen3next" => Arch::Qwen3Next,
             "qwen35moe" => Arch::Qwen35Moe,
+            "qwen35" => Arch::Qwen35,
             "deepseek2" => Arch::DeepSeek2,
             "gpt-oss" => Arch::GptOss,
             "llama" => return Err(bad("architecture llama without experts (a dense model) is not supported: TITAN runs mixture-of-experts models".into())),
             other => {
                 return Err(bad(format!(
-                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, deepseek2, gpt-oss)"
+                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, qwen35, deepseek2, gpt-oss)"
                 )))
             }
         };
@@ -271,9 +274,12 @@ impl Config {
                 return Err(bad(format!("attention.value_length {v} differs from key_length {head_dim}, which is not supported")));
             }
         }
-        let n_expert_used = need("expert_used_count")?;
+        // The dense Qwen3.5 has no experts: every layer is a dense one.
+        let all_dense = arch == Arch::Qwen35;
+        let n_expert_used = if all_dense { 0 } else { need("expert_used_count")? };
         let expert_ff = match f.get_u64(&k("expert_feed_forward_length"))? {
             Some(v) => v as usize,
+            None if all_dense => 0,
             None => need("feed_forward_length")?,
         };
         // DeepSeek writes a count of shared experts of the routed experts' size instead of a length.
@@ -281,7 +287,7 @@ impl Config {
             Some(n) if arch == Arch::DeepSeek2 => n as usize * expert_ff,
             _ => f.get_u64(&k("expert_shared_feed_forward_length"))?.unwrap_or(0) as usize,
         };
-        let dense_lead = f.get_u64(&k("leading_dense_block_count"))?.unwrap_or(0) as usize;
+        let dense_lead = if all_dense { n_layer } else { f.get_u64(&k("leading_dense_block_count"))?.unwrap_or(0) as usize };
         let dense_ff = if dense_lead > 0 { need("feed_forward_length")? } else { 0 };
         // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid; absent means softmax.
         let sigmoid_scores = match f.get_u64(&k("expert_gating_func"))? {
@@ -324,7 +330,7 @@ impl Config {
             Arch::Qwen2Moe => (RopeStyle::Halves, QkNorm::None, true, false),
             Arch::Olmoe => (RopeStyle::Halves, QkNorm::Whole, false, false),
             Arch::Mixtral => (RopeStyle::Adjacent, QkNorm::None, false, true),
-            Arch::Qwen3Next | Arch::Qwen35Moe => (RopeStyle::Halves, QkNorm::PerHead, false, true),
+            Arch::Qwen3Next | Arch::Qwen35Moe | Arch::Qwen35 => (RopeStyle::Halves, QkNorm::PerHead, false, true),
             Arch::DeepSeek2 => (RopeStyle::Adjacent, QkNorm::None, false, false),
             Arch::GptOss => (RopeStyle::Halves, QkNorm::None, true, false),
         };
@@ -339,10 +345,10 @@ impl Config {
         if sliding.len() != n_layer || sliding.iter().any(|&s| s) && sliding_window == 0 {
             return Err(bad(format!("{} does not describe {n_layer} layers with a positive window", k("attention.sliding_window_pattern"))));
         }
-        let hybrid = matches!(arch, Arch::Qwen3Next | Arch::Qwen35Moe);
+        let hybrid = matches!(arch, Arch::Qwen3Next | Arch::Qwen35Moe | Arch::Qwen35);
         // llama.cpp always renormalises the hybrids' top-k weights, whatever the metadata says.
         let norm_topk = hybrid || f.get_bool(&k("expert_weights_norm"))?.unwrap_or(default_norm);
-        let (mixers, delta_net) = if hybrid { hybrid_layers(f, &k, n_layer, arch == Arch::Qwen35Moe).map_err(bad)? } else { (vec![Mixer::Attention; n_layer], None) };
+        let (mixers, delta_net) = if hybrid { hybrid_layers(f, &k, n_layer, arch != Arch::Qwen3Next).map_err(bad)? } else { (vec![Mixer::Attention; n_layer], None) };
 
         for (key, value, ok, range) in [
             ("attention.layer_norm_rms_epsilon", rms_eps, rms_eps > 0.0 && rms_eps < 1.0, "between 0 and 1"),
@@ -376,8 +382,10 @@ impl Config {
             ("expert_feed_forward_length", self.expert_ff),
             ("vocabulary size", self.n_vocab),
         ];
+        // A model without experts (the dense Qwen3.5) needs none of the expert keys.
+        let experts_needed = self.dense_lead < self.n_layer;
         for (name, v) in positive {
-            if v == 0 {
+            if v == 0 && (experts_needed || !name.starts_with("expert")) {
                 return Err(format!("metadata {name} is 0"));
             }
         }
