@@ -90,8 +90,11 @@ const RMS_SCALE_8_15: f32 = 11.726_039; // sqrt((64 + 81 + ... + 225) / 8)
 /// The types [`fill`] can write.
 pub(crate) fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | Q4_0 | Q5_0 | Q8_0 | Q4_K | Q5_K | Q6_K)
+    matches!(ty, F32 | F16 | Q4_0 | Q5_0 | Q8_0 | Q4_K | Q5_K | Q6_K | MXFP4)
 }
+
+/// MXFP4's 4-bit floats, doubled to integers as ggml's `kvalues_mxfp4` holds them: 16 codes, symmetric.
+const MXFP4_VALUES: [f32; 16] = [0., 1., 2., 3., 4., 6., 8., 12., 0., -1., -2., -3., -4., -6., -8., -12.];
 
 /// Fill `out` (whole blocks of `ty`) with random values of standard deviation `sigma`.
 ///
@@ -183,6 +186,24 @@ pub(crate) fn fill(ty: GgmlType, sigma: f32, rng: &mut Rng, out: &mut [u8]) {
                     block[192 + s] = 8 + ((bits >> (3 * s)) & 7) as u8;
                 }
                 block[208..].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        GgmlType::MXFP4 => {
+            // Codes uniform over all 16 (zero-mean, and bell-shaped in value: the codes crowd near 0).
+            // The scale is a power of two, so no single one gives `sigma`: each block takes the one
+            // below or the one above at random, with odds that make the mean square exact.
+            let code_rms = (MXFP4_VALUES.iter().map(|v| v * v).sum::<f32>() / 16.0).sqrt();
+            // value = 2^(e - 128) · doubled code (ggml's `ggml_e8m0_to_fp32_half`)
+            let want = sigma / code_rms;
+            let e_lo = want.log2().floor();
+            let up = ((want / e_lo.exp2()).powi(2) - 1.0) / 3.0;
+            let e_lo = (e_lo + 128.0).clamp(1.0, 253.0) as u8;
+            for block in out.chunks_exact_mut(17) {
+                block[0] = e_lo + u8::from(rng.next_f32() < up);
+                let bits = rng.next_u64() as u128 | (rng.next_u64() as u128) << 64;
+                for (j, b) in block[1..].iter_mut().enumerate() {
+                    *b = (bits >> (8 * j)) as u8;
+                }
             }
         }
         other => panic!("synth cannot write {other} blocks"),
@@ -350,7 +371,7 @@ mod tests {
     /// format's grid.
     #[test]
     fn every_type_decodes_to_the_requested_spread() {
-        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::MXFP4] {
             let n = 256 * 512;
             let mut bytes = vec![0u8; ty.row_bytes(n).unwrap()];
             fill(ty, 0.02, &mut Rng::new(3), &mut bytes);

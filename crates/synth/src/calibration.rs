@@ -29,6 +29,16 @@
 //!   per-token decay then spreads over (0, 1) instead of sitting at 0 (transformers' initialisation,
 //!   A up to 16) or at 1. The layer's output goes through an RMS norm, so it is scaled by `ssm_out`
 //!   alone, and it gets the same share of the budget as an attention layer.
+//! - **Attention scores keep their spread whatever scales them.** YaRN multiplies cos and sin by its
+//!   attention factor (gpt-oss: 1 + 0.1 ln 32), and DeepSeek-V2 multiplies its scores by mscale²; the
+//!   query and key projections are divided by the square root of the score's gain, so scores spread
+//!   by `attn_score` in every model. Latent attention gets the same: unit-scale queries, keys
+//!   decompressed from the normalised latent vector to unit scale, values of unit scale.
+//! - **Biases are small next to what they are added to** (gpt-oss): `bias` of the router's logits,
+//!   the experts' pre-activations and outputs, the attention's output. A bias is common to every token,
+//!   so a large one would be the shared direction the calibration avoids. The attention sinks are
+//!   logits of N(0, `sink`²) against scores of spread `attn_score`: a head gives its sink a share
+//!   near the start of a sequence and little once there are many positions.
 //!
 //! Scales are per unit of fan-in (`sigma = gain / sqrt(fan_in)`), so the same gains hold for every
 //! preset's dimensions. The defaults were measured with `routing_report` (see the crate's tests and the
@@ -66,6 +76,11 @@ pub struct Calibration {
     pub linear_a: f32,
     /// Standard deviation of A_log over the heads.
     pub linear_a_spread: f32,
+    /// RMS of a bias relative to the RMS of what it is added to (gpt-oss's router, expert and attention
+    /// output biases).
+    pub bias: f32,
+    /// Standard deviation of the attention sinks' logits (gpt-oss).
+    pub sink: f32,
 }
 
 impl Default for Calibration {
@@ -84,6 +99,8 @@ impl Default for Calibration {
             qkv_bias: 0.3,
             linear_a: 0.2,
             linear_a_spread: 1.0,
+            bias: 0.1,
+            sink: 1.0,
         }
     }
 }
@@ -105,11 +122,13 @@ impl Calibration {
         // The hybrids gate attention's output by a sigmoid of about 0.5; their attention layers make up
         // for it. Their linear-attention output is silu(z) (z about N(0, 1)) times a normalised vector.
         let attn_gate = if p.hybrid.is_some() { 2.0 } else { 1.0 };
-        let silu_rms = swiglu_rms(1.0);
+        let silu_rms = glu_rms(1.0, 1.0);
         // Without q/k norms the score's spread is rms(q) · rms(k); with them it is the norms' weights.
         let qk = self.attn_score.sqrt();
+        // q and k both shrink by the root of what llama.cpp multiplies their product by.
+        let q_or_k = qk / score_gain(p).sqrt();
         let per_layer = fan(p.n_layer) * self.embd_rms;
-        let act = swiglu_rms(self.ffn_in);
+        let act = act_rms(p, self.ffn_in);
         // One expert's output RMS such that the weighted sum of the chosen ones has the layer's share.
         let expert_out = self.moe_out * per_layer / topk_weight_rms(p, self.router);
         let (mean, sigma) = match role {
@@ -118,15 +137,30 @@ impl Calibration {
             Role::AttnNorm | Role::FfnNorm | Role::OutputNorm | Role::SsmNorm => (1.0, 0.05),
             Role::QNorm | Role::KNorm => (qk, 0.05 * qk),
             Role::Wq | Role::Wk if has_qk_norm => (0.0, fan(e)),
-            Role::Wq | Role::Wk => (0.0, qk * fan(e)),
+            // The latent vector is normalised, so this matters only for the key's RoPE part.
+            Role::Wq | Role::Wk | Role::KvA => (0.0, q_or_k * fan(e)),
             Role::Wv => (0.0, fan(e)),
-            Role::Wo => (0.0, attn_gate * self.attn_out * per_layer * fan(p.q_dim())),
+            Role::KB => (0.0, q_or_k * fan(p.latent.map_or(1, |m| m.kv_lora))),
+            Role::VB => (0.0, fan(p.latent.map_or(1, |m| m.kv_lora))),
+            Role::KvNorm => (1.0, 0.05),
+            Role::Wo => (0.0, attn_gate * self.attn_out * per_layer * fan(p.o_dim())),
+            Role::Bo => (0.0, self.bias * self.attn_out * per_layer),
+            Role::Sinks => (0.0, self.sink),
             Role::Bq | Role::Bk | Role::Bv => (0.0, self.qkv_bias),
             Role::Router => (0.0, self.router * fan(e)),
-            Role::GateExps | Role::UpExps | Role::GateShexp | Role::UpShexp => (0.0, self.ffn_in * fan(e)),
+            Role::RouterBias => (0.0, self.bias * self.router),
+            Role::GateExps | Role::UpExps | Role::GateShexp | Role::UpShexp | Role::DenseGate | Role::DenseUp => (0.0, self.ffn_in * fan(e)),
+            Role::GateExpsBias | Role::UpExpsBias => (0.0, self.bias * self.ffn_in),
             Role::DownExps => (0.0, expert_out * fan(p.expert_ff) / act),
-            // The shared expert (scaled by a sigmoid gate of about 0.5) gets as much as the routed ones.
-            Role::DownShexp => (0.0, 2.0 * self.moe_out * per_layer * fan(p.shared_ff) / act),
+            Role::DownExpsBias => (0.0, self.bias * expert_out),
+            // A dense layer's feed-forward gets what a layer's experts get.
+            Role::DenseDown => (0.0, self.moe_out * per_layer * fan(p.n_ff) / act),
+            // The shared expert gets as much as the routed ones: twice that where a sigmoid gate of about
+            // 0.5 scales it; DeepSeek's shared experts have no gate.
+            Role::DownShexp => {
+                let gate = if p.arch == Arch::DeepSeek2 { 1.0 } else { 2.0 };
+                (0.0, gate * self.moe_out * per_layer * fan(p.shared_ff) / act)
+            }
             Role::ShexpGate => (0.0, fan(e)),
             // q, k and v before the convolution, z, and the gates' inputs: about N(0, 1) each.
             Role::Wqkv | Role::Wz | Role::Beta | Role::Alpha => (0.0, fan(e)),
@@ -164,8 +198,9 @@ impl Calibration {
 /// N(0, router²) logits (fixed seed): what scales one expert's output to the weighted sum's.
 fn topk_weight_rms(p: &Preset, router: f32) -> f32 {
     let (n, k) = (p.n_expert, p.n_expert_used);
-    // llama.cpp always renormalises the hybrids' top-k weights.
-    let norm = matches!(p.arch, Arch::Qwen3Moe | Arch::Llama | Arch::Qwen35Moe);
+    // llama.cpp always renormalises the hybrids' top-k weights; gpt-oss's softmax over the chosen logits
+    // is the same as renormalising.
+    let norm = matches!(p.arch, Arch::Qwen3Moe | Arch::Llama | Arch::Qwen35Moe | Arch::GptOss);
     let mut rng = crate::blocks::Rng::new(0x5eed);
     let (trials, mut acc) = (2000, 0.0f64);
     let mut logits = vec![0f32; n];
@@ -182,19 +217,43 @@ fn topk_weight_rms(p: &Preset, router: f32) -> f32 {
     ((acc / trials as f64).sqrt()) as f32
 }
 
-/// RMS of silu(g) · u for independent g, u ~ N(0, c²), by quadrature (u contributes c).
-fn swiglu_rms(c: f32) -> f32 {
+/// How much larger llama.cpp's attention score is than q·k / sqrt(head size) with q and k as projected:
+/// YaRN's attention factor on cos and sin, squared (every dimension gpt-oss rotates), and DeepSeek-V2's
+/// mscale² on the whole score (its RoPE factor is then 1). Computed with TITAN's own YaRN, which
+/// matches llama.cpp's.
+fn score_gain(p: &Preset) -> f32 {
+    let Some(y) = p.yarn else { return 1.0 };
+    let deepseek = p.arch == Arch::DeepSeek2;
+    let log_mul = y.mscale_all_dim.unwrap_or(0.0);
+    let engine = titan_engine::config::Yarn { factor: y.factor, orig_ctx: y.orig_ctx, beta_fast: 32.0, beta_slow: 1.0, log_mul, deepseek };
+    let m = if deepseek { 1.0 + 0.1 * log_mul * y.factor.ln() } else { 1.0 };
+    (engine.rope_mscale() * m).powi(2)
+}
+
+/// RMS of the experts' activation for gate and up pre-activations of N(0, c²): silu(g) · u, or gpt-oss's
+/// g · sigmoid(1.702 g) · (u + 1) (its clamp at 7 is beyond the tails that matter here).
+fn act_rms(p: &Preset, c: f32) -> f32 {
+    if p.arch == Arch::GptOss {
+        glu_rms(c, 1.702) * (1.0 + 1.0 / (c * c)).sqrt()
+    } else {
+        glu_rms(c, 1.0)
+    }
+}
+
+/// RMS of g · sigmoid(alpha · g) · u for independent g, u ~ N(0, c²), by quadrature (u contributes c);
+/// alpha 1 is SwiGLU's silu(g) · u.
+fn glu_rms(c: f32, alpha: f64) -> f32 {
     let (n, lim) = (4000, 8.0f64);
     let c = c as f64;
     let mut acc = 0.0;
     for i in 0..n {
         let z = -lim + (i as f64 + 0.5) * 2.0 * lim / n as f64;
         let g = c * z;
-        let silu = g / (1.0 + (-g).exp());
-        acc += silu * silu * (-z * z / 2.0).exp();
+        let act = g / (1.0 + (-alpha * g).exp());
+        acc += act * act * (-z * z / 2.0).exp();
     }
-    let e_silu2 = acc * (2.0 * lim / n as f64) / (2.0 * std::f64::consts::PI).sqrt();
-    (e_silu2.sqrt() * c) as f32
+    let e_act2 = acc * (2.0 * lim / n as f64) / (2.0 * std::f64::consts::PI).sqrt();
+    (e_act2.sqrt() * c) as f32
 }
 
 #[cfg(test)]
@@ -204,6 +263,6 @@ mod tests {
     #[test]
     fn swiglu_rms_matches_a_sampled_estimate() {
         // E[silu(g)^2] for g ~ N(0,1) is about 0.3557 (numerically), so rms(silu(g)·u) ≈ 0.5964.
-        assert!((swiglu_rms(1.0) - 0.5964).abs() < 0.002, "{}", swiglu_rms(1.0));
+        assert!((glu_rms(1.0, 1.0) - 0.5964).abs() < 0.002, "{}", glu_rms(1.0, 1.0));
     }
 }

@@ -1,5 +1,5 @@
 //! Which tensors a file holds, in what shape and encoding: the names and shapes llama.cpp's loader
-//! expects for the architecture (`src/models/{olmoe,qwen2moe,qwen3moe,llama,qwen35moe}.cpp`), and the
+//! expects for the architecture (`src/models/{olmoe,qwen2moe,qwen3moe,llama,qwen35moe,openai-moe,deepseek2}.cpp`), and the
 //! types llama-quantize would give them (`llama_tensor_get_type` in `src/llama-quant.cpp`).
 
 use titan_kernels::GgmlType;
@@ -49,6 +49,28 @@ pub(crate) enum Role {
     SsmNorm,
     /// `ssm_out`: back to the residual stream.
     SsmOut,
+    /// `attn_output.bias` (gpt-oss).
+    Bo,
+    /// `attn_sinks`: per head a logit that joins the softmax (gpt-oss).
+    Sinks,
+    /// `ffn_gate_inp.bias`: added to the router's logits (gpt-oss).
+    RouterBias,
+    /// `ffn_{gate,up,down}_exps.bias`: per expert (gpt-oss).
+    GateExpsBias,
+    UpExpsBias,
+    DownExpsBias,
+    /// A dense layer's feed-forward (DeepSeek's first layer): `ffn_gate`, `ffn_up`, `ffn_down`.
+    DenseGate,
+    DenseUp,
+    DenseDown,
+    /// `attn_kv_a_mqa`: the latent vector, then the key's RoPE part (latent attention).
+    KvA,
+    /// `attn_kv_a_norm`: the latent vector's RMS norm.
+    KvNorm,
+    /// `attn_k_b`: per head, its query's non-RoPE part into the latent space.
+    KB,
+    /// `attn_v_b`: per head, the latent vector to the head's value.
+    VB,
 }
 
 #[derive(Clone, Debug)]
@@ -73,6 +95,7 @@ impl TensorPlan {
 /// Every tensor of the file, in file order: token_embd, the blocks, output_norm, output.
 pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
     let (e, q, kv, v) = (p.n_embd as u64, p.q_dim() as u64, p.kv_dim() as u64, p.n_vocab as u64);
+    let (o, h) = (p.o_dim() as u64, p.n_head as u64);
     let (ff, nx) = (p.expert_ff as u64, p.n_expert as u64);
     let mut out = Vec::new();
     let mut push = |name: String, dims: &[u64], role: Role, layer: Option<usize>| {
@@ -97,6 +120,17 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
                 push(n("ssm_norm.weight"), &[h.head_dim as u64], Role::SsmNorm, l);
                 push(n("ssm_out.weight"), &[vd, e], Role::SsmOut, l);
             }
+            _ if p.latent.is_some() => {
+                let m = p.latent.expect("matched");
+                let (lora, nope, rope, vd) = (m.kv_lora as u64, m.nope as u64, m.rope as u64, m.v_dim as u64);
+                push(n("attn_q.weight"), &[e, q], Role::Wq, l);
+                push(n("attn_kv_a_mqa.weight"), &[e, lora + rope], Role::KvA, l);
+                push(n("attn_kv_a_norm.weight"), &[lora], Role::KvNorm, l);
+                // The converter splits kv_b_proj into these two, per head, for the absorbed form.
+                push(n("attn_k_b.weight"), &[nope, lora, h], Role::KB, l);
+                push(n("attn_v_b.weight"), &[lora, vd, h], Role::VB, l);
+                push(n("attn_output.weight"), &[h * vd, e], Role::Wo, l);
+            }
             _ => {
                 // A hybrid's attention is gated: its query projection yields each head's queries, then as
                 // many gate values.
@@ -104,11 +138,15 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
                 push(n("attn_q.weight"), &[e, q_rows], Role::Wq, l);
                 push(n("attn_k.weight"), &[e, kv], Role::Wk, l);
                 push(n("attn_v.weight"), &[e, kv], Role::Wv, l);
-                push(n("attn_output.weight"), &[q, e], Role::Wo, l);
-                if p.arch == Arch::Qwen2Moe {
+                push(n("attn_output.weight"), &[o, e], Role::Wo, l);
+                if matches!(p.arch, Arch::Qwen2Moe | Arch::GptOss) {
                     push(n("attn_q.bias"), &[q], Role::Bq, l);
                     push(n("attn_k.bias"), &[kv], Role::Bk, l);
                     push(n("attn_v.bias"), &[kv], Role::Bv, l);
+                }
+                if p.arch == Arch::GptOss {
+                    push(n("attn_output.bias"), &[e], Role::Bo, l);
+                    push(n("attn_sinks.weight"), &[h], Role::Sinks, l);
                 }
                 match p.arch {
                     Arch::Qwen3Moe | Arch::Qwen35Moe => {
@@ -119,22 +157,40 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
                         push(n("attn_q_norm.weight"), &[q], Role::QNorm, l);
                         push(n("attn_k_norm.weight"), &[kv], Role::KNorm, l);
                     }
-                    Arch::Qwen2Moe | Arch::Llama => {}
+                    Arch::Qwen2Moe | Arch::Llama | Arch::GptOss | Arch::DeepSeek2 => {}
                 }
             }
         }
-        // The hybrids name the norm before the experts after its place in the Hugging Face model.
-        let ffn_norm = if p.hybrid.is_some() { "post_attention_norm.weight" } else { "ffn_norm.weight" };
+        // The hybrids and gpt-oss name the norm before the experts after its place in the Hugging Face
+        // model.
+        let post = p.hybrid.is_some() || p.arch == Arch::GptOss;
+        let ffn_norm = if post { "post_attention_norm.weight" } else { "ffn_norm.weight" };
         push(n(ffn_norm), &[e], Role::FfnNorm, l);
+        if i < p.dense_lead {
+            let dff = p.n_ff as u64;
+            push(n("ffn_gate.weight"), &[e, dff], Role::DenseGate, l);
+            push(n("ffn_up.weight"), &[e, dff], Role::DenseUp, l);
+            push(n("ffn_down.weight"), &[dff, e], Role::DenseDown, l);
+            continue;
+        }
         push(n("ffn_gate_inp.weight"), &[e, nx], Role::Router, l);
         push(n("ffn_gate_exps.weight"), &[e, ff, nx], Role::GateExps, l);
         push(n("ffn_up_exps.weight"), &[e, ff, nx], Role::UpExps, l);
         push(n("ffn_down_exps.weight"), &[ff, e, nx], Role::DownExps, l);
+        if p.arch == Arch::GptOss {
+            push(n("ffn_gate_inp.bias"), &[nx], Role::RouterBias, l);
+            push(n("ffn_gate_exps.bias"), &[ff, nx], Role::GateExpsBias, l);
+            push(n("ffn_up_exps.bias"), &[ff, nx], Role::UpExpsBias, l);
+            push(n("ffn_down_exps.bias"), &[e, nx], Role::DownExpsBias, l);
+        }
         if p.shared_ff > 0 {
             let sf = p.shared_ff as u64;
             // The converter writes the gate as a one-row matrix; llama-quantize rewrites it as a vector.
-            let gate_dims: &[u64] = if ft == FileType::F16 { &[e, 1] } else { &[e] };
-            push(n("ffn_gate_inp_shexp.weight"), gate_dims, Role::ShexpGate, l);
+            // DeepSeek's shared experts have no gate.
+            let gate_dims: &[u64] = if matches!(ft, FileType::F16 | FileType::Mxfp4) { &[e, 1] } else { &[e] };
+            if p.arch != Arch::DeepSeek2 {
+                push(n("ffn_gate_inp_shexp.weight"), gate_dims, Role::ShexpGate, l);
+            }
             push(n("ffn_gate_shexp.weight"), &[e, sf], Role::GateShexp, l);
             push(n("ffn_up_shexp.weight"), &[e, sf], Role::UpShexp, l);
             push(n("ffn_down_shexp.weight"), &[sf, e], Role::DownShexp, l);
@@ -155,13 +211,21 @@ fn use_more_bits(i: usize, n: usize) -> bool {
 /// for the rest of an f16 file), then llama-quantize's mix for the quantised file types.
 fn tensor_type(p: &Preset, ft: FileType, role: Role, dims: &[u64], layer: Option<usize>) -> GgmlType {
     use GgmlType::*;
-    // The converter keeps vectors, the router, the shared expert's gate and the convolution in F32, and
-    // llama-quantize leaves them (and every `_norm`) alone.
-    if dims.len() == 1 || matches!(role, Role::Router | Role::ShexpGate | Role::Conv) {
+    // The converter keeps vectors, the router, the shared expert's gate, the convolution and the experts'
+    // biases in F32, and llama-quantize leaves them (and every `_norm`, and any `.bias`) alone.
+    let f32_roles = matches!(role, Role::Router | Role::ShexpGate | Role::Conv | Role::GateExpsBias | Role::UpExpsBias | Role::DownExpsBias);
+    if dims.len() == 1 || f32_roles {
         return F32;
     }
+    let stacked = dims.len() == 3 && dims[2] > 1;
     let base = match ft {
         FileType::F16 => return F16,
+        // The checkpoint's MXFP4 tensors are its experts; the converter writes the rest as F16.
+        FileType::Mxfp4 if matches!(role, Role::GateExps | Role::UpExps | Role::DownExps) => return MXFP4,
+        FileType::Mxfp4 => return F16,
+        // llama-quantize's rule takes every 3-D tensor of more than one matrix for experts (latent
+        // attention's per-head attn_k_b / attn_v_b too), and everything else, the output included, Q8_0.
+        FileType::Mxfp4_Moe => return if stacked { MXFP4 } else { Q8_0 },
         FileType::Q8_0 => Q8_0,
         FileType::Q6_K => Q6_K,
         FileType::Q4_0 => Q4_0,
@@ -178,7 +242,8 @@ fn tensor_type(p: &Preset, ft: FileType, role: Role, dims: &[u64], layer: Option
         // the attn_v counter is the layer index.
         Role::Wv | Role::Wqkv | Role::Wk if eight_experts => Q8_0,
         Role::Wv | Role::Wqkv if more_bits(layer) => Q6_K,
-        Role::DownExps | Role::DownShexp if more_bits(layer) => Q6_K,
+        // llama-quantize counts every `ffn_down` (dense, routed, shared) by its layer.
+        Role::DownExps | Role::DownShexp | Role::DenseDown if more_bits(layer) => Q6_K,
         Role::Wo if eight_experts && ft == FileType::Q4_K_M => Q5_K,
         _ => base,
     };
@@ -280,6 +345,91 @@ mod tests {
         assert_eq!(dims("blk.0.ffn_down_exps.weight"), [1024, 3072, 256]);
         assert_eq!(ty_of(&plan, "blk.42.attn_qkv.weight"), GgmlType::Q6_K);
         assert_eq!(ty_of(&plan, "blk.40.attn_qkv.weight"), GgmlType::Q4_K);
+    }
+
+    /// gpt-oss-20b at its real size: hidden 2880 is not whole K-quant blocks, so Q4_K_M falls back to
+    /// Q5_0 (Q6_K to Q8_0) for every matrix that reads the hidden state, as llama-quantize does; the
+    /// MXFP4 types keep the experts MXFP4 and the biases, sinks and router F32.
+    #[test]
+    fn gpt_oss_layout_and_types() {
+        let p = preset("gpt-oss-20b").unwrap();
+        let plan = plan(p, FileType::Mxfp4_Moe);
+        let dims = |name: &str| plan.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")).dims.clone();
+        assert_eq!(dims("token_embd.weight"), [2880, 201088]);
+        assert_eq!(dims("blk.0.attn_q.weight"), [2880, 4096]);
+        assert_eq!(dims("blk.0.attn_k.weight"), [2880, 512]);
+        assert_eq!(dims("blk.0.attn_output.weight"), [4096, 2880]);
+        assert_eq!(dims("blk.0.attn_sinks.weight"), [64]);
+        assert_eq!(dims("blk.23.ffn_gate_exps.weight"), [2880, 2880, 32]);
+        assert_eq!(dims("blk.23.ffn_down_exps.bias"), [2880, 32]);
+        assert_eq!(dims("blk.23.ffn_gate_inp.bias"), [32]);
+        assert_eq!(plan.iter().filter(|t| t.name.starts_with("blk.0.")).count(), 19);
+        for (name, ty) in [
+            ("blk.0.ffn_up_exps.weight", GgmlType::MXFP4),
+            ("blk.0.attn_q.weight", GgmlType::Q8_0),
+            ("token_embd.weight", GgmlType::Q8_0),
+            ("output.weight", GgmlType::Q8_0),
+            ("blk.0.ffn_gate_inp.weight", GgmlType::F32),
+            ("blk.0.ffn_up_exps.bias", GgmlType::F32),
+            ("blk.0.attn_sinks.weight", GgmlType::F32),
+            ("blk.0.post_attention_norm.weight", GgmlType::F32),
+        ] {
+            assert_eq!(ty_of(&plan, name), ty, "{name}");
+        }
+        let plan = crate::layout::plan(p, FileType::Mxfp4);
+        assert_eq!(ty_of(&plan, "blk.0.ffn_down_exps.weight"), GgmlType::MXFP4);
+        assert_eq!(ty_of(&plan, "blk.0.attn_q.weight"), GgmlType::F16);
+        assert_eq!(ty_of(&plan, "output.weight"), GgmlType::F16);
+        let plan = crate::layout::plan(p, FileType::Q4_K_M);
+        assert_eq!(ty_of(&plan, "blk.0.attn_q.weight"), GgmlType::Q5_0);
+        assert_eq!(ty_of(&plan, "blk.0.attn_output.weight"), GgmlType::Q4_K, "4096 columns");
+        assert_eq!(ty_of(&plan, "blk.0.attn_v.weight"), GgmlType::Q8_0, "more bits, falling back");
+        assert_eq!(ty_of(&plan, "blk.3.attn_v.weight"), GgmlType::Q5_0);
+        assert_eq!(ty_of(&plan, "blk.0.ffn_down_exps.weight"), GgmlType::Q8_0);
+        assert_eq!(ty_of(&plan, "output.weight"), GgmlType::Q8_0);
+    }
+
+    /// DeepSeek-V2-Lite at its real size: latent attention's per-head tensors, a dense first layer, the
+    /// shared experts; Q4_K_M counts every ffn_down by layer and falls back where 1408, 10944 or 128
+    /// columns are not whole K-quant blocks.
+    #[test]
+    fn deepseek_layout_and_types() {
+        let p = preset("deepseek-v2-lite").unwrap();
+        let plan = plan(p, FileType::Q4_K_M);
+        let dims = |name: &str| plan.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")).dims.clone();
+        assert_eq!(dims("blk.0.attn_q.weight"), [2048, 3072]);
+        assert_eq!(dims("blk.0.attn_kv_a_mqa.weight"), [2048, 576]);
+        assert_eq!(dims("blk.0.attn_kv_a_norm.weight"), [512]);
+        assert_eq!(dims("blk.0.attn_k_b.weight"), [128, 512, 16]);
+        assert_eq!(dims("blk.0.attn_v_b.weight"), [512, 128, 16]);
+        assert_eq!(dims("blk.0.attn_output.weight"), [2048, 2048]);
+        assert_eq!(dims("blk.0.ffn_gate.weight"), [2048, 10944]);
+        assert_eq!(dims("blk.0.ffn_down.weight"), [10944, 2048]);
+        assert_eq!(dims("blk.26.ffn_gate_exps.weight"), [2048, 1408, 64]);
+        assert_eq!(dims("blk.26.ffn_down_shexp.weight"), [2816, 2048]);
+        assert_eq!(dims("token_embd.weight"), [2048, 102400]);
+        assert!(plan.iter().all(|t| !(t.name.starts_with("blk.0.") && t.name.contains("exp"))), "layer 0 is dense");
+        assert!(plan.iter().all(|t| !t.name.contains("ffn_gate_inp_shexp")), "DeepSeek's shared experts have no gate");
+        for (name, ty) in [
+            ("blk.0.ffn_down.weight", GgmlType::Q8_0),
+            ("blk.0.ffn_gate.weight", GgmlType::Q4_K),
+            ("blk.0.attn_k_b.weight", GgmlType::Q5_0),
+            ("blk.0.attn_v_b.weight", GgmlType::Q4_K),
+            ("blk.0.attn_kv_a_mqa.weight", GgmlType::Q4_K),
+            ("blk.1.ffn_down_exps.weight", GgmlType::Q8_0),
+            ("blk.1.ffn_down_shexp.weight", GgmlType::Q6_K),
+            ("blk.4.ffn_down_exps.weight", GgmlType::Q5_0),
+            ("blk.4.ffn_down_shexp.weight", GgmlType::Q4_K),
+            ("blk.4.ffn_up_exps.weight", GgmlType::Q4_K),
+            ("blk.4.ffn_gate_inp.weight", GgmlType::F32),
+            ("output.weight", GgmlType::Q6_K),
+        ] {
+            assert_eq!(ty_of(&plan, name), ty, "{name}");
+        }
+        // llama-quantize's MXFP4_MOE takes the per-head 3-D tensors for experts too.
+        let plan = crate::layout::plan(p, FileType::Mxfp4_Moe);
+        assert_eq!(ty_of(&plan, "blk.0.attn_k_b.weight"), GgmlType::MXFP4);
+        assert_eq!(ty_of(&plan, "blk.0.ffn_down.weight"), GgmlType::Q8_0);
     }
 
     #[test]

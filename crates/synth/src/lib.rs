@@ -29,7 +29,7 @@ use rayon::prelude::*;
 use titan_gguf::{GgufWriter, Value, ValueType};
 
 pub use calibration::Calibration;
-pub use preset::{preset, presets, Arch, FileType, Hybrid, Preset, VocabKind};
+pub use preset::{preset, presets, Arch, FileType, Hybrid, Latent, Preset, VocabKind, Yarn};
 pub use routing::{routing_report, LayerRouting, RoutingReport};
 
 use blocks::Rng;
@@ -159,8 +159,22 @@ fn validate(p: &Preset) -> Result<(), SynthError> {
     if !p.n_head.is_multiple_of(p.n_head_kv) || p.n_expert_used > p.n_expert || !p.head_dim.is_multiple_of(2) {
         return bad("heads, experts or head size are inconsistent".into());
     }
-    if !p.n_embd.is_multiple_of(256) || !p.q_dim().is_multiple_of(256) || !p.expert_ff.is_multiple_of(32) || !p.shared_ff.is_multiple_of(32) {
-        return bad("hidden and attention sizes must be multiples of 256 and feed-forward sizes of 32".into());
+    // The hidden size need only be whole blocks of 32 (gpt-oss's is 2880): where a K-quant's 256 do not
+    // divide a row, the planner falls back as llama-quantize does.
+    if !p.n_embd.is_multiple_of(32) || !p.q_dim().is_multiple_of(256) || !p.expert_ff.is_multiple_of(32) || !p.shared_ff.is_multiple_of(32) || !p.n_ff.is_multiple_of(32) {
+        return bad("the hidden and feed-forward sizes must be multiples of 32 and the attention's of 256".into());
+    }
+    if p.dense_lead >= p.n_layer || p.dense_lead > 0 && p.n_ff == 0 {
+        return bad("the dense leading layers need a feed-forward size and must leave a layer with experts".into());
+    }
+    if let Some(m) = &p.latent {
+        let whole = [m.kv_lora, m.nope, m.rope, m.v_dim].iter().all(|d| d.is_multiple_of(32));
+        if !whole || p.head_dim != m.nope + m.rope || p.n_head_kv != 1 {
+            return bad("latent attention needs sizes of whole 32-blocks, query heads of nope + rope and one KV head".into());
+        }
+    }
+    if p.arch == Arch::DeepSeek2 && (p.shared_ff == 0 || !p.shared_ff.is_multiple_of(p.expert_ff) || p.latent.is_none()) {
+        return bad("deepseek2 needs latent attention and a whole number of shared experts of the routed experts' size".into());
     }
     if let Some(h) = &p.hybrid {
         if h.full_attention_interval == 0 || h.conv_kernel == 0 || h.n_k_heads == 0 || !h.n_v_heads.is_multiple_of(h.n_k_heads) {
@@ -207,6 +221,16 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
         set(format!("{a}.feed_forward_length"), u(p.n_ff));
     }
     set(format!("{a}.attention.head_count"), u(p.n_head));
+    if let Some(y) = &p.yarn {
+        set(format!("{a}.rope.scaling.type"), Value::String("yarn".into()));
+        set(format!("{a}.rope.scaling.factor"), Value::F32(y.factor));
+        set(format!("{a}.rope.scaling.original_context_length"), u(y.orig_ctx));
+        set(format!("{a}.rope.scaling.yarn_beta_fast"), Value::F32(32.0));
+        set(format!("{a}.rope.scaling.yarn_beta_slow"), Value::F32(1.0));
+        if let Some(m) = y.mscale_all_dim {
+            set(format!("{a}.rope.scaling.yarn_log_multiplier"), Value::F32(0.1 * m));
+        }
+    }
     set(format!("{a}.attention.head_count_kv"), u(p.n_head_kv));
     set(format!("{a}.rope.freq_base"), Value::F32(p.rope_base));
     set(format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(p.rms_eps));
@@ -219,8 +243,38 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
     if p.write_expert_ff {
         set(format!("{a}.expert_feed_forward_length"), u(p.expert_ff));
     }
-    if p.shared_ff > 0 {
+    if p.sliding_window > 0 {
+        set(format!("{a}.attention.sliding_window"), u(p.sliding_window));
+    }
+    if let Some(m) = &p.latent {
+        // As the converter writes MLA: one "KV head" of the latent vector and the key's RoPE part.
+        set(format!("{a}.attention.key_length"), u(m.kv_lora + m.rope));
+        set(format!("{a}.attention.value_length"), u(m.kv_lora));
+        set(format!("{a}.attention.kv_lora_rank"), u(m.kv_lora));
+        set(format!("{a}.attention.key_length_mla"), u(m.nope + m.rope));
+        set(format!("{a}.attention.value_length_mla"), u(m.v_dim));
+        set(format!("{a}.rope.dimension_count"), u(m.rope));
+        // The converter writes no q_lora_rank for a model without q-LoRA, and llama.cpp then takes a
+        // deepseek2 file for such a "lite" model only at 26 or 27 layers; a file of other depth says
+        // 0, which llama.cpp and TITAN read the same way.
+        if !matches!(p.n_layer, 26 | 27) {
+            set(format!("{a}.attention.q_lora_rank"), u(0));
+        }
+    }
+    if p.arch == Arch::DeepSeek2 {
+        set(format!("{a}.leading_dense_block_count"), u(p.dense_lead));
+        set(format!("{a}.vocab_size"), u(p.n_vocab));
+        // DeepSeek counts shared experts of the routed experts' size; scores by softmax (gating 1), in
+        // one group (V2-Lite's n_group and topk_group are 1).
+        set(format!("{a}.expert_shared_count"), u(p.shared_ff / p.expert_ff));
+        set(format!("{a}.expert_group_count"), u(1));
+        set(format!("{a}.expert_group_used_count"), u(1));
+        set(format!("{a}.expert_gating_func"), u(1));
+    } else if p.shared_ff > 0 {
         set(format!("{a}.expert_shared_feed_forward_length"), u(p.shared_ff));
+    }
+    if let Some(s) = p.expert_weights_scale {
+        set(format!("{a}.expert_weights_scale"), Value::F32(s));
     }
     if p.arch == Arch::Llama {
         set(format!("{a}.vocab_size"), u(p.n_vocab));

@@ -19,6 +19,12 @@ pub enum Arch {
     /// `qwen35moe` (Qwen3.5 / Qwen3.6 MoE): Gated DeltaNet layers between gated full-attention layers
     /// (see [`Hybrid`]), per-head q/k RMS norms, routed experts plus a sigmoid-gated shared expert.
     Qwen35Moe,
+    /// `gpt-oss`: attention sinks, a sliding window on every other layer, biases on every projection,
+    /// the router and the experts, a softmax over the chosen experts' logits, a clamped SwiGLU.
+    GptOss,
+    /// `deepseek2` (DeepSeek-V2): multi-head latent attention (see [`Latent`]), dense first layers,
+    /// routed experts plus ungated shared ones.
+    DeepSeek2,
 }
 
 impl Arch {
@@ -29,6 +35,8 @@ impl Arch {
             Arch::Olmoe => "olmoe",
             Arch::Llama => "llama",
             Arch::Qwen35Moe => "qwen35moe",
+            Arch::GptOss => "gpt-oss",
+            Arch::DeepSeek2 => "deepseek2",
         }
     }
 }
@@ -44,6 +52,37 @@ pub enum VocabKind {
     Llama,
     /// Qwen3.5's byte-level BPE, pre-tokenizer "qwen35", ChatML control tokens at 248044..=248046.
     Qwen35,
+    /// o200k_harmony (gpt-oss): byte-level BPE, pre-tokenizer "gpt-4o", the harmony control tokens from
+    /// 199998 and reserved ones up to the vocabulary's end.
+    Harmony,
+    /// DeepSeek-V2's byte-level BPE, pre-tokenizer "deepseek-llm", BOS and EOS at 100000 and 100001.
+    DeepSeek,
+}
+
+/// YaRN's extension of RoPE, as the converter writes it from the config's `rope_scaling`
+/// (`rope.scaling.*`; beta_fast 32 and beta_slow 1 in both models that use it here).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f32,
+    /// `original_max_position_embeddings`.
+    pub orig_ctx: usize,
+    /// DeepSeek's `mscale_all_dim`, written as `yarn_log_multiplier` = 0.1 × it (the converter's legacy
+    /// factor, which llama.cpp divides out again).
+    pub mscale_all_dim: Option<f32>,
+}
+
+/// Multi-head latent attention's dimensions (DeepSeek-V2 without q-LoRA): keys and values come from one
+/// compressed latent vector per position, decompressed per head by `attn_k_b` / `attn_v_b`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Latent {
+    /// `kv_lora_rank`: the latent vector's size.
+    pub kv_lora: usize,
+    /// `qk_nope_head_dim`: the part of a query/key head without RoPE.
+    pub nope: usize,
+    /// `qk_rope_head_dim`: the rotated part, one key part shared by all heads.
+    pub rope: usize,
+    /// `v_head_dim`.
+    pub v_dim: usize,
 }
 
 /// The linear-attention side of a Gated DeltaNet hybrid (`qwen35moe`), as the converter writes it from
@@ -120,6 +159,15 @@ pub struct Preset {
     pub rms_eps: f32,
     /// The linear-attention layers of a hybrid; `None` for the all-attention architectures.
     pub hybrid: Option<Hybrid>,
+    /// Leading layers with a dense feed-forward of `n_ff` instead of experts (`first_k_dense_replace`).
+    pub dense_lead: usize,
+    /// `expert_weights_scale` (DeepSeek's `routed_scaling_factor`), written when the converter writes it.
+    pub expert_weights_scale: Option<f32>,
+    pub yarn: Option<Yarn>,
+    /// The sliding window of every other layer (layers 0, 2, …), 0 for none.
+    pub sliding_window: usize,
+    /// Latent attention (DeepSeek-V2); `head_dim` is then a query head's size, `nope + rope`.
+    pub latent: Option<Latent>,
 }
 
 impl Preset {
@@ -129,6 +177,11 @@ impl Preset {
 
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+
+    /// Columns of the attention's output projection: every head's value.
+    pub fn o_dim(&self) -> usize {
+        self.latent.map_or(self.q_dim(), |m| self.n_head * m.v_dim)
     }
 }
 
@@ -156,14 +209,23 @@ impl fmt::Display for Preset {
                 h.full_attention_interval, h.n_k_heads, h.n_v_heads, h.head_dim
             )?;
         }
+        if let Some(m) = &self.latent {
+            write!(f, " (latent attention: kv_lora {}, nope {} + rope {}, v {})", m.kv_lora, m.nope, m.rope, m.v_dim)?;
+        }
+        if self.dense_lead > 0 {
+            write!(f, ", first {} dense of ffn {}", self.dense_lead, self.n_ff)?;
+        }
         if self.shared_ff > 0 {
             write!(f, " + shared expert of ffn {}", self.shared_ff)?;
+        }
+        if self.sliding_window > 0 {
+            write!(f, ", sliding window {} on alternate layers", self.sliding_window)?;
         }
         write!(f, ", vocab {}", self.n_vocab)
     }
 }
 
-static PRESETS: [Preset; 6] = [
+static PRESETS: [Preset; 8] = [
     Preset {
         name: "olmoe-1b-7b",
         source: "allenai/OLMoE-1B-7B-0924",
@@ -186,6 +248,11 @@ static PRESETS: [Preset; 6] = [
         rope_base: 10000.0,
         rms_eps: 1e-5,
         hybrid: None,
+        dense_lead: 0,
+        expert_weights_scale: None,
+        yarn: None,
+        sliding_window: 0,
+        latent: None,
     },
     Preset {
         name: "qwen3-30b-a3b",
@@ -209,6 +276,11 @@ static PRESETS: [Preset; 6] = [
         rope_base: 1_000_000.0,
         rms_eps: 1e-6,
         hybrid: None,
+        dense_lead: 0,
+        expert_weights_scale: None,
+        yarn: None,
+        sliding_window: 0,
+        latent: None,
     },
     Preset {
         name: "qwen1.5-moe-a2.7b",
@@ -232,6 +304,11 @@ static PRESETS: [Preset; 6] = [
         rope_base: 1_000_000.0,
         rms_eps: 1e-6,
         hybrid: None,
+        dense_lead: 0,
+        expert_weights_scale: None,
+        yarn: None,
+        sliding_window: 0,
+        latent: None,
     },
     Preset {
         name: "mixtral-8x7b",
@@ -255,6 +332,11 @@ static PRESETS: [Preset; 6] = [
         rope_base: 1_000_000.0,
         rms_eps: 1e-5,
         hybrid: None,
+        dense_lead: 0,
+        expert_weights_scale: None,
+        yarn: None,
+        sliding_window: 0,
+        latent: None,
     },
     // Qwen3.6-35B-A3B has Qwen3.5-35B-A3B's text architecture (`qwen3_5_moe_text`), so one shape serves
     // both. From the config: 40 layers in a 3 linear : 1 full pattern; full attention 16 heads / 2 KV of
@@ -292,6 +374,11 @@ static PRESETS: [Preset; 6] = [
             rope_dims: 64,
             rope_sections: [11, 11, 10, 0],
         }),
+        dense_lead: 0,
+        expert_weights_scale: None,
+        yarn: None,
+        sliding_window: 0,
+        latent: None,
     },
     // The same architecture, wider: 48 layers, hidden 3072, 32 heads / 2 KV of 256, Gated DeltaNet
     // 16 key / 64 value heads of 128, 256 experts top-8 of 1024 plus a shared expert of 1024.
@@ -325,6 +412,76 @@ static PRESETS: [Preset; 6] = [
             rope_dims: 64,
             rope_sections: [11, 11, 10, 0],
         }),
+        dense_lead: 0,
+        expert_weights_scale: None,
+        yarn: None,
+        sliding_window: 0,
+        latent: None,
+    },
+    // gpt-oss-20b, from its config: 24 layers, hidden 2880, 64 query / 8 KV heads of 64 (so the query is
+    // 4096 wide, wider than the hidden size), sliding window 128 on layers 0, 2, …, YaRN factor 32 over
+    // 4096 (context 131072), theta 150000; 32 experts top-4 of 2880 (`intermediate_size`, which the
+    // converter writes as both feed-forward lengths); o200k_harmony padded to 201088.
+    Preset {
+        name: "gpt-oss-20b",
+        source: "openai/gpt-oss-20b",
+        arch: Arch::GptOss,
+        vocab: VocabKind::Harmony,
+        n_vocab: 201088,
+        n_ctx: 131072,
+        n_embd: 2880,
+        n_layer: 24,
+        n_head: 64,
+        n_head_kv: 8,
+        head_dim: 64,
+        write_head_dim: true,
+        n_ff: 2880,
+        expert_ff: 2880,
+        write_expert_ff: true,
+        shared_ff: 0,
+        n_expert: 32,
+        n_expert_used: 4,
+        rope_base: 150_000.0,
+        rms_eps: 1e-5,
+        hybrid: None,
+        dense_lead: 0,
+        expert_weights_scale: None,
+        yarn: Some(Yarn { factor: 32.0, orig_ctx: 4096, mscale_all_dim: None }),
+        sliding_window: 128,
+        latent: None,
+    },
+    // DeepSeek-V2-Lite, from its config: 27 layers, hidden 2048, 16 heads, no q-LoRA, kv_lora_rank 512,
+    // qk_nope 128 + qk_rope 64 (query heads of 192), v_head 128; layer 0 dense with ffn 10944, then 64
+    // routed experts top-6 of 1408 (softmax scores, greedy, not renormalised, routed scale 1.0) and 2
+    // shared experts; YaRN factor 40 over 4096 (context 163840) with mscale_all_dim 0.707, theta 10000.
+    // The converter writes MLA as one KV head (`head_count_kv` 1).
+    Preset {
+        name: "deepseek-v2-lite",
+        source: "deepseek-ai/DeepSeek-V2-Lite",
+        arch: Arch::DeepSeek2,
+        vocab: VocabKind::DeepSeek,
+        n_vocab: 102400,
+        n_ctx: 163840,
+        n_embd: 2048,
+        n_layer: 27,
+        n_head: 16,
+        n_head_kv: 1,
+        head_dim: 192,
+        write_head_dim: false,
+        n_ff: 10944,
+        expert_ff: 1408,
+        write_expert_ff: true,
+        shared_ff: 2 * 1408,
+        n_expert: 64,
+        n_expert_used: 6,
+        rope_base: 10_000.0,
+        rms_eps: 1e-6,
+        hybrid: None,
+        dense_lead: 1,
+        expert_weights_scale: Some(1.0),
+        yarn: Some(Yarn { factor: 40.0, orig_ctx: 4096, mscale_all_dim: Some(0.707) }),
+        sliding_window: 0,
+        latent: Some(Latent { kv_lora: 512, nope: 128, rope: 64, v_dim: 128 }),
     },
 ];
 
@@ -349,10 +506,17 @@ pub enum FileType {
     /// llama.cpp's Q4_K_M mix: Q4_K, with Q6_K for the output, and for attn_v and ffn_down in the
     /// layers `use_more_bits` picks.
     Q4_K_M,
+    /// What the converter writes from a checkpoint whose experts are MXFP4 (gpt-oss): the experts kept
+    /// in MXFP4, the other matrices F16 (`general.file_type` MOSTLY_MXFP4_MOE, as the converter marks it).
+    Mxfp4,
+    /// llama-quantize's MXFP4_MOE: the expert-stacked (3-D) tensors MXFP4, every other matrix, the
+    /// embedding and the output included, Q8_0.
+    Mxfp4_Moe,
 }
 
 impl FileType {
-    pub const ALL: [FileType; 5] = [FileType::F16, FileType::Q8_0, FileType::Q6_K, FileType::Q4_0, FileType::Q4_K_M];
+    pub const ALL: [FileType; 7] =
+        [FileType::F16, FileType::Q8_0, FileType::Q6_K, FileType::Q4_0, FileType::Q4_K_M, FileType::Mxfp4, FileType::Mxfp4_Moe];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -361,6 +525,8 @@ impl FileType {
             FileType::Q6_K => "q6_k",
             FileType::Q4_0 => "q4_0",
             FileType::Q4_K_M => "q4_k_m",
+            FileType::Mxfp4 => "mxfp4",
+            FileType::Mxfp4_Moe => "mxfp4_moe",
         }
     }
 
@@ -372,6 +538,7 @@ impl FileType {
             FileType::Q8_0 => 7,
             FileType::Q4_K_M => 15,
             FileType::Q6_K => 18,
+            FileType::Mxfp4 | FileType::Mxfp4_Moe => 38,
         }
     }
 }

@@ -121,9 +121,11 @@ pub fn routing_report(model_path: &Path, tokens: usize, seed: u64) -> Result<Rou
         history.push(token);
     }
 
+    // Dense layers (DeepSeek's first) route nothing and are left out.
     let layers = ids
         .iter()
         .enumerate()
+        .filter(|(_, steps)| !steps.is_empty())
         .map(|(layer, steps)| {
             let mut used = vec![false; n_expert];
             for e in steps.iter().flatten() {

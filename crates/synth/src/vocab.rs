@@ -23,16 +23,20 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
     let mut kv = Vec::new();
     let mut set = |k: &str, v: Value| kv.push((format!("tokenizer.ggml.{k}"), v));
     match p.vocab {
-        VocabKind::Qwen2 | VocabKind::Qwen35 | VocabKind::Olmo => {
-            // (control texts, the real id of the first): the tokenizer's other added tokens after them
-            // become padding.
-            let (specials, first): (&[&str], usize) = match p.vocab {
+        VocabKind::Qwen2 | VocabKind::Qwen35 | VocabKind::Olmo | VocabKind::Harmony | VocabKind::DeepSeek => {
+            // (control tokens by their offset from the first one's id, that real id): the ids between and
+            // after them are the tokenizer's other added tokens, written as padding (or, for harmony, as
+            // its reserved control tokens).
+            let (specials, first): (&[(usize, &str)], usize) = match p.vocab {
                 VocabKind::Qwen2 => (&CHATML_TOKENS, 151_643),
                 VocabKind::Qwen35 => (&CHATML_TOKENS, 248_044),
-                _ => (&["<|endoftext|>"], 50_279),
+                VocabKind::Harmony => (&HARMONY_TOKENS, 199_998),
+                VocabKind::DeepSeek => (&DEEPSEEK_TOKENS, 100_000),
+                _ => (&[(0, "<|endoftext|>")], 50_279),
             };
+            let span = specials.last().map_or(0, |s| s.0 + 1);
             // Small test presets shrink the vocabulary: keep the layout, scaled into it.
-            let first_special = first.min(n - specials.len().min(n));
+            let first_special = first.min(n - span.min(n));
             let (mut tokens, mut types) = (Vec::with_capacity(n), Vec::with_capacity(n));
             for c in byte_chars() {
                 tokens.push(c.to_string());
@@ -49,41 +53,53 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
                 types.push(NORMAL);
                 word += 1;
             }
-            for s in specials.iter().take(n - first_special) {
-                tokens.push(s.to_string());
-                types.push(CONTROL);
-            }
             while tokens.len() < n {
-                tokens.push(format!("[PAD{}]", tokens.len()));
-                types.push(UNUSED);
+                let id = tokens.len();
+                match specials.iter().find(|s| first_special + s.0 == id) {
+                    Some(s) => {
+                        tokens.push(s.1.to_string());
+                        types.push(CONTROL);
+                    }
+                    None if p.vocab == VocabKind::Harmony => {
+                        tokens.push(format!("<|reserved_{id}|>"));
+                        types.push(CONTROL);
+                    }
+                    None => {
+                        tokens.push(format!("[PAD{id}]"));
+                        types.push(UNUSED);
+                    }
+                }
             }
             tokens.truncate(n);
             types.truncate(n);
             let eot = first_special as u32;
             set("model", Value::String("gpt2".into()));
-            match p.vocab {
-                VocabKind::Qwen2 | VocabKind::Qwen35 => {
-                    let pre = if p.vocab == VocabKind::Qwen2 { "qwen2" } else { "qwen35" };
-                    set("pre", Value::String(pre.into()));
-                    set("tokens", strings(tokens));
-                    set("token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()));
-                    set("merges", strings(merges.iter().map(|(a, b)| format!("{a} {b}")).collect()));
-                    set("eos_token_id", Value::U32(eot + 2));
-                    set("padding_token_id", Value::U32(eot));
-                    set("bos_token_id", Value::U32(eot));
-                    set("add_bos_token", Value::Bool(false));
-                    set("chat_template", Value::String(CHATML.into()));
-                }
-                _ => {
-                    set("pre", Value::String("olmo".into()));
-                    set("tokens", strings(tokens));
-                    set("token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()));
-                    set("merges", strings(merges.iter().map(|(a, b)| format!("{a} {b}")).collect()));
-                    set("bos_token_id", Value::U32(eot));
-                    set("eos_token_id", Value::U32(eot));
-                    set("padding_token_id", Value::U32(1));
-                    set("add_bos_token", Value::Bool(false));
-                }
+            let pre = match p.vocab {
+                VocabKind::Qwen2 => "qwen2",
+                VocabKind::Qwen35 => "qwen35",
+                VocabKind::Harmony => "gpt-4o",
+                VocabKind::DeepSeek => "deepseek-llm",
+                _ => "olmo",
+            };
+            set("pre", Value::String(pre.into()));
+            set("tokens", strings(tokens));
+            set("token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()));
+            set("merges", strings(merges.iter().map(|(a, b)| format!("{a} {b}")).collect()));
+            // (bos, eos, padding) as offsets from the first control token, and whether BOS is added.
+            let (bos, eos, pad, add_bos) = match p.vocab {
+                VocabKind::Qwen2 | VocabKind::Qwen35 => (0, 2, 0, false),
+                // <|startoftext|>, <|return|>, <|endoftext|>
+                VocabKind::Harmony => (0, 4, 1, false),
+                VocabKind::DeepSeek => (0, 1, 1, true),
+                _ => (0, 0, 0, false),
+            };
+            set("bos_token_id", Value::U32(eot + bos));
+            set("eos_token_id", Value::U32(eot + eos));
+            // OLMoE pads with token 1.
+            set("padding_token_id", Value::U32(if p.vocab == VocabKind::Olmo { 1 } else { eot + pad }));
+            set("add_bos_token", Value::Bool(add_bos));
+            if matches!(p.vocab, VocabKind::Qwen2 | VocabKind::Qwen35) {
+                set("chat_template", Value::String(CHATML.into()));
             }
         }
         VocabKind::Llama => {
@@ -120,7 +136,23 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
     kv
 }
 
-const CHATML_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+const CHATML_TOKENS: [(usize, &str); 3] = [(0, "<|endoftext|>"), (1, "<|im_start|>"), (2, "<|im_end|>")];
+
+/// o200k_harmony's named control tokens from 199998 (the ids between are reserved ones).
+const HARMONY_TOKENS: [(usize, &str); 9] = [
+    (0, "<|startoftext|>"),
+    (1, "<|endoftext|>"),
+    (4, "<|return|>"),
+    (5, "<|constrain|>"),
+    (7, "<|channel|>"),
+    (8, "<|start|>"),
+    (9, "<|end|>"),
+    (10, "<|message|>"),
+    (14, "<|call|>"),
+];
+
+/// DeepSeek-V2's BOS and EOS at 100000 and 100001.
+const DEEPSEEK_TOKENS: [(usize, &str); 2] = [(0, "<｜begin▁of▁sentence｜>"), (1, "<｜end▁of▁sentence｜>")];
 
 const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 

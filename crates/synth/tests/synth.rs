@@ -8,10 +8,11 @@ use titan_engine::config::Mixer;
 use titan_engine::{Model, Outputs};
 use titan_gguf::GgufFile;
 use titan_kernels::GgmlType;
-use titan_synth::{preset, routing_report, synth, FileType, Hybrid, Preset, SynthOptions};
+use titan_synth::{preset, routing_report, synth, FileType, Hybrid, Latent, Preset, SynthOptions};
 
 /// A preset of the real architecture with small dimensions (tests only). A hybrid keeps its layer
-/// pattern: 4 layers, the last full attention.
+/// pattern: 4 layers, the last full attention. Latent attention keeps one KV head and its proportions
+/// (query heads of nope + rope); the shared experts stay two routed experts' size.
 fn tiny(name: &str) -> Preset {
     let mut p = preset(name).unwrap().clone();
     p.n_embd = 256;
@@ -25,6 +26,10 @@ fn tiny(name: &str) -> Preset {
     p.n_expert_used = p.n_expert_used.min(4);
     p.n_vocab = 2048;
     p.n_layer = 2;
+    if let Some(m) = &mut p.latent {
+        *m = Latent { kv_lora: 128, nope: 32, rope: 32, v_dim: 32 };
+        p.n_head_kv = 1;
+    }
     if let Some(h) = &mut p.hybrid {
         // rope sections cover the rotated half-dimension, as [11, 11, 10] covers 32 of 64
         *h = Hybrid { n_k_heads: 2, n_v_heads: 4, head_dim: 64, rope_dims: 16, rope_sections: [3, 3, 2, 0], ..*h };
@@ -47,8 +52,9 @@ fn write(p: &Preset, ty: FileType, seed: u64, dir: &Path, file: &str) -> PathBuf
 #[test]
 fn every_architecture_loads_and_runs_in_titan() {
     let dir = tempfile::tempdir().unwrap();
-    for name in ["olmoe-1b-7b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "mixtral-8x7b", "qwen3.6-35b-a3b", "qwen3.5-122b-a10b"] {
-        for ty in [FileType::Q4_0, FileType::Q4_K_M, FileType::Q8_0, FileType::F16] {
+    let names = ["olmoe-1b-7b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "mixtral-8x7b", "qwen3.6-35b-a3b", "qwen3.5-122b-a10b", "gpt-oss-20b", "deepseek-v2-lite"];
+    for name in names {
+        for ty in [FileType::Q4_0, FileType::Q4_K_M, FileType::Q8_0, FileType::F16, FileType::Mxfp4, FileType::Mxfp4_Moe] {
             let p = tiny(name);
             let path = write(&p, ty, 1, dir.path(), &format!("{name}-{ty}.gguf"));
             let model = Model::load(&path).unwrap_or_else(|e| panic!("{name} {ty}: {e}"));
@@ -60,6 +66,10 @@ fn every_architecture_loads_and_runs_in_titan() {
             }
             assert_eq!(model.config.n_expert, p.n_expert);
             assert_eq!(model.config.n_vocab, p.n_vocab);
+            assert_eq!(model.config.dense_lead, p.dense_lead);
+            assert_eq!(model.config.mla.map(|m| (m.q_lora, m.kv_lora, m.nope, m.rope, m.v_dim)), p.latent.map(|m| (0, m.kv_lora, m.nope, m.rope, m.v_dim)), "{name}");
+            assert_eq!(model.config.yarn.map(|y| (y.factor, y.orig_ctx)), p.yarn.map(|y| (y.factor, y.orig_ctx)), "{name}");
+            assert_eq!(model.config.sliding_window, p.sliding_window, "{name}");
             let mut seq = model.new_sequence(8);
             let logits = model.forward(&[1, 300, 301, 1000], 0, &mut seq, Outputs::All).unwrap();
             assert_eq!(logits.len(), 4 * p.n_vocab);
@@ -266,4 +276,59 @@ fn hybrid_routing_is_realistic() {
     assert!(r.min_experts_used() >= 28, "{r}");
     assert!((0.15..=0.5).contains(&r.mean_overlap()), "{r}");
     assert!(r.max_overlap() <= 0.6, "{r}");
+}
+
+/// gpt-oss (biases, sinks, a softmax over the chosen experts, the clamped SwiGLU, YaRN) and DeepSeek-V2
+/// (latent attention, a dense first layer, ungated shared experts, unnormalised weights) route as
+/// realistically as the others.
+#[test]
+fn gpt_oss_and_deepseek_routing_is_realistic() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["gpt-oss-20b", "deepseek-v2-lite"] {
+        let mut p = tiny(name);
+        p.n_embd = 512;
+        p.n_expert = 32;
+        p.n_expert_used = 4;
+        p.n_layer = 6;
+        p.n_vocab = 16384;
+        let path = write(&p, FileType::Q4_0, 5, dir.path(), &format!("{name}.gguf"));
+        let r = routing_report(&path, 96, 1).unwrap();
+        println!("{name}: {r}");
+        assert_eq!(r.layers.len(), 6 - p.dense_lead, "{name}: the dense layer routes nothing");
+        assert!(r.min_experts_used() >= 28, "{name}: {r}");
+        assert!((0.15..=0.5).contains(&r.mean_overlap()), "{name}: {r}");
+        assert!(r.max_overlap() <= 0.6, "{name}: {r}");
+    }
+}
+
+/// The keys and tensors llama.cpp's converter and quantiser write for gpt-oss and DeepSeek-V2-Lite, read
+/// from the small real files in `tests/fixtures` (made by them from Hugging Face models): a synthetic file
+/// of the same depth has the same architecture keys, the same tensor names, and the same type for every
+/// tensor but the output (the fixtures' 64 columns are not whole Q6_K blocks; ours are).
+#[test]
+fn gpt_oss_and_deepseek_match_the_converters_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    for (name, fixture, ty, layers) in
+        [("gpt-oss-20b", "gpt-oss/mxfp4_moe.gguf", FileType::Mxfp4_Moe, 4), ("deepseek-v2-lite", "deepseek2-lite/q4_0.gguf", FileType::Q4_0, 26)]
+    {
+        let real = GgufFile::open(fixtures.join(fixture)).unwrap();
+        let mut p = tiny(name);
+        p.n_layer = layers;
+        let ours = GgufFile::open(write(&p, ty, 2, dir.path(), &format!("{name}.gguf"))).unwrap();
+        let arch = p.arch.gguf_name();
+        let keys = |f: &GgufFile| {
+            let mut k: Vec<String> = f.metadata.iter().map(|(k, _)| k.clone()).filter(|k| k.starts_with(&format!("{arch}."))).collect();
+            k.sort();
+            k
+        };
+        assert_eq!(keys(&ours), keys(&real), "{name}: architecture keys");
+        assert_eq!(ours.get_u64("general.file_type").unwrap(), real.get_u64("general.file_type").unwrap(), "{name}");
+        let tensors = |f: &GgufFile| {
+            let mut t: Vec<(String, usize, GgmlType)> = f.tensors.iter().map(|t| (t.name.clone(), t.dims.len(), t.ty)).filter(|t| t.0 != "output.weight").collect();
+            t.sort_by(|a, b| a.0.cmp(&b.0));
+            t
+        };
+        assert_eq!(tensors(&ours), tensors(&real), "{name}: tensor names, ranks and types");
+    }
 }
