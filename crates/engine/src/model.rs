@@ -19,7 +19,7 @@ use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head,
 use crate::scratch::{recycle, slots};
 use crate::stats::{Phase, Stats};
 use crate::trace::Trace;
-use crate::weights::{Attention, BetaAlpha, DeltaNet, ExpertExtras, Latent, LatentQuery, Mat, Mixing, Moe, Residency, Weights};
+use crate::weights::{Attention, BetaAlpha, DeltaNet, ExpertExtras, Latent, LatentQuery, Mat, Mixing, Moe, Residency, Stacked, Weights};
 use crate::{vocab, EngineError, Result};
 
 pub struct Model {
@@ -460,7 +460,7 @@ impl Model {
         let s = c.mla.expect("latent attention has its shape");
         let (n, nh, half) = (h.len() / c.n_embd, c.n_head, c.rope_dims / 2);
         let (qd, width) = (s.nope + s.rope, s.kv_lora + s.rope);
-        let MixerScratch { q, k, qg, gate, attn, scores, proj_acts, jobs, acts, .. } = m;
+        let MixerScratch { q, k, qg, gate, scores, proj_acts, jobs, acts, heads, .. } = m;
         // q: n × nh × (nope + rope); k: n × (kv_lora + rope), the latent vector then the key's RoPE part.
         match &a.q {
             LatentQuery::Direct(wq) => self.project(h, &[wq, &a.kv_a], proj_acts, jobs, &mut [q, k])?,
@@ -477,21 +477,14 @@ impl Model {
             rms_norm(&mut row[..s.kv_lora], &a.kv_norm, c.rms_eps);
         }
         // Each head's query: the non-RoPE part through attn_k_b into the latent space, then the RoPE part.
-        // `gate` holds the full queries, n × nh × width; `attn` one head's parts on the way.
+        // `gate` holds the full queries, n × nh × width.
         gate.resize(n * nh * width, 0.0);
-        for hd in 0..nh {
-            attn.clear();
-            attn.extend(q.chunks_exact(nh * qd).flat_map(|row| &row[hd * qd..hd * qd + s.nope]));
-            let w = &a.k_b.expert(hd);
-            acts.quantize(w.ty.act_type(), attn, n, s.nope)?;
-            scores.resize(n * s.kv_lora, 0.0);
-            matmul(&self.weights.view(w), acts, scores)?;
-            for (i, (row, qrow)) in gate.chunks_exact_mut(nh * width).zip(q.chunks_exact_mut(nh * qd)).enumerate() {
-                let head = &mut row[hd * width..(hd + 1) * width];
-                head[..s.kv_lora].copy_from_slice(&scores[i * s.kv_lora..(i + 1) * s.kv_lora]);
-                let pe = &mut qrow[hd * qd + s.nope..(hd + 1) * qd];
-                rope_head(pe, &cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half], halves);
-                head[s.kv_lora..].copy_from_slice(pe);
+        self.per_head(&a.k_b, (q, qd, s.nope), (gate, width), heads)?;
+        for (i, (row, qrow)) in gate.chunks_exact_mut(nh * width).zip(q.chunks_exact_mut(nh * qd)).enumerate() {
+            let (cs, sn) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
+            for (head, qh) in row.chunks_exact_mut(width).zip(qrow.chunks_exact_mut(qd)) {
+                rope_head(&mut qh[s.nope..], cs, sn, halves);
+                head[s.kv_lora..].copy_from_slice(&qh[s.nope..]);
             }
         }
         // attention of each span over its own cache, in the latent space: n × nh × kv_lora into `qg`
@@ -507,19 +500,39 @@ impl Model {
         }
         // each head's value through attn_v_b, into n × nh × v_dim, then attn_output
         q.resize(n * nh * s.v_dim, 0.0);
-        for hd in 0..nh {
-            attn.clear();
-            attn.extend(qg.chunks_exact(nh * s.kv_lora).flat_map(|row| &row[hd * s.kv_lora..(hd + 1) * s.kv_lora]));
-            let w = &a.v_b.expert(hd);
-            acts.quantize(w.ty.act_type(), attn, n, s.kv_lora)?;
-            scores.resize(n * s.v_dim, 0.0);
-            matmul(&self.weights.view(w), acts, scores)?;
-            for (i, row) in q.chunks_exact_mut(nh * s.v_dim).enumerate() {
-                row[hd * s.v_dim..(hd + 1) * s.v_dim].copy_from_slice(&scores[i * s.v_dim..(i + 1) * s.v_dim]);
-            }
-        }
+        self.per_head(&a.v_b, (qg, s.kv_lora, s.kv_lora), (q, s.v_dim), heads)?;
         acts.quantize(a.wo.ty.act_type(), q, n, nh * s.v_dim)?;
         matmul(&self.weights.view(&a.wo), acts, out)?;
+        Ok(())
+    }
+
+    /// Each head's own matrix of `w` (one per head, stacked) applied to that head's part of every row, in
+    /// one parallel region: `input` is (rows of heads × `stride` floats, of which the first `len` are the
+    /// head's input); each head's output goes to the first floats of its `out_stride` in `out`'s rows.
+    fn per_head(&self, w: &Stacked, (input, stride, len): (&[f32], usize, usize), (out, out_stride): (&mut [f32], usize), s: &mut HeadScratch) -> Result<()> {
+        let nh = w.n;
+        let rows = input.len() / (nh * stride);
+        let HeadScratch { gathered, acts, outs, jobs } = s;
+        let (acts, outs) = (slots(acts, nh), slots(outs, nh));
+        for (hd, a) in acts.iter_mut().enumerate() {
+            gathered.clear();
+            gathered.extend(input.chunks_exact(nh * stride).flat_map(|row| &row[hd * stride..hd * stride + len]));
+            a.quantize(w.mat.ty.act_type(), gathered, rows, len)?;
+        }
+        let mut list: Vec<MatmulJob> = recycle(std::mem::take(jobs));
+        list.extend(acts.iter().zip(outs.iter_mut()).enumerate().map(|(hd, (a, o))| {
+            o.resize(rows * w.mat.rows, 0.0);
+            MatmulJob { w: self.weights.view(&w.expert(hd)), acts: a, out: &mut o[..] }
+        }));
+        let r = matmul_many(&mut list);
+        *jobs = recycle(list);
+        r?;
+        let d = w.mat.rows;
+        for (i, row) in out.chunks_exact_mut(nh * out_stride).enumerate() {
+            for (hd, o) in outs.iter().enumerate() {
+                row[hd * out_stride..hd * out_stride + d].copy_from_slice(&o[i * d..(i + 1) * d]);
+            }
+        }
         Ok(())
     }
 
@@ -707,6 +720,18 @@ struct MixerScratch {
     jobs: Vec<MatmulJob<'static>>,
     /// The quantised input of the output projection.
     acts: Activations,
+    /// Latent attention's per-head products.
+    heads: HeadScratch,
+}
+
+/// The working buffers of [`Model::per_head`]: one head's input on the way, each head's quantised input
+/// and output, and the matmul list (kept empty, see `scratch::recycle`).
+#[derive(Default)]
+struct HeadScratch {
+    gathered: Vec<f32>,
+    acts: Vec<Activations>,
+    outs: Vec<Vec<f32>>,
+    jobs: Vec<MatmulJob<'static>>,
 }
 
 /// A layer's routing of a batch and what it is computed from.
