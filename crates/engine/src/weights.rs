@@ -259,11 +259,10 @@ impl Weights {
             let moe = if dense {
                 None
             } else {
-                let bias = n("exp_probs_b.bias");
                 Some(Moe {
                     router: l.mat(&n("ffn_gate_inp.weight"), e, c.n_expert)?,
-                    choice_bias: if l.f.tensor(&bias).is_some() { Some(l.vec(&bias, c.n_expert)?) } else { None },
-                    router_bias: if l.f.tensor(&n("ffn_gate_inp.bias")).is_some() { Some(l.vec(&n("ffn_gate_inp.bias"), c.n_expert)?) } else { None },
+                    choice_bias: l.vec_if_present(&n("exp_probs_b.bias"), c.n_expert)?,
+                    router_bias: l.vec_if_present(&n("ffn_gate_inp.bias"), c.n_expert)?,
                     gate_exps: l.stacked(&n("ffn_gate_exps.weight"), e, c.expert_ff, c.n_expert)?,
                     up_exps: l.stacked(&n("ffn_up_exps.weight"), e, c.expert_ff, c.n_expert)?,
                     down_exps: l.stacked(&n("ffn_down_exps.weight"), c.expert_ff, e, c.n_expert)?,
@@ -422,8 +421,8 @@ impl Loader<'_> {
             bv: bias("attn_v.bias", kv)?,
             q_norm,
             k_norm,
-            bo: if self.f.tensor(&n("attn_output.bias")).is_some() { Some(self.vec(&n("attn_output.bias"), e)?) } else { None },
-            sinks: if self.f.tensor(&n("attn_sinks.weight")).is_some() { Some(self.vec(&n("attn_sinks.weight"), c.n_head)?) } else { None },
+            bo: self.vec_if_present(&n("attn_output.bias"), e)?,
+            sinks: self.vec_if_present(&n("attn_sinks.weight"), c.n_head)?,
         })
     }
 
@@ -473,6 +472,11 @@ impl Loader<'_> {
     /// A small vector (norm weight, bias) decoded to f32.
     fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         self.decode(self.tensor(name, &[len])?, len)
+    }
+
+    /// A small vector the architecture has only in some models (biases, sinks), if the file has it.
+    fn vec_if_present(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
+        self.f.tensor(name).map(|_| self.vec(name, len)).transpose()
     }
 
     /// A vector that converters write either as [len] or as a one-row matrix [len, 1].
