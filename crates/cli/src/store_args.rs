@@ -156,7 +156,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
 }
 
 /// Memory this process can still take without swapping or being killed: the kernel's MemAvailable,
-/// less where a cgroup (v2) above the process limits it to less; `TITAN_MEMORY_AVAILABLE` (a size)
+/// less where a memory cgroup above the process limits it to less; `TITAN_MEMORY_AVAILABLE` (a size)
 /// overrides both, to plan as if only that much were free.
 pub fn mem_available() -> Option<u64> {
     if let Ok(v) = std::env::var("TITAN_MEMORY_AVAILABLE") {
@@ -165,26 +165,41 @@ pub fn mem_available() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let host = line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024;
-    Some(cgroup_headroom().map_or(host, |c| c.min(host)))
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    Some(cgroup_headroom(Path::new("/sys/fs/cgroup"), &own).map_or(host, |c| c.min(host)))
 }
 
-/// The least `memory.max - memory.current` over this process's cgroup and its ancestors (cgroup v2),
-/// if any of them sets a limit: a container or `systemd-run -p MemoryMax=` bounds the process there.
-fn cgroup_headroom() -> Option<u64> {
-    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?.trim().trim_start_matches('/').to_string();
-    let mut dir = PathBuf::from("/sys/fs/cgroup").join(rel);
+/// The least headroom over this process's memory cgroups and their ancestors, if any of them sets a
+/// limit (a container, `systemd-run -p MemoryMax=`, a cgroup made by hand): the limit less the usage,
+/// where usage leaves out the inactive page cache, which the kernel drops before it would kill anyone.
+/// Both hierarchies: v2 (`memory.max`, `memory.current`) and v1's memory controller
+/// (`memory.limit_in_bytes`, `memory.usage_in_bytes`), still the default on older hosts. `own` is the
+/// text of /proc/self/cgroup; `sys` where the hierarchies are mounted.
+fn cgroup_headroom(sys: &Path, own: &str) -> Option<u64> {
     let mut least: Option<u64> = None;
-    loop {
-        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok().and_then(|v| v.trim().parse::<u64>().ok());
-        if let (Some(max), Some(current)) = (read("memory.max"), read("memory.current")) {
-            let left = max.saturating_sub(current);
-            least = Some(least.map_or(left, |l| l.min(left)));
-        }
-        if !dir.pop() || dir == Path::new("/sys/fs") {
-            return least;
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let (root, limit, usage, inactive) = match controllers {
+            "" => (sys.to_path_buf(), "memory.max", "memory.current", "inactive_file"),
+            c if c.split(',').any(|c| c == "memory") => (sys.join("memory"), "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+            _ => continue,
+        };
+        let mut dir = root.join(path.trim().trim_start_matches('/'));
+        loop {
+            let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok().and_then(|v| v.trim().parse::<u64>().ok());
+            if let (Some(max), Some(current)) = (read(limit), read(usage)) {
+                let stat = std::fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+                let cache = stat.lines().find_map(|l| l.strip_prefix(inactive)?.strip_prefix(' ')?.trim().parse::<u64>().ok()).unwrap_or(0);
+                let left = max.saturating_sub(current.saturating_sub(cache));
+                least = Some(least.map_or(left, |l| l.min(left)));
+            }
+            if dir == root || !dir.pop() {
+                break;
+            }
         }
     }
+    least
 }
 
 /// Memory kept free beside the weights for the KV cache, the activations and the rest of the system.
@@ -241,7 +256,33 @@ impl StreamArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{cgroup_headroom, parse_size};
+    use std::path::Path;
+
+    fn write(dir: &Path, files: &[(&str, &str)]) {
+        std::fs::create_dir_all(dir).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+    }
+
+    /// Real files laid out as the kernel mounts them: the least headroom over the process's cgroup and
+    /// its ancestors wins, inactive page cache counts as free, "max" means no limit.
+    #[test]
+    fn cgroup_headroom_of_either_hierarchy() {
+        let t = tempfile::tempdir().unwrap();
+        let sys = t.path();
+        // v2: a 6 GiB limit two levels up, 1 GiB used of which 256 MiB is inactive page cache; no limit below.
+        write(&sys.join("box"), &[("memory.max", "6442450944\n"), ("memory.current", "1073741824\n"), ("memory.stat", "anon 1\ninactive_file 268435456\nactive_file 5\n")]);
+        write(&sys.join("box/job"), &[("memory.max", "max\n"), ("memory.current", "5\n")]);
+        assert_eq!(cgroup_headroom(sys, "0::/box/job\n"), Some((6 << 30) - (1 << 30) + (256 << 20)));
+        assert_eq!(cgroup_headroom(sys, "0::/elsewhere\n"), None);
+        // v1's memory controller, beside other controllers; its root reports an unlimited limit.
+        write(&sys.join("memory"), &[("memory.limit_in_bytes", "9223372036854771712\n"), ("memory.usage_in_bytes", "1000\n")]);
+        write(&sys.join("memory/bench"), &[("memory.limit_in_bytes", "10737418240\n"), ("memory.usage_in_bytes", "2147483648\n"), ("memory.stat", "cache 5\ntotal_inactive_file 1073741824\n")]);
+        let own = "5:cpu,cpuacct:/\n4:memory:/bench\n0::/\n";
+        assert_eq!(cgroup_headroom(sys, own), Some((10 << 30) - (1 << 30)));
+    }
 
     #[test]
     fn sizes() {

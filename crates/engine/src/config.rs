@@ -504,7 +504,7 @@ fn hybrid_layers(f: &GgufFile, k: &dyn Fn(&str) -> String, n_layer: usize, tiled
         tiled,
     };
     let inner = get("ssm.inner_size")?;
-    if shape.conv_kernel == 0 || shape.n_k_heads == 0 || shape.head_dim == 0 || shape.n_v_heads % shape.n_k_heads != 0 {
+    if shape.conv_kernel == 0 || shape.n_k_heads == 0 || shape.head_dim == 0 || !shape.n_v_heads.is_multiple_of(shape.n_k_heads) {
         return Err(format!("linear attention of {} key heads, {} value heads, head size {} and a {}-tap convolution is not supported", shape.n_k_heads, shape.n_v_heads, shape.head_dim, shape.conv_kernel));
     }
     if inner != shape.value_dim() {

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -99,7 +99,10 @@ pub struct CacheStats {
     pub policy: Policy,
     pub budget_bytes: u64,
     pub budget_warning: Option<String>,
+    /// Records in memory, in use or not.
     pub resident_bytes: u64,
+    /// Reads in flight, counted in the budget from the moment they are issued.
+    pub in_flight_bytes: u64,
     pub pinned_bytes: u64,
     pub resident_records: usize,
     pub total: Counters,
@@ -148,27 +151,49 @@ impl Pending {
 
 struct Entry {
     rec: Arc<ExpertRecord>,
-    /// Position in `State::order` (unused while pinned).
+    /// Position in `State::order` (kept while the entry is out of it).
     rank: (u64, u64),
     uses: u64,
     pinned: bool,
+    /// Requests handed this record that have not finished with it. A busy record is not evictable: the
+    /// caller still holds it, so evicting it would free nothing.
+    busy: u32,
+    /// The read that loaded it (see `InFlight::id`).
+    born: u64,
     prefetched_unused: bool,
+}
+
+impl Entry {
+    fn evictable(&self) -> bool {
+        !self.pinned && self.busy == 0
+    }
 }
 
 struct InFlight {
     pending: Arc<Pending>,
+    /// Unique per read, so a request's claim on it can be told from a later read of the same record.
+    id: u64,
+    /// Its size, reserved in the budget from issue until it lands.
+    size: u64,
+    /// Requests waiting for it: it lands busy once for each.
+    claims: u32,
     /// Issued by `prefetch` and not yet requested.
     prefetch_unclaimed: bool,
 }
 
+/// The bookkeeping, under one lock. The budget bounds `resident + reserved`: every record in memory is an
+/// entry (in use or not) or a read in flight, so this is the bound on expert bytes in memory.
 struct State {
     entries: HashMap<Key, Entry>,
-    /// Unpinned entries by eviction rank: the first is the next victim.
+    /// Evictable entries by eviction rank: the first is the next victim.
     order: BTreeSet<((u64, u64), Key)>,
     in_flight: HashMap<Key, InFlight>,
     resident: u64,
+    /// Bytes of `order`'s entries.
+    evictable: u64,
+    reserved: u64,
     pinned: u64,
-    /// Advances on every insert and request, so ranks are unique and order recency.
+    /// Advances on every insert, request and read, so ranks and read ids are unique and order recency.
     tick: u64,
     layers: Vec<Counters>,
 }
@@ -178,6 +203,9 @@ struct Shared {
     policy: Policy,
     budget: u64,
     state: Mutex<State>,
+    /// Signalled whenever memory in the budget may have been freed: a read landed or failed, a request
+    /// released a record.
+    room: Condvar,
 }
 
 pub struct ExpertCache {
@@ -192,6 +220,63 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // No code panics while holding these locks; if one ever did, its data is still consistent enough to
     // keep serving (at worst a counter is off), which beats failing every later request.
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What became of one requested record when the request tried to take it.
+enum Admit {
+    /// Resident: here it is, claimed (the claim's read id).
+    Here(Arc<ExpertRecord>, u64),
+    /// Being read, by a read this request just issued (`true`) or by another; it arrives on the request's
+    /// channel, claimed.
+    Coming(Arc<Pending>, u64, bool),
+    /// Not resident and no room to read it until something in the budget is freed.
+    NoRoom,
+}
+
+/// Records a request has claimed (each `(key, id)`: a claim on that read's record, landed or not) and not
+/// yet released. Dropping it releases them all, so a request that ends early, with an error, leaves no
+/// record pinned by a claim nobody will release.
+struct Claims<'a> {
+    shared: &'a Shared,
+    held: Vec<(Key, u64)>,
+}
+
+impl Claims<'_> {
+    fn take(&mut self, key: Key, id: u64) {
+        self.held.push((key, id));
+    }
+
+    /// Forget one claim (its record was released, or its read failed, which ends every claim on it).
+    fn forget(&mut self, key: Key, id: u64) -> bool {
+        match self.held.iter().position(|&c| c == (key, id)) {
+            Some(p) => {
+                self.held.swap_remove(p);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn release(&mut self, key: Key, id: u64) {
+        if self.forget(key, id) {
+            lock(&self.shared.state).release(key, id);
+            self.shared.room.notify_all();
+        }
+    }
+}
+
+impl Drop for Claims<'_> {
+    fn drop(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut st = lock(&self.shared.state);
+        for (key, id) in self.held.drain(..) {
+            st.release(key, id);
+        }
+        drop(st);
+        self.shared.room.notify_all();
+    }
 }
 
 impl ExpertCache {
@@ -222,6 +307,8 @@ impl ExpertCache {
             order: BTreeSet::new(),
             in_flight: HashMap::new(),
             resident: 0,
+            evictable: 0,
+            reserved: 0,
             pinned: 0,
             tick: 0,
             layers: vec![Counters::default(); store.n_layer()],
@@ -231,6 +318,7 @@ impl ExpertCache {
             policy: opts.policy,
             budget: requested.max(min),
             state: Mutex::new(state),
+            room: Condvar::new(),
         };
         Ok(ExpertCache {
             shared: Arc::new(shared),
@@ -259,49 +347,51 @@ impl ExpertCache {
         self.warning.as_deref()
     }
 
-    /// The records of `experts` in `layer`, in the order given: hits from memory, all misses read in
-    /// parallel; returns when every one is here.
+    /// The records of `experts` in `layer`, in the order given. The records returned are the caller's to
+    /// keep, outside the budget; a caller that needs the bound computes in `get_layer_with` instead.
     pub fn get_layer(
         &self,
         layer: usize,
         experts: &[u32],
     ) -> Result<Vec<Arc<ExpertRecord>>, StoreError> {
-        self.get_layer_with(layer, experts, &mut |_, _| {})
+        let mut out = vec![None; experts.len()];
+        self.get_layer_with(layer, experts, &mut |i, rec| out[i] = Some(Arc::clone(rec)))?;
+        Ok(out.into_iter().flatten().collect())
     }
 
-    /// As `get_layer`, calling `on_ready(i, record)` for `experts[i]` as soon as it is available (hits first,
-    /// then misses in arrival order), so the caller can compute with it while the other reads finish.
+    /// Call `on_ready(i, record)` for each `experts[i]` of `layer` as soon as it is available (hits first,
+    /// then misses in arrival order), so the caller computes with it while other reads finish. A record is
+    /// the caller's only during its call: after it, it may be evicted. Misses are read in parallel, as many
+    /// at once as the budget has room for beside the records resident and in use, so the expert bytes in
+    /// memory never exceed the budget, even for a prompt that needs more of a layer's experts than it holds.
     /// Arrival order varies: a caller that needs determinism combines the results afterwards in its own order.
     pub fn get_layer_with(
         &self,
         layer: usize,
         experts: &[u32],
         on_ready: &mut dyn FnMut(usize, &Arc<ExpertRecord>),
-    ) -> Result<Vec<Arc<ExpertRecord>>, StoreError> {
+    ) -> Result<(), StoreError> {
         let keys: Vec<Key> = experts.iter().map(|&e| (layer, e as usize)).collect();
         self.fetch(&keys, true, on_ready)
     }
 
-    /// Start reading `experts` of `layer` in the background unless resident or already in flight; returns
-    /// at once. The records land in the cache like any other.
+    /// Start reading `experts` of `layer` in the background unless resident, already in flight, or without
+    /// room in the budget (a prefetch never waits); returns at once. The records land in the cache like
+    /// any other.
     pub fn prefetch(&self, layer: usize, experts: &[u32]) -> Result<(), StoreError> {
         let mut issue = Vec::new();
         {
             let mut st = lock(&self.shared.state);
             for &e in experts {
                 let key = (layer, e as usize);
-                self.check_key(key)?;
-                if st.entries.contains_key(&key) || st.in_flight.contains_key(&key) {
+                let size = self.size_of(key)?;
+                if st.entries.contains_key(&key)
+                    || st.in_flight.contains_key(&key)
+                    || !st.make_room(size, self.shared.budget)
+                {
                     continue;
                 }
-                let pending = Arc::new(Pending::default());
-                st.in_flight.insert(
-                    key,
-                    InFlight {
-                        pending: Arc::clone(&pending),
-                        prefetch_unclaimed: true,
-                    },
-                );
+                let (pending, _) = st.issue(key, size, 0, true);
                 st.layers[layer].prefetch_issued += 1;
                 issue.push((key, pending));
             }
@@ -313,7 +403,7 @@ impl ExpertCache {
     }
 
     /// Load `experts` (layer, expert) and keep them resident for the life of the cache. They count in the
-    /// budget; pinning more than the budget holds is an error.
+    /// budget, and must leave room in it for one more record, which streaming needs.
     pub fn pin(&self, experts: &[(usize, usize)]) -> Result<(), StoreError> {
         let mut keys = experts.to_vec();
         keys.sort_unstable();
@@ -322,13 +412,10 @@ impl ExpertCache {
             self.check_key(k)?;
         }
         self.check_pin_budget(&lock(&self.shared.state), &keys)?;
-        let recs = self.fetch(&keys, false, &mut |_, _| {})?;
-        let mut st = lock(&self.shared.state);
-        self.check_pin_budget(&st, &keys)?;
-        for rec in recs {
-            st.pin((rec.layer, rec.expert), rec, self.shared.budget);
-        }
-        Ok(())
+        // Pinned as each arrives, while the request's claim still keeps it from eviction.
+        self.fetch(&keys, false, &mut |_, rec| {
+            lock(&self.shared.state).pin((rec.layer, rec.expert), Arc::clone(rec), self.shared.budget);
+        })
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -342,6 +429,7 @@ impl ExpertCache {
             budget_bytes: self.shared.budget,
             budget_warning: self.warning.clone(),
             resident_bytes: st.resident,
+            in_flight_bytes: st.reserved,
             pinned_bytes: st.pinned,
             resident_records: st.entries.len(),
             total,
@@ -349,11 +437,15 @@ impl ExpertCache {
         }
     }
 
-    fn check_key(&self, (layer, expert): Key) -> Result<(), StoreError> {
-        match self.shared.store.record_bytes(layer, expert) {
-            Some(_) => Ok(()),
-            None => Err(StoreError::NoRecord { layer, expert }),
-        }
+    fn size_of(&self, (layer, expert): Key) -> Result<u64, StoreError> {
+        self.shared
+            .store
+            .record_bytes(layer, expert)
+            .ok_or(StoreError::NoRecord { layer, expert })
+    }
+
+    fn check_key(&self, key: Key) -> Result<(), StoreError> {
+        self.size_of(key).map(drop)
     }
 
     fn check_pin_budget(&self, st: &State, keys: &[Key]) -> Result<(), StoreError> {
@@ -364,101 +456,106 @@ impl ExpertCache {
             .filter_map(|&(l, e)| store.record_bytes(l, e))
             .sum();
         let need = st.pinned + new;
-        if need > self.shared.budget {
-            return Err(StoreError::PinOverBudget {
-                need,
-                budget: self.shared.budget,
-            });
+        let room = self.shared.budget - store.max_record_bytes();
+        if need > room {
+            return Err(StoreError::PinOverBudget { need, room });
         }
         Ok(())
     }
 
-    /// The shared path of `get_layer` (`demand`: counted, recency updated) and `pin` (neither).
+    /// The shared path of `get_layer_with` (`demand`: counted, recency updated) and `pin` (neither).
     fn fetch(
         &self,
         keys: &[Key],
         demand: bool,
         on_ready: &mut dyn FnMut(usize, &Arc<ExpertRecord>),
-    ) -> Result<Vec<Arc<ExpertRecord>>, StoreError> {
-        for &k in keys {
-            self.check_key(k)?;
-        }
-        let mut out: Vec<Option<Arc<ExpertRecord>>> = vec![None; keys.len()];
-        let mut waits = Vec::new();
-        let mut issue = Vec::new();
-        {
-            let mut st = lock(&self.shared.state);
-            for (i, &key) in keys.iter().enumerate() {
-                if let Some(rec) = st.request_resident(key, demand, self.shared.policy) {
-                    out[i] = Some(rec);
-                } else if let Some(f) = st.in_flight.get_mut(&key) {
-                    let used = demand && std::mem::take(&mut f.prefetch_unclaimed);
-                    waits.push((i, Arc::clone(&f.pending)));
-                    let c = &mut st.layers[key.0];
-                    c.hits += u64::from(demand);
-                    c.prefetch_used += u64::from(used);
-                } else {
-                    let pending = Arc::new(Pending::default());
-                    st.in_flight.insert(
-                        key,
-                        InFlight {
-                            pending: Arc::clone(&pending),
-                            prefetch_unclaimed: false,
-                        },
-                    );
-                    st.layers[key.0].misses += u64::from(demand);
-                    waits.push((i, Arc::clone(&pending)));
-                    issue.push((key, pending));
+    ) -> Result<(), StoreError> {
+        let sizes = keys.iter().map(|&k| self.size_of(k)).collect::<Result<Vec<u64>, _>>()?;
+        let shared = &*self.shared;
+        let mut claims = Claims { shared, held: Vec::new() };
+        let (tx, rx) = mpsc::channel();
+        // Indexes not yet taken (no room for their read yet), how many reads this request awaits, and the
+        // read id of each index's claim.
+        let mut queued: Vec<usize> = (0..keys.len()).collect();
+        let mut ids = vec![0u64; keys.len()];
+        let mut awaited = 0usize;
+        let mut stall = 0u64;
+        loop {
+            // Take whatever can be taken now: hits, reads in flight, misses that fit (the first pass issues
+            // every miss that fits before the hits are computed, so reads run meanwhile).
+            let mut here = Vec::new();
+            let mut issue = Vec::new();
+            {
+                let mut st = lock(&shared.state);
+                loop {
+                    let mut still = Vec::new();
+                    for &i in &queued {
+                        match st.admit(keys[i], sizes[i], demand, shared, &mut claims) {
+                            Admit::Here(rec, id) => {
+                                ids[i] = id;
+                                here.push((i, rec));
+                            }
+                            Admit::Coming(pending, id, issued) => {
+                                ids[i] = id;
+                                awaited += 1;
+                                if issued {
+                                    issue.push((keys[i], Arc::clone(&pending)));
+                                }
+                                pending.subscribe(i, &tx);
+                            }
+                            Admit::NoRoom => still.push(i),
+                        }
+                    }
+                    queued = still;
+                    // Nothing taken, nothing coming, and no room: wait until another request or a read
+                    // frees some (checked and waited under the same lock, so no wake-up is missed).
+                    if queued.is_empty() || awaited > 0 || !here.is_empty() || !issue.is_empty() {
+                        break;
+                    }
+                    let t = Instant::now();
+                    st = shared.room.wait(st).unwrap_or_else(PoisonError::into_inner);
+                    stall += t.elapsed().as_nanos() as u64;
+                }
+            }
+            for (key, pending) in issue {
+                self.submit(key, pending);
+            }
+            for (i, rec) in here {
+                on_ready(i, &rec);
+                drop(rec);
+                claims.release(keys[i], ids[i]);
+            }
+            if awaited == 0 {
+                if queued.is_empty() {
+                    break;
+                }
+                continue;
+            }
+            let t = Instant::now();
+            // Every read completes and sends; a closed channel would mean a read job was lost.
+            let Ok((i, outcome)) = rx.recv() else { break };
+            stall += t.elapsed().as_nanos() as u64;
+            awaited -= 1;
+            match outcome {
+                Some(rec) => {
+                    on_ready(i, &rec);
+                    drop(rec);
+                    claims.release(keys[i], ids[i]);
+                }
+                None => {
+                    // The read failed, ending every claim on it; read again here to get the error itself.
+                    claims.forget(keys[i], ids[i]);
+                    let rec = Arc::new(shared.store.read(keys[i].0, keys[i].1)?);
+                    on_ready(i, &rec);
                 }
             }
         }
-        // Misses first, so the reads run while the caller computes with the hits.
-        for (key, pending) in issue {
-            self.submit(key, pending);
-        }
-        for (i, rec) in out.iter().enumerate() {
-            if let Some(rec) = rec {
-                on_ready(i, rec);
-            }
-        }
-
-        let (tx, rx) = mpsc::channel();
-        for (i, pending) in &waits {
-            pending.subscribe(*i, &tx);
-        }
-        drop(tx);
-        let mut stall = 0u64;
-        for _ in 0..waits.len() {
-            let t = Instant::now();
-            let arrival = rx.recv();
-            let (i, outcome) = match arrival {
-                Ok(a) => a,
-                // Every pending read completes and sends; a closed channel means a read job was lost.
-                Err(_) => break,
-            };
-            let rec = match outcome {
-                Some(rec) => rec,
-                None => Arc::new(self.shared.store.read(keys[i].0, keys[i].1)?),
-            };
-            stall += t.elapsed().as_nanos() as u64;
-            on_ready(i, &rec);
-            out[i] = Some(rec);
-        }
         if demand {
             if let Some(&(layer, _)) = keys.first() {
-                lock(&self.shared.state).layers[layer].stall_ns += stall;
+                lock(&shared.state).layers[layer].stall_ns += stall;
             }
         }
-        // Anything not delivered (a read job lost) is read here, and reported like every other record: a
-        // caller that computes in `on_ready` must see each record exactly once.
-        for (i, rec) in out.iter_mut().enumerate() {
-            if rec.is_none() {
-                let read = Arc::new(self.shared.store.read(keys[i].0, keys[i].1)?);
-                on_ready(i, &read);
-                *rec = Some(read);
-            }
-        }
-        Ok(out.into_iter().flatten().collect())
+        Ok(())
     }
 
     fn submit(&self, key: Key, pending: Arc<Pending>) {
@@ -469,24 +566,25 @@ impl ExpertCache {
 }
 
 impl Shared {
-    /// The I/O job: read one record, put it in the cache (if it fits), tell the waiters.
+    /// The I/O job: read one record; it becomes resident in the room reserved for it (busy once for each
+    /// request waiting), then the waiters are told.
     fn read_into_cache(&self, key: Key, pending: &Pending) {
         let t = Instant::now();
         let outcome = self.store.read(key.0, key.1).ok().map(Arc::new);
         let ns = t.elapsed().as_nanos() as u64;
         {
             let mut st = lock(&self.state);
-            let unclaimed = st
-                .in_flight
-                .remove(&key)
-                .is_some_and(|f| f.prefetch_unclaimed);
             let c = &mut st.layers[key.0];
             c.read_ns += ns;
-            if let Some(rec) = &outcome {
-                c.bytes_read += rec.resident_bytes();
-                st.insert(key, Arc::clone(rec), unclaimed, self.budget, self.policy);
+            c.bytes_read += outcome.as_ref().map_or(0, |rec| rec.resident_bytes());
+            if let Some(f) = st.in_flight.remove(&key) {
+                st.reserved -= f.size;
+                if let Some(rec) = &outcome {
+                    st.land(key, Arc::clone(rec), &f, self.policy);
+                }
             }
         }
+        self.room.notify_all();
         pending.complete(outcome);
     }
 }
@@ -499,64 +597,103 @@ impl State {
         }
     }
 
-    /// A resident record for a request: counted as a hit and made most recent when `demand`.
-    fn request_resident(
-        &mut self,
-        key: Key,
-        demand: bool,
-        policy: Policy,
-    ) -> Option<Arc<ExpertRecord>> {
-        let e = self.entries.get_mut(&key)?;
-        let rec = Arc::clone(&e.rec);
-        if demand {
-            let used = std::mem::take(&mut e.prefetched_unused);
-            self.tick += 1;
-            e.uses += 1;
-            if !e.pinned {
+    /// Take the record of `key` for a request, claiming it: resident, or in flight, or else its read issued
+    /// here if the budget has room for it. The request is counted (when `demand`) once taken.
+    fn admit(&mut self, key: Key, size: u64, demand: bool, shared: &Shared, claims: &mut Claims) -> Admit {
+        let c = &mut self.layers[key.0];
+        if let Some(e) = self.entries.get_mut(&key) {
+            if e.evictable() {
                 self.order.remove(&(e.rank, key));
-                e.rank = Self::rank(policy, e.uses, self.tick);
-                self.order.insert((e.rank, key));
+                self.evictable -= e.rec.resident_bytes();
             }
-            let c = &mut self.layers[key.0];
-            c.hits += 1;
-            c.prefetch_used += u64::from(used);
+            e.busy += 1;
+            if demand {
+                self.tick += 1;
+                e.uses += 1;
+                e.rank = Self::rank(shared.policy, e.uses, self.tick);
+                c.hits += 1;
+                c.prefetch_used += u64::from(std::mem::take(&mut e.prefetched_unused));
+            }
+            claims.take(key, e.born);
+            return Admit::Here(Arc::clone(&e.rec), e.born);
         }
-        Some(rec)
+        if let Some(f) = self.in_flight.get_mut(&key) {
+            f.claims += 1;
+            c.hits += u64::from(demand);
+            c.prefetch_used += u64::from(demand && std::mem::take(&mut f.prefetch_unclaimed));
+            claims.take(key, f.id);
+            return Admit::Coming(Arc::clone(&f.pending), f.id, false);
+        }
+        if !self.make_room(size, shared.budget) {
+            return Admit::NoRoom;
+        }
+        self.layers[key.0].misses += u64::from(demand);
+        let (pending, id) = self.issue(key, size, 1, false);
+        claims.take(key, id);
+        Admit::Coming(pending, id, true)
     }
 
-    /// Make room by evicting unpinned records in policy order, then insert. A record that cannot fit
-    /// beside the pinned set is not kept (the caller still gets it).
-    fn insert(
-        &mut self,
-        key: Key,
-        rec: Arc<ExpertRecord>,
-        prefetched_unused: bool,
-        budget: u64,
-        policy: Policy,
-    ) {
-        let size = rec.resident_bytes();
-        if self.entries.contains_key(&key) || size > budget.saturating_sub(self.pinned) {
-            return;
-        }
-        while self.resident + size > budget {
-            if !self.evict_one() {
-                return;
-            }
-        }
+    /// Reserve `size` for a read of `key` and record it in flight, claimed `claims` times.
+    fn issue(&mut self, key: Key, size: u64, claims: u32, prefetch: bool) -> (Arc<Pending>, u64) {
         self.tick += 1;
-        let rank = Self::rank(policy, 1, self.tick);
-        self.order.insert((rank, key));
-        self.entries.insert(
-            key,
-            Entry {
-                rec,
-                rank,
-                uses: 1,
-                pinned: false,
-                prefetched_unused,
-            },
-        );
+        let pending = Arc::new(Pending::default());
+        let f = InFlight {
+            pending: Arc::clone(&pending),
+            id: self.tick,
+            size,
+            claims,
+            prefetch_unclaimed: prefetch,
+        };
+        self.in_flight.insert(key, f);
+        self.reserved += size;
+        (pending, self.tick)
+    }
+
+    /// Evict in policy order until `size` more bytes fit in the budget beside everything resident and in
+    /// flight; false, evicting nothing, when not even evicting every evictable record would do.
+    fn make_room(&mut self, size: u64, budget: u64) -> bool {
+        let fixed = self.resident - self.evictable + self.reserved;
+        if fixed + size > budget {
+            return false;
+        }
+        while self.resident + self.reserved + size > budget {
+            self.evict_one();
+        }
+        true
+    }
+
+    /// A finished read's record becomes an entry: busy for each claim on it, evictable if none.
+    fn land(&mut self, key: Key, rec: Arc<ExpertRecord>, f: &InFlight, policy: Policy) {
+        self.tick += 1;
+        let size = rec.resident_bytes();
+        let e = Entry {
+            rec,
+            rank: Self::rank(policy, 1, self.tick),
+            uses: 1,
+            pinned: false,
+            busy: f.claims,
+            born: f.id,
+            prefetched_unused: f.prefetch_unclaimed,
+        };
+        if e.evictable() {
+            self.order.insert((e.rank, key));
+            self.evictable += size;
+        }
+        self.entries.insert(key, e);
         self.resident += size;
+    }
+
+    /// End one claim (on read `id` of `key`): the record, if it landed, is evictable again once unclaimed.
+    fn release(&mut self, key: Key, id: u64) {
+        if let Some(e) = self.entries.get_mut(&key).filter(|e| e.born == id && e.busy > 0) {
+            e.busy -= 1;
+            if e.evictable() {
+                self.order.insert((e.rank, key));
+                self.evictable += e.rec.resident_bytes();
+            }
+        } else if let Some(f) = self.in_flight.get_mut(&key).filter(|f| f.id == id) {
+            f.claims = f.claims.saturating_sub(1);
+        }
     }
 
     fn evict_one(&mut self) -> bool {
@@ -565,33 +702,37 @@ impl State {
         };
         if let Some(e) = self.entries.remove(&key) {
             self.resident -= e.rec.resident_bytes();
+            self.evictable -= e.rec.resident_bytes();
             self.layers[key.0].evictions += 1;
         }
         true
     }
 
-    /// Keep `rec` resident for good, evicting unpinned records to make room (the caller checked that the
-    /// pinned total fits the budget, so that is always enough).
+    /// Keep `rec` resident for good: it is normally an entry already, claimed by the pinning request; if
+    /// not (a read retried after a failure), it is inserted, evicting unpinned records to make room.
     fn pin(&mut self, key: Key, rec: Arc<ExpertRecord>, budget: u64) {
         let size = rec.resident_bytes();
         match self.entries.get_mut(&key) {
             Some(e) if e.pinned => return,
             Some(e) => {
-                self.order.remove(&(e.rank, key));
+                if e.evictable() {
+                    self.order.remove(&(e.rank, key));
+                    self.evictable -= size;
+                }
                 e.pinned = true;
             }
             None => {
-                while self.resident + size > budget && self.evict_one() {}
-                self.entries.insert(
-                    key,
-                    Entry {
-                        rec,
-                        rank: (0, 0),
-                        uses: 0,
-                        pinned: true,
-                        prefetched_unused: false,
-                    },
-                );
+                while self.resident + self.reserved + size > budget && self.evict_one() {}
+                let e = Entry {
+                    rec,
+                    rank: (0, 0),
+                    uses: 0,
+                    pinned: true,
+                    busy: 0,
+                    born: 0,
+                    prefetched_unused: false,
+                };
+                self.entries.insert(key, e);
                 self.resident += size;
             }
         }
@@ -785,7 +926,7 @@ mod tests {
         c.pin(&[(0, 5)]).unwrap();
         let err = c.pin(&[(0, 1), (0, 2)]).unwrap_err();
         assert!(
-            matches!(err, StoreError::PinOverBudget { need, budget } if need == 4 * S && budget == 3 * S),
+            matches!(err, StoreError::PinOverBudget { need, room } if need == 4 * S && room == 2 * S),
             "{err}"
         );
         assert!(matches!(
@@ -901,17 +1042,49 @@ mod tests {
         let c = cache(&f, Budget::Bytes(8 * S), Policy::Lru);
         c.get_layer(0, &[1]).unwrap();
         let mut seen = Vec::new();
-        let recs = c
-            .get_layer_with(0, &[4, 1, 6, 1], &mut |i, rec| seen.push((i, rec.expert)))
+        c.get_layer_with(0, &[4, 1, 6, 1], &mut |i, rec| seen.push((i, rec.expert)))
             .unwrap();
         // The hits first (in request order), then the misses in whatever order they arrive.
         assert_eq!(&seen[..2], &[(1, 1), (3, 1)]);
         seen.sort_unstable();
         assert_eq!(seen, vec![(0, 4), (1, 1), (2, 6), (3, 1)]);
-        assert_eq!(
-            recs.iter().map(|r| r.expert).collect::<Vec<_>>(),
-            vec![4, 1, 6, 1]
-        );
+    }
+
+    /// A prompt asks for every expert of a layer at once, more than the budget holds: the records in
+    /// memory (tracked through weak references to every record ever handed out) and the reads in flight
+    /// stay within the budget at every step, with prefetches competing for the same room.
+    #[test]
+    fn the_budget_bounds_records_in_memory_and_in_flight() {
+        let f = fixture(&uniform(), true);
+        for budget in [2 * S, 3 * S, 5 * S] {
+            let c = cache(&f, Budget::Bytes(budget), Policy::Lru);
+            let mut seen: Vec<std::sync::Weak<ExpertRecord>> = Vec::new();
+            let mut alive_max = 0u64;
+            for round in 0..3u32 {
+                for layer in 0..2 {
+                    c.prefetch(1 - layer, &[round, round + 4]).unwrap();
+                    let all: Vec<u32> = (0..8).map(|e| (e + round) % 8).collect();
+                    let mut got = 0;
+                    c.get_layer_with(layer, &all, &mut |i, rec| {
+                        assert_eq!((rec.layer, rec.expert), (layer, all[i] as usize));
+                        check_record(&f.gguf, rec);
+                        seen.push(Arc::downgrade(rec));
+                        let alive = seen.iter().filter(|w| w.strong_count() > 0).count() as u64 * S;
+                        let s = c.stats();
+                        assert!(alive <= budget, "{alive} bytes of records alive, budget {budget}");
+                        assert!(s.resident_bytes + s.in_flight_bytes <= budget, "{s:?}");
+                        alive_max = alive_max.max(alive);
+                        got += 1;
+                    })
+                    .unwrap();
+                    assert_eq!(got, 8);
+                }
+            }
+            // The bound was reached, not merely respected by a cache that kept nothing.
+            assert_eq!(alive_max, budget);
+            let s = c.stats();
+            assert!(s.total.misses > 0 && s.total.evictions > 0);
+        }
     }
 
     #[test]

@@ -88,9 +88,9 @@ pub enum StoreError {
     /// A (layer, expert) the store does not hold.
     #[error("the store has no expert {expert} in layer {layer}")]
     NoRecord { layer: usize, expert: usize },
-    /// The pinned set does not fit in the cache budget.
-    #[error("pinned experts need {need} bytes but the expert budget is {budget} bytes: pin fewer experts or raise --expert-budget")]
-    PinOverBudget { need: u64, budget: u64 },
+    /// The pinned set does not fit in the cache budget beside the one record that streaming needs.
+    #[error("pinned experts need {need} bytes but the expert budget has {room} bytes for them (it keeps one record's room to stream the rest): pin fewer experts or raise --expert-budget")]
+    PinOverBudget { need: u64, room: u64 },
     /// A routing profile that cannot be read or does not fit the store.
     #[error("{path}: {what}", path = path.display())]
     Profile { path: PathBuf, what: String },
