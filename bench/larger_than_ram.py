@@ -1,17 +1,26 @@
 #!/usr/bin/env python3
-"""A model larger than RAM: TITAN streaming experts from its expert store vs llama.cpp on the same GGUF.
+"""A model larger than memory: TITAN streaming its experts vs llama.cpp on the same GGUF, in memory cgroups.
 
-    python3 bench/larger_than_ram.py MODEL.gguf --budgets 4GiB,8GiB,12GiB --gen 16 --threads 2 [--direct-io]
+    python3 bench/larger_than_ram.py MODEL.gguf --memory-limit 6G --memory-limit 10G \
+        --layouts in-place,copy --gen 256 --llama-gen 8 --json results.json
 
-Before every run the page cache is dropped (needs root: `echo 3 > /proc/sys/vm/drop_caches`), so each engine starts
-cold, as after a reboot. Measured per engine:
-  - time to first token: wall time of generating 1 token from a short prompt, load included
-    (`titan run … -n 1`, `llama-completion … -n 1 -no-cnv`);
-  - decode tok/s: `titan bench -p 0 -n GEN` per expert budget (with the cache's hit rate and bytes read),
-    `llama-bench -p 0 -n GEN` (mmap, as users run it).
-With --memory-limit SIZE both engines run in a memory cgroup: a machine with SIZE of RAM, page cache included.
-Python standard library only. Builds nothing: run bench/compare.py once (or cargo build --release and
-bench/build_llama_cpp.sh) first.
+For each memory limit (a cgroup v1 memory controller capping the engines, page cache included: a machine with
+that much RAM as far as the engine can tell; without --memory-limit, the whole machine) and each run the page cache
+is dropped first (needs root), so every engine starts cold, as after a reboot.
+
+TITAN, per store layout (`in-place`: MODEL.titan-index, no copy; `copy`: the MODEL.titan directory), budget
+(default `auto`: TITAN sizes it from the memory the cgroup leaves) and cache policy (--policies lru,lfu):
+  - first token: wall time of `titan run … -n 1` from a short prompt, process start and load included;
+  - decode: `titan bench -p 0 -n GEN`, all of it and its second half (the steady state, the cache warm), with the
+    hit rate and the bytes read from disk per token over that half;
+  - percent of the disk floor: the steady state against disk bandwidth / bytes read per token, the bandwidth
+    measured first with O_DIRECT reads of the store's own records, 8 at once (the cache's I/O threads).
+llama.cpp, with its defaults (mmap, Q4_0 repacked at load) and with repacking off (`--repack 0` / `-nr`):
+first token (`llama-completion -n 1`) and decode (`llama-bench -p 0 -n LLAMA_GEN`), or that it was killed (the
+cgroup's OOM killer) or ran past --timeout.
+
+Python standard library only. Builds nothing: `cargo build --release -p titan-cli`, `cargo build --release
+-p titan-store --example read_records` and bench/build_llama_cpp.sh first.
 """
 
 import argparse
@@ -23,9 +32,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TITAN = os.path.join(ROOT, "target", "release", "titan")
+READ_RECORDS = os.path.join(ROOT, "target", "release", "examples", "read_records")
 LLAMA_BENCH = os.path.join(ROOT, "build", "llama.cpp", "bin", "llama-bench")
 LLAMA_COMPLETION = os.path.join(ROOT, "build", "llama.cpp", "bin", "llama-completion")
-LIMITED = False
+CGROUP = "/sys/fs/cgroup/memory/titan-bench"
 
 
 def drop_caches():
@@ -34,90 +44,153 @@ def drop_caches():
         f.write("3\n")
 
 
-CGROUP = "/sys/fs/cgroup/memory/titan-bench"
+def cgroup_file(name, value=None):
+    path = os.path.join(CGROUP, name)
+    if value is None:
+        with open(path) as f:
+            return f.read()
+    with open(path, "w") as f:
+        f.write(value)
 
 
-def limit_memory(limit):
-    """A cgroup (v1 memory controller) that caps the memory of the engines run in it, page cache included:
-    a machine with `limit` bytes of RAM, as far as the engine can tell."""
+def set_limit(limit):
+    """A cgroup (v1 memory controller) capping the memory of the engines run in it, page cache included."""
     os.makedirs(CGROUP, exist_ok=True)
-    with open(os.path.join(CGROUP, "memory.limit_in_bytes"), "w") as f:
-        f.write(limit)
+    cgroup_file("memory.limit_in_bytes", limit)
 
 
-def in_cgroup(cmd):
-    return ["sh", "-c", f'echo $$ > {CGROUP}/tasks && exec "$@"', "sh"] + cmd
+def oom_kills():
+    for line in cgroup_file("memory.oom_control").splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return 0
 
 
-def timed(cmd):
-    if os.path.isdir(CGROUP) and LIMITED:
-        cmd = in_cgroup(cmd)
+def run(cmd, limited, timeout):
+    """Run `cmd` cold (page cache dropped), in the cgroup if `limited`. Returns (seconds, stdout, failure):
+    failure is None, or why it did not finish."""
+    if limited:
+        cmd = ["sh", "-c", f'echo $$ > {CGROUP}/tasks && exec "$@"', "sh"] + cmd
     drop_caches()
+    kills = oom_kills() if limited else 0
     t = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return time.monotonic() - t, "", f"still running after {timeout} s (stopped)"
     wall = time.monotonic() - t
-    if p.returncode != 0:
-        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}")
-    return wall, p.stdout, p.stderr
+    if p.returncode == 0:
+        return wall, p.stdout, None
+    if limited and oom_kills() > kills:
+        return wall, p.stdout, f"killed by the OOM killer after {wall:.0f} s"
+    return wall, p.stdout, f"exit {p.returncode}: {p.stderr.strip()[-300:]}"
+
+
+def disk_bandwidth(model, store):
+    """Bytes/s of O_DIRECT reads of the store's records, 8 in flight, no digest check: the disk at the record size."""
+    out = subprocess.run([READ_RECORDS, model, store, "400", "7", "--no-verify", "--threads", "8"],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["mb_per_s"] * 1e6
+
+
+def du(path):
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
-    ap.add_argument("--budgets", default="4GiB,8GiB,12GiB")
-    ap.add_argument("--gen", type=int, default=16)
+    ap.add_argument("--memory-limit", action="append", default=[],
+                    help="a memory cgroup of this size (e.g. 6G); repeat for several; none: the whole machine")
+    ap.add_argument("--layouts", default="in-place,copy")
+    ap.add_argument("--budgets", default="auto")
+    ap.add_argument("--policies", default="lru", help="cache policies to run TITAN with (lru, lfu)")
+    ap.add_argument("--gen", type=int, default=256)
+    ap.add_argument("--llama-gen", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--direct-io", action="store_true")
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds before a run is stopped")
     ap.add_argument("--skip-llama", action="store_true")
     ap.add_argument("--json", help="write the raw results here")
-    ap.add_argument("--memory-limit", help="run both engines in a memory cgroup of this size (e.g. 12G): "
-                    "a machine with that much RAM, page cache included (needs root and cgroup v1's memory controller)")
     a = ap.parse_args()
-    global LIMITED
-    LIMITED = bool(a.memory_limit)
-    if LIMITED:
-        limit_memory(a.memory_limit)
 
-    store = os.path.splitext(a.model)[0] + ".titan"
-    if not os.path.exists(os.path.join(store, "manifest.json")):
-        subprocess.run([TITAN, "convert", a.model], check=True)
+    stores = {"in-place": os.path.splitext(a.model)[0] + ".titan-index",
+              "copy": os.path.splitext(a.model)[0] + ".titan"}
+    layouts = a.layouts.split(",")
+    for lay in layouts:
+        if not os.path.exists(stores[lay]):
+            subprocess.run([TITAN, "convert", a.model, "--layout", lay], check=True)
     size = os.path.getsize(a.model)
     mem = next(int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemTotal:"))
-    if LIMITED:
-        print(f"both engines run in a memory cgroup limited to {a.memory_limit}")
     print(f"model {a.model}: {size / 2**30:.2f} GiB; machine RAM {mem / 2**30:.2f} GiB; {a.threads} threads; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
-    results = {"model": a.model, "bytes": size, "ram": mem, "titan": [], "llama": {}}
+    disk = {lay: du(stores[lay]) for lay in layouts}
+    for lay in layouts:
+        print(f"disk: {lay} store {disk[lay] / 2**30:.2f} GiB beside the model: {(size + disk[lay]) / 2**30:.2f} GiB "
+              "in all", flush=True)
+    bw = disk_bandwidth(a.model, stores[layouts[0]])
+    print(f"disk read bandwidth at the record size (O_DIRECT, 8 in flight): {bw / 1e9:.2f} GB/s", flush=True)
+    results = {"model": a.model, "bytes": size, "ram": mem, "threads": a.threads, "disk_bytes_per_s": bw,
+               "store_bytes": disk, "runs": []}
     t = str(a.threads)
-    io = ["--direct-io"] if a.direct_io else []
 
-    for b in a.budgets.split(","):
-        ttft, _, _ = timed([TITAN, "run", "-m", a.model, "-p", "Hello", "-n", "1", "--temp", "0", "-t", t,
-                            "--expert-budget", b] + io)
-        _, out, _ = timed([TITAN, "bench", "-m", a.model, "-p", "0", "-n", str(a.gen), "-r", "1", "-t", t,
-                           "--expert-budget", b, "--json"] + io)
-        j = json.loads(out.strip().splitlines()[-1])
-        c = j["expert_cache"]["total"]
-        req = c["hits"] + c["misses"]
-        r = {"budget": b, "ttft_s": ttft, "decode_tok_s": j["decode_tok_s"], "hit_rate": c["hits"] / max(req, 1),
-             "bytes_read": c["bytes_read"], "read_s": c["read_ns"] / 1e9, "stall_s": c["stall_ns"] / 1e9,
-             "tokens": a.gen + 8}
-        results["titan"].append(r)
-        print(f"titan budget {b:>7}: first token {ttft:6.1f} s, decode {r['decode_tok_s']:6.2f} tok/s, "
-              f"hit rate {r['hit_rate']:.3f}, read {c['bytes_read'] / 2**30:.2f} GiB "
-              f"({c['bytes_read'] / 2**20 / (a.gen + 8):.0f} MiB/token incl. warm-up), stall {r['stall_s']:.1f} s",
-              flush=True)
+    for limit in a.memory_limit or [None]:
+        limited = limit is not None
+        if limited:
+            set_limit(limit)
+        where = f"cgroup {limit}" if limited else "whole machine"
+        for lay in layouts:
+            for b, pol in [(b, p) for b in a.budgets.split(",") for p in a.policies.split(",")]:
+                opts = ["--store", stores[lay], "--expert-budget", b, "--cache-policy", pol]
+                ttft, _, fail = run([TITAN, "run", "-m", a.model, "-p", "Hello", "-n", "1", "--temp", "0", "-t", t]
+                                    + opts, limited, a.timeout)
+                r = {"memory": limit, "engine": "titan", "layout": lay, "budget": b, "policy": pol, "ttft_s": ttft,
+                     "failure": fail}
+                if not fail:
+                    _, out, fail = run([TITAN, "bench", "-m", a.model, "-p", "0", "-n", str(a.gen), "-r", "1", "-t", t,
+                                        "--json"] + opts, limited, a.timeout)
+                    r["failure"] = fail
+                if not fail:
+                    j = json.loads(out.strip().splitlines()[-1])
+                    c = j["steady_expert_cache"]
+                    per_token = c["bytes_read"] / j["steady_tokens"]
+                    floor = bw / per_token if per_token else float("inf")
+                    r.update({"budget_bytes": j["expert_cache"]["budget_bytes"], "decode_tok_s": j["decode_tok_s"],
+                              "steady_tok_s": j["decode_steady_tok_s"],
+                              "steady_hit_rate": c["hits"] / max(c["hits"] + c["misses"], 1),
+                              "steady_read_per_token": per_token, "floor_tok_s": floor,
+                              "floor_pct": 100 * j["decode_steady_tok_s"] / floor,
+                              "peak_rss_bytes": j["peak_rss_bytes"]})
+                    print(f"[{where}] titan {lay:8} {pol} budget {b} ({r['budget_bytes'] / 2**30:.2f} GiB): first token "
+                          f"{ttft:5.1f} s, decode {r['decode_tok_s']:.2f} tok/s, steady {r['steady_tok_s']:.2f} tok/s "
+                          f"at hit rate {r['steady_hit_rate']:.3f}, {per_token / 2**20:.0f} MiB/token from disk "
+                          f"({r['floor_pct']:.0f}% of the disk floor {floor:.2f} tok/s), peak RSS "
+                          f"{r['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
+                else:
+                    print(f"[{where}] titan {lay} {pol} budget {b}: {fail}", flush=True)
+                results["runs"].append(r)
 
-    if not a.skip_llama:
-        ttft, _, _ = timed([LLAMA_COMPLETION, "-m", a.model, "-p", "Hello", "-n", "1", "-t", t, "-no-cnv",
-                            "--temp", "0"])
-        _, out, _ = timed([LLAMA_BENCH, "-m", a.model, "-p", "0", "-n", str(a.gen), "-t", t, "-r", "1", "-o", "json"])
-        tg = [e["avg_ts"] for e in json.loads(out) if e.get("n_gen", 0) > 0][0]
-        results["llama"] = {"ttft_s": ttft, "decode_tok_s": tg}
-        print(f"llama.cpp (mmap): first token {ttft:6.1f} s, decode {tg:6.2f} tok/s", flush=True)
-        for r in results["titan"]:
-            print(f"  ratio TITAN/llama.cpp at budget {r['budget']}: decode {r['decode_tok_s'] / tg:.2f}x, "
-                  f"first token {ttft / r['ttft_s']:.2f}x faster", flush=True)
+        if a.skip_llama:
+            continue
+        for name, bench_flags, run_flags in [("default", [], []), ("no repack", ["--repack", "0"], ["-nr"])]:
+            ttft, _, fail = run([LLAMA_COMPLETION, "-m", a.model, "-p", "Hello", "-n", "1", "-t", t, "-no-cnv",
+                                 "--temp", "0"] + run_flags, limited, a.timeout)
+            r = {"memory": limit, "engine": "llama.cpp", "mode": name, "ttft_s": ttft, "failure": fail}
+            if not fail:
+                _, out, fail = run([LLAMA_BENCH, "-m", a.model, "-p", "0", "-n", str(a.llama_gen), "-t", t, "-r", "1",
+                                    "-o", "json"] + bench_flags, limited, a.timeout)
+                r["failure"] = fail
+            if not fail:
+                r["decode_tok_s"] = [e["avg_ts"] for e in json.loads(out) if e.get("n_gen", 0) > 0][0]
+                print(f"[{where}] llama.cpp ({name}): first token {ttft:5.1f} s, decode {r['decode_tok_s']:.2f} tok/s "
+                      f"({a.llama_gen} tokens)", flush=True)
+            else:
+                print(f"[{where}] llama.cpp ({name}): {fail}", flush=True)
+            results["runs"].append(r)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(results, f, indent=1)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

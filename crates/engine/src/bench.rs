@@ -8,6 +8,7 @@ use crate::model::{Model, Outputs};
 use crate::sampler::argmax;
 use crate::stats::{StatsSnapshot, PHASES};
 use crate::Result;
+use titan_store::Counters;
 
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
@@ -21,6 +22,11 @@ pub struct BenchReport {
     /// One figure per repetition.
     pub prompt_tok_s: Vec<f64>,
     pub decode_tok_s: Vec<f64>,
+    /// The same over the second half of each decode only: with experts streamed, the cache has warmed up
+    /// by then, so this is the steady state a long generation sees.
+    pub decode_steady_tok_s: Vec<f64>,
+    /// The expert cache over those second halves, when experts are streamed.
+    pub steady_cache: Option<Counters>,
     /// Weight bytes read per decoded token.
     pub decode_bytes_per_token: f64,
     /// Share of decode time per phase (attention, router, experts, head).
@@ -64,7 +70,9 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
     let mut seq = model.new_sequence(tokens.len().max(o.gen_tokens) + 1);
     model.forward(&tokens[..tokens.len().min(8)], 0, &mut seq, Outputs::Last)?;
 
-    let (mut prompt_tok_s, mut decode_tok_s) = (Vec::new(), Vec::new());
+    let (mut prompt_tok_s, mut decode_tok_s, mut decode_steady_tok_s) = (Vec::new(), Vec::new(), Vec::new());
+    let cache_total = || model.experts.cache().map(|c| c.stats().total);
+    let mut steady_cache = cache_total().map(|_| Counters::default());
     let (mut prompt, mut decode) = (StatsSnapshot::default(), StatsSnapshot::default());
     for _ in 0..o.repetitions.max(1) {
         if o.prompt_tokens > 0 {
@@ -79,11 +87,20 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
             let mut seq = model.new_sequence(o.gen_tokens);
             let before = model.stats.snapshot();
             let mut next = tokens[0];
+            let half = o.gen_tokens / 2;
             let t = Instant::now();
+            let (mut t_half, mut cache_half) = (t, None);
             for pos in 0..o.gen_tokens {
+                if pos == half {
+                    (t_half, cache_half) = (Instant::now(), cache_total());
+                }
                 next = argmax(model.forward(&[next], pos, &mut seq, Outputs::Last)?);
             }
             decode_tok_s.push(o.gen_tokens as f64 / t.elapsed().as_secs_f64());
+            decode_steady_tok_s.push((o.gen_tokens - half) as f64 / t_half.elapsed().as_secs_f64());
+            if let (Some(sum), Some(end), Some(mid)) = (&mut steady_cache, cache_total(), cache_half) {
+                sum.add(&end.since(&mid));
+            }
             decode.add(&model.stats.snapshot().since(&before));
         }
     }
@@ -95,6 +112,8 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
     Ok(BenchReport {
         prompt_tok_s,
         decode_tok_s,
+        decode_steady_tok_s,
+        steady_cache,
         decode_bytes_per_token: decode.weight_bytes as f64 / decoded,
         decode_phases: shares(&decode),
         prompt_phases: shares(&prompt),

@@ -72,7 +72,7 @@ pub struct Counters {
 }
 
 impl Counters {
-    fn add(&mut self, o: &Counters) {
+    pub fn add(&mut self, o: &Counters) {
         self.hits += o.hits;
         self.misses += o.misses;
         self.bytes_read += o.bytes_read;
@@ -81,6 +81,20 @@ impl Counters {
         self.prefetch_issued += o.prefetch_issued;
         self.prefetch_used += o.prefetch_used;
         self.evictions += o.evictions;
+    }
+
+    /// What happened between `earlier` and these (later) counters.
+    pub fn since(&self, earlier: &Counters) -> Counters {
+        Counters {
+            hits: self.hits - earlier.hits,
+            misses: self.misses - earlier.misses,
+            bytes_read: self.bytes_read - earlier.bytes_read,
+            read_ns: self.read_ns - earlier.read_ns,
+            stall_ns: self.stall_ns - earlier.stall_ns,
+            prefetch_issued: self.prefetch_issued - earlier.prefetch_issued,
+            prefetch_used: self.prefetch_used - earlier.prefetch_used,
+            evictions: self.evictions - earlier.evictions,
+        }
     }
 
     /// hits / requests, or 0 with no requests.
