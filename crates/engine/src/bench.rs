@@ -1,11 +1,11 @@
 //! `titan bench`: prompt processing and decode speed measured the way llama-bench measures them (a
-//! prompt of N tokens processed as one batch; N tokens decoded one at a time from an empty context), so
-//! the two can be compared on the same file.
+//! prompt of N tokens processed as one batch; N tokens decoded one at a time from an empty context, each
+//! fed the token sampled from the last), so the two can be compared on the same file.
 
 use std::time::Instant;
 
 use crate::model::{Model, Outputs};
-use crate::sampler::argmax;
+use crate::sampler::{Sampler, SamplerOptions};
 use crate::stats::{StatsSnapshot, PHASES};
 use crate::Result;
 use titan_store::Counters;
@@ -87,6 +87,10 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
             let mut seq = model.new_sequence(o.gen_tokens);
             let before = model.stats.snapshot();
             let mut next = tokens[0];
+            // Each next token is sampled at temperature 1, as in generation, not the argmax: greedy decoding
+            // of a synthetic model soon loops over a few tokens, and so over a few experts, which would
+            // flatter a streamed model's cache. (llama-bench feeds random tokens, to the same end.)
+            let mut sampler = Sampler::new(SamplerOptions { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, repeat_penalty: 1.0, repeat_last_n: 0, seed: 1 });
             let half = o.gen_tokens / 2;
             let t = Instant::now();
             let (mut t_half, mut cache_half) = (t, None);
@@ -94,7 +98,7 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
                 if pos == half {
                     (t_half, cache_half) = (Instant::now(), cache_total());
                 }
-                next = argmax(model.forward(&[next], pos, &mut seq, Outputs::Last)?);
+                next = sampler.sample(model.forward(&[next], pos, &mut seq, Outputs::Last)?, &[]);
             }
             decode_tok_s.push(o.gen_tokens as f64 / t.elapsed().as_secs_f64());
             decode_steady_tok_s.push((o.gen_tokens - half) as f64 / t_half.elapsed().as_secs_f64());
