@@ -3,6 +3,13 @@
 //! Not a `Vec<u8>`: a Vec's allocation is only aligned to 1, and O_DIRECT reads need the destination
 //! address (not just the file offset and length) aligned to the device's logical block size; a Vec must
 //! also be freed with the layout it was allocated with, so it cannot adopt an over-aligned allocation.
+//!
+//! Buffers of a page or more, aligned to at most a page (every expert record), are their own anonymous
+//! mappings rather than heap allocations, so that freeing one gives its memory back to the system at
+//! once. From the heap, records allocated on the cache's I/O threads and freed on the compute thread
+//! could stay with the allocator instead (its threshold for mapping large blocks moves as they are freed):
+//! a run whose records stayed within a 4.1 GiB expert budget peaked at 6.9 GiB instead of 5.1 and was
+//! killed in a 6 GiB cgroup.
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
@@ -12,7 +19,11 @@ pub struct AlignedBuf {
     len: usize,
     /// The layout it was allocated with (its size is at least 1), needed again to free it.
     layout: Layout,
+    /// Its own mapping (`munmap` frees it) rather than a heap allocation.
+    mapped: bool,
 }
+
+const PAGE: usize = 4096;
 
 // SAFETY: the buffer owns its allocation exclusively, like a Box<[u8]>.
 unsafe impl Send for AlignedBuf {}
@@ -25,11 +36,22 @@ impl AlignedBuf {
     pub fn zeroed(len: usize, align: usize) -> Option<AlignedBuf> {
         // The allocator may not be given a zero size; a one-byte allocation keeps `ptr` real.
         let layout = Layout::from_size_align(len.max(1), align).ok()?;
+        if len >= PAGE && align <= PAGE {
+            // SAFETY: a fresh private anonymous mapping (zero-filled, page-aligned); failure is checked.
+            let p = unsafe {
+                libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            };
+            if p == libc::MAP_FAILED {
+                return None;
+            }
+            let ptr = NonNull::new(p.cast::<u8>())?;
+            return Some(AlignedBuf { ptr, len, layout, mapped: true });
+        }
         // SAFETY: the layout has a non-zero size. Zeroed rather than uninitialised so the bytes are valid
         // to view as `&[u8]` before a read fills them; for large buffers the allocator maps fresh zero
         // pages from the kernel, so the zeroing costs nothing extra.
         let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
-        Some(AlignedBuf { ptr, len, layout })
+        Some(AlignedBuf { ptr, len, layout, mapped: false })
     }
 
     pub fn len(&self) -> usize {
@@ -53,8 +75,13 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with exactly this layout, and freed only here.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        if self.mapped {
+            // SAFETY: the mapping made in `zeroed`, of this length, unmapped only here.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        } else {
+            // SAFETY: allocated in `zeroed` with exactly this layout, and freed only here.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        }
     }
 }
 
@@ -75,7 +102,8 @@ mod tests {
 
     #[test]
     fn aligned_zeroed_and_writable() {
-        for (len, align) in [(0, 512), (1, 4096), (12_345, 4096), (1 << 20, 65_536)] {
+        // Heap buffers (small, or over-aligned) and mapped ones (a page or more, page-aligned).
+        for (len, align) in [(0, 512), (1, 4096), (12_345, 4096), (1 << 20, 65_536), (4096, 512), (3 << 20, 4096)] {
             let mut b = AlignedBuf::zeroed(len, align).unwrap();
             assert_eq!(b.as_slice().as_ptr() as usize % align, 0);
             assert_eq!(b.len(), len);
