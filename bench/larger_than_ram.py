@@ -107,6 +107,8 @@ def main():
     ap.add_argument("--layouts", default="in-place,copy")
     ap.add_argument("--budgets", default="auto")
     ap.add_argument("--policies", default="lru", help="cache policies to run TITAN with (lru, lfu)")
+    ap.add_argument("--titan-arg", action="append", default=[], metavar="ARG",
+                    help="pass ARG to every titan run (e.g. --titan-arg=--prefetch)")
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--llama-gen", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
@@ -142,11 +144,11 @@ def main():
         where = f"cgroup {limit}" if limited else "whole machine"
         for lay in layouts:
             for b, pol in [(b, p) for b in a.budgets.split(",") for p in a.policies.split(",")]:
-                opts = ["--store", stores[lay], "--expert-budget", b, "--cache-policy", pol]
+                opts = ["--store", stores[lay], "--expert-budget", b, "--cache-policy", pol] + a.titan_arg
                 ttft, _, fail = run([TITAN, "run", "-m", a.model, "-p", "Hello", "-n", "1", "--temp", "0", "-t", t]
                                     + opts, limited, a.timeout)
                 r = {"memory": limit, "engine": "titan", "layout": lay, "budget": b, "policy": pol, "ttft_s": ttft,
-                     "failure": fail}
+                     "args": a.titan_arg, "failure": fail}
                 if not fail:
                     _, out, fail = run([TITAN, "bench", "-m", a.model, "-p", "0", "-n", str(a.gen), "-r", "1", "-t", t,
                                         "--json"] + opts, limited, a.timeout)
@@ -162,7 +164,7 @@ def main():
                               "steady_read_per_token": per_token, "floor_tok_s": floor,
                               "floor_pct": 100 * j["decode_steady_tok_s"] / floor,
                               "peak_rss_bytes": j["peak_rss_bytes"]})
-                    print(f"[{where}] titan {lay:8} {pol} budget {b} ({r['budget_bytes'] / 2**30:.2f} GiB): first token "
+                    print(f"[{where}] titan {lay:8} {pol} {' '.join(a.titan_arg)} budget {b} ({r['budget_bytes'] / 2**30:.2f} GiB): first token "
                           f"{ttft:5.1f} s, decode {r['decode_tok_s']:.2f} tok/s, steady {r['steady_tok_s']:.2f} tok/s "
                           f"at hit rate {r['steady_hit_rate']:.3f}, {per_token / 2**20:.0f} MiB/token from disk "
                           f"({r['floor_pct']:.0f}% of the disk floor {floor:.2f} tok/s), peak RSS "
