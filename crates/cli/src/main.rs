@@ -673,10 +673,9 @@ fn bench(a: BenchArgs) -> Result<()> {
     println!("prompt:   pp{} {pp:8.2} tok/s (median of {})", a.n_prompt, r.prompt_tok_s.len());
     println!("decode:   tg{} {tg:8.2} tok/s (median of {})", a.n_gen, r.decode_tok_s.len());
     let steady = median(&r.decode_steady_tok_s);
-    let steady_tokens = ((a.n_gen - a.n_gen / 2) * r.decode_steady_tok_s.len()).max(1);
     if let Some(c) = &r.steady_cache {
-        let per_token = c.bytes_read / steady_tokens as u64;
-        println!("steady:   last {} of each decode {steady:8.2} tok/s, expert hit rate {:.3}, {} read from disk per token", a.n_gen - a.n_gen / 2, c.hit_rate(), human(per_token));
+        let per_token = c.bytes_read / r.steady_tokens.max(1) as u64;
+        println!("steady:   second half of each decode {steady:8.2} tok/s, expert hit rate {:.3}, {} read from disk per token", c.hit_rate(), human(per_token));
     }
     println!("weights:  {} read per decoded token", human(r.decode_bytes_per_token as u64));
     let shares = |p: &[(&str, f64)]| p.iter().map(|(n, s)| format!("{n} {:.0}%", s * 100.0)).collect::<Vec<_>>().join(", ");
@@ -698,7 +697,7 @@ fn bench(a: BenchArgs) -> Result<()> {
             "prompt_tok_s_runs": r.prompt_tok_s,
             "decode_tok_s_runs": r.decode_tok_s,
             "decode_steady_tok_s": steady,
-            "steady_tokens": steady_tokens,
+            "steady_tokens": r.steady_tokens,
             "steady_expert_cache": r.steady_cache,
             "peak_rss_bytes": r.peak_rss_bytes,
             "decode_bytes_per_token": r.decode_bytes_per_token,

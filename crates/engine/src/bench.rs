@@ -25,6 +25,8 @@ pub struct BenchReport {
     /// The same over the second half of each decode only: with experts streamed, the cache has warmed up
     /// by then, so this is the steady state a long generation sees.
     pub decode_steady_tok_s: Vec<f64>,
+    /// Tokens those second halves hold, over all repetitions.
+    pub steady_tokens: usize,
     /// The expert cache over those second halves, when experts are streamed.
     pub steady_cache: Option<Counters>,
     /// Weight bytes read per decoded token.
@@ -116,6 +118,7 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
     Ok(BenchReport {
         prompt_tok_s,
         decode_tok_s,
+        steady_tokens: (o.gen_tokens - o.gen_tokens / 2) * decode_steady_tok_s.len(),
         decode_steady_tok_s,
         steady_cache,
         decode_bytes_per_token: decode.weight_bytes as f64 / decoded,

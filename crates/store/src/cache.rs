@@ -546,7 +546,7 @@ impl ExpertCache {
                 continue;
             }
             let t = Instant::now();
-            // Every read completes and sends; a closed channel would mean a read job was lost.
+            // Cannot fail while this request holds `tx`; every read it awaits completes and sends.
             let Ok((i, outcome)) = rx.recv() else { break };
             stall += t.elapsed().as_nanos() as u64;
             awaited -= 1;
