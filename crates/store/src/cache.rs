@@ -132,37 +132,6 @@ type Outcome = Option<Arc<ExpertRecord>>;
 /// A finished read delivered to one waiter: its index in the request, and the outcome.
 type Arrival = (usize, Outcome);
 
-/// A read in flight: its outcome once known, and who to tell.
-#[derive(Default)]
-struct Pending {
-    slot: Mutex<PendingSlot>,
-}
-
-#[derive(Default)]
-struct PendingSlot {
-    outcome: Option<Outcome>,
-    waiters: Vec<(usize, Sender<Arrival>)>,
-}
-
-impl Pending {
-    fn subscribe(&self, index: usize, tx: &Sender<Arrival>) {
-        let mut slot = lock(&self.slot);
-        match &slot.outcome {
-            // A send fails only if the receiver gave up (an error was returned); nothing to tell then.
-            Some(outcome) => drop(tx.send((index, outcome.clone()))),
-            None => slot.waiters.push((index, tx.clone())),
-        }
-    }
-
-    fn complete(&self, outcome: Outcome) {
-        let mut slot = lock(&self.slot);
-        for (index, tx) in slot.waiters.drain(..) {
-            let _ = tx.send((index, outcome.clone()));
-        }
-        slot.outcome = Some(outcome);
-    }
-}
-
 struct Entry {
     rec: Arc<ExpertRecord>,
     /// Position in `State::order` (kept while the entry is out of it).
@@ -184,7 +153,9 @@ impl Entry {
 }
 
 struct InFlight {
-    pending: Arc<Pending>,
+    /// Who to tell when it lands: each waiting request's channel, and the index there. Requests join
+    /// under the state lock and the read lands under it too, so nobody can join once it has landed.
+    waiters: Vec<(usize, Sender<Arrival>)>,
     /// Unique per read, so a request's claim on it can be told from a later read of the same record.
     id: u64,
     /// Its size, reserved in the budget from issue until it lands.
@@ -242,7 +213,7 @@ enum Admit {
     Here(Arc<ExpertRecord>, u64),
     /// Being read, by a read this request just issued (`true`) or by another; it arrives on the request's
     /// channel, claimed.
-    Coming(Arc<Pending>, u64, bool),
+    Coming(u64, bool),
     /// Not resident and no room to read it until something in the budget is freed.
     NoRoom,
 }
@@ -405,13 +376,13 @@ impl ExpertCache {
                 {
                     continue;
                 }
-                let (pending, _) = st.issue(key, size, 0, true);
+                st.issue(key, size, None, true);
                 st.layers[layer].prefetch_issued += 1;
-                issue.push((key, pending));
+                issue.push(key);
             }
         }
-        for (key, pending) in issue {
-            self.submit(key, pending);
+        for key in issue {
+            self.submit(key);
         }
         Ok(())
     }
@@ -504,18 +475,17 @@ impl ExpertCache {
                 loop {
                     let mut still = Vec::new();
                     for &i in &queued {
-                        match st.admit(keys[i], sizes[i], demand, shared, &mut claims) {
+                        match st.admit(keys[i], sizes[i], demand, shared, &mut claims, (i, &tx)) {
                             Admit::Here(rec, id) => {
                                 ids[i] = id;
                                 here.push((i, rec));
                             }
-                            Admit::Coming(pending, id, issued) => {
+                            Admit::Coming(id, issued) => {
                                 ids[i] = id;
                                 awaited += 1;
                                 if issued {
-                                    issue.push((keys[i], Arc::clone(&pending)));
+                                    issue.push(keys[i]);
                                 }
-                                pending.subscribe(i, &tx);
                             }
                             Admit::NoRoom => still.push(i),
                         }
@@ -531,8 +501,8 @@ impl ExpertCache {
                     stall += t.elapsed().as_nanos() as u64;
                 }
             }
-            for (key, pending) in issue {
-                self.submit(key, pending);
+            for key in issue {
+                self.submit(key);
             }
             for (i, rec) in here {
                 on_ready(i, &rec);
@@ -572,34 +542,37 @@ impl ExpertCache {
         Ok(())
     }
 
-    fn submit(&self, key: Key, pending: Arc<Pending>) {
+    fn submit(&self, key: Key) {
         let shared = Arc::clone(&self.shared);
         self.pool
-            .submit(Box::new(move || shared.read_into_cache(key, &pending)));
+            .submit(Box::new(move || shared.read_into_cache(key)));
     }
 }
 
 impl Shared {
-    /// The I/O job: read one record; it becomes resident in the room reserved for it (busy once for each
-    /// request waiting), then the waiters are told.
-    fn read_into_cache(&self, key: Key, pending: &Pending) {
+    /// The I/O job: read one record; under the state lock, tell its waiters and make it resident in the
+    /// room reserved for it, busy once for each waiter. The job's own reference moves into the cache, so
+    /// no copy outlives the entry's eviction.
+    fn read_into_cache(&self, key: Key) {
         let t = Instant::now();
         let outcome = self.store.read(key.0, key.1).ok().map(Arc::new);
         let ns = t.elapsed().as_nanos() as u64;
-        {
-            let mut st = lock(&self.state);
-            let c = &mut st.layers[key.0];
-            c.read_ns += ns;
-            c.bytes_read += outcome.as_ref().map_or(0, |rec| rec.resident_bytes());
-            if let Some(f) = st.in_flight.remove(&key) {
-                st.reserved -= f.size;
-                if let Some(rec) = &outcome {
-                    st.land(key, Arc::clone(rec), &f, self.policy);
-                }
+        let mut st = lock(&self.state);
+        let c = &mut st.layers[key.0];
+        c.read_ns += ns;
+        c.bytes_read += outcome.as_ref().map_or(0, |rec| rec.resident_bytes());
+        if let Some(f) = st.in_flight.remove(&key) {
+            st.reserved -= f.size;
+            for (i, tx) in &f.waiters {
+                // A send fails only if the request gave up (it returned an error); nothing to tell then.
+                let _ = tx.send((*i, outcome.clone()));
+            }
+            if let Some(rec) = outcome {
+                st.land(key, rec, &f, self.policy);
             }
         }
+        drop(st);
         self.room.notify_all();
-        pending.complete(outcome);
     }
 }
 
@@ -613,7 +586,7 @@ impl State {
 
     /// Take the record of `key` for a request, claiming it: resident, or in flight, or else its read issued
     /// here if the budget has room for it. The request is counted (when `demand`) once taken.
-    fn admit(&mut self, key: Key, size: u64, demand: bool, shared: &Shared, claims: &mut Claims) -> Admit {
+    fn admit(&mut self, key: Key, size: u64, demand: bool, shared: &Shared, claims: &mut Claims, waiter: (usize, &Sender<Arrival>)) -> Admit {
         let c = &mut self.layers[key.0];
         if let Some(e) = self.entries.get_mut(&key) {
             if e.evictable() {
@@ -633,34 +606,34 @@ impl State {
         }
         if let Some(f) = self.in_flight.get_mut(&key) {
             f.claims += 1;
+            f.waiters.push((waiter.0, waiter.1.clone()));
             c.hits += u64::from(demand);
             c.prefetch_used += u64::from(demand && std::mem::take(&mut f.prefetch_unclaimed));
             claims.take(key, f.id);
-            return Admit::Coming(Arc::clone(&f.pending), f.id, false);
+            return Admit::Coming(f.id, false);
         }
         if !self.make_room(size, shared.budget) {
             return Admit::NoRoom;
         }
         self.layers[key.0].misses += u64::from(demand);
-        let (pending, id) = self.issue(key, size, 1, false);
+        let id = self.issue(key, size, Some(waiter), false);
         claims.take(key, id);
-        Admit::Coming(pending, id, true)
+        Admit::Coming(id, true)
     }
 
-    /// Reserve `size` for a read of `key` and record it in flight, claimed `claims` times.
-    fn issue(&mut self, key: Key, size: u64, claims: u32, prefetch: bool) -> (Arc<Pending>, u64) {
+    /// Reserve `size` for a read of `key` and record it in flight, claimed by `waiter` if any; its id.
+    fn issue(&mut self, key: Key, size: u64, waiter: Option<(usize, &Sender<Arrival>)>, prefetch: bool) -> u64 {
         self.tick += 1;
-        let pending = Arc::new(Pending::default());
         let f = InFlight {
-            pending: Arc::clone(&pending),
+            waiters: waiter.map(|(i, tx)| (i, tx.clone())).into_iter().collect(),
             id: self.tick,
             size,
-            claims,
+            claims: u32::from(waiter.is_some()),
             prefetch_unclaimed: prefetch,
         };
         self.in_flight.insert(key, f);
         self.reserved += size;
-        (pending, self.tick)
+        self.tick
     }
 
     /// Evict in policy order until `size` more bytes fit in the budget beside everything resident and in
