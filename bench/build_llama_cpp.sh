@@ -55,8 +55,21 @@ if [[ ! -f "$SRC/CMakeLists.txt" ]]; then
     TARBALL="$SDIST_DIR/llama_cpp_python-$VERSION.tar.gz"
     if [[ ! -f "$TARBALL" ]]; then
         log "downloading llama-cpp-python==$VERSION source distribution from PyPI"
-        python3 -m pip download --quiet --no-deps --no-binary :all: \
-            "llama-cpp-python==$VERSION" -d "$SDIST_DIR"
+        # Straight from PyPI's simple index (its JSON form): `pip download --no-binary :all:` would
+        # first build the package's build dependencies (cmake among them) from source just to read
+        # its metadata, a quarter of an hour on two cores.
+        python3 - "$TARBALL" <<'PY'
+import json, os, sys, urllib.request
+dest = sys.argv[1]
+req = urllib.request.Request("https://pypi.org/simple/llama-cpp-python/",
+                             headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+files = json.load(urllib.request.urlopen(req))["files"]
+url = next((f["url"] for f in files if f["filename"] == os.path.basename(dest)), None)
+if url is None:
+    sys.exit(f"no {os.path.basename(dest)} on PyPI")
+urllib.request.urlretrieve(url, dest + ".part")
+os.replace(dest + ".part", dest)
+PY
     fi
     log "unpacking $TARBALL"
     tar -xzf "$TARBALL" -C "$SDIST_DIR"
