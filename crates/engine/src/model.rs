@@ -603,11 +603,13 @@ impl Model {
     }
 }
 
-/// The bounded expert cache over the store `s` names, its pinned experts loaded.
+/// The bounded expert cache over the store `s` names, its pinned experts loaded, warming if it holds them all.
 fn open_cache(s: &StreamOptions, file: &GgufFile) -> Result<ExpertCache> {
     let store = Store::open_with(&s.store, file, &StoreOptions { direct_io: s.direct_io, verify_digests: s.verify_digests })?;
     let cache = ExpertCache::new(Arc::new(store), &CacheOptions { policy: s.policy, ..CacheOptions::new(Budget::Bytes(s.budget_bytes)) })?;
     cache.pin(&s.pinned)?;
+    // A budget that holds every expert (a model that nearly fits) fills in the background.
+    cache.warm()?;
     Ok(cache)
 }
 

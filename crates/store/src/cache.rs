@@ -387,6 +387,37 @@ impl ExpertCache {
         Ok(())
     }
 
+    /// If the budget holds every record of the store, read them all in the background, one at a time on a
+    /// thread of its own, and return true; else do nothing and return false. A model that nearly fits in
+    /// memory then reaches its in-memory speed after one pass over the disk rather than after every expert
+    /// has been asked for once — the disk idles between a layer's misses otherwise. One read at a time (its
+    /// spans in parallel) leaves the I/O pool's threads and most of the disk to requests, which go
+    /// first: a record already resident or in flight is skipped, and the warming never evicts. Its reads
+    /// count as prefetches. It stops when the cache is dropped.
+    pub fn warm(&self) -> Result<bool, StoreError> {
+        let keys: Vec<Key> = self.shared.store.records().collect();
+        let mut total = 0;
+        for &k in &keys {
+            total += self.size_of(k)?;
+        }
+        if total > self.shared.budget {
+            return Ok(false);
+        }
+        let shared = Arc::downgrade(&self.shared);
+        std::thread::Builder::new()
+            .name("titan-warm".into())
+            .spawn(move || {
+                for key in keys {
+                    let Some(shared) = shared.upgrade() else { return };
+                    if shared.begin_warming(key) {
+                        shared.read_into_cache(key);
+                    }
+                }
+            })
+            .map_err(StoreError::io(self.shared.store.path()))?;
+        Ok(true)
+    }
+
     /// Load `experts` (layer, expert) and keep them resident for the life of the cache. They count in the
     /// budget, and must leave room in it for one more record, which streaming needs.
     pub fn pin(&self, experts: &[(usize, usize)]) -> Result<(), StoreError> {
@@ -550,6 +581,18 @@ impl ExpertCache {
 }
 
 impl Shared {
+    /// Issue the warming read of `key` unless it is resident, in flight, or would not fit without evicting.
+    fn begin_warming(&self, key: Key) -> bool {
+        let Some(size) = self.store.record_bytes(key.0, key.1) else { return false };
+        let mut st = lock(&self.state);
+        if st.entries.contains_key(&key) || st.in_flight.contains_key(&key) || st.resident + st.reserved + size > self.budget {
+            return false;
+        }
+        st.issue(key, size, None, true);
+        st.layers[key.0].prefetch_issued += 1;
+        true
+    }
+
     /// The I/O job: read one record; under the state lock, tell its waiters and make it resident in the
     /// room reserved for it, busy once for each waiter. The job's own reference moves into the cache, so
     /// no copy outlives the entry's eviction.
@@ -971,6 +1014,30 @@ mod tests {
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["total"]["misses"], s.total.misses);
         assert_eq!(json["policy"], "Lru");
+    }
+
+    #[test]
+    fn warming_reads_every_record_when_the_budget_holds_them_all() {
+        let f = fixture(&uniform(), true);
+        // One record short of the whole store: nothing is read.
+        let c = cache(&f, Budget::Bytes(15 * S), Policy::Lru);
+        assert!(!c.warm().unwrap());
+        assert_eq!(c.stats().total, Counters::default());
+        let c = cache(&f, Budget::Bytes(16 * S), Policy::Lru);
+        c.get_layer(1, &[5]).unwrap(); // resident before the warming starts: not read again
+        assert!(c.warm().unwrap());
+        let t0 = Instant::now();
+        while resident(&c, 0, 8).len() + resident(&c, 1, 8).len() < 16 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "warming never finished");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for layer in 0..2 {
+            c.get_layer(layer, &(0..8).collect::<Vec<u32>>()).unwrap().iter().for_each(|r| check_record(&f.gguf, r));
+        }
+        let s = c.stats();
+        assert_eq!((s.total.prefetch_issued, s.total.prefetch_used), (15, 15));
+        assert_eq!((s.total.hits, s.total.misses, s.total.evictions), (16, 1, 0));
+        assert_eq!(s.total.bytes_read, 16 * S);
     }
 
     #[test]

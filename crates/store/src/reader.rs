@@ -535,10 +535,7 @@ impl Store {
             .ok()
             .and_then(|n| AlignedBuf::zeroed(n, self.align as usize))
             .ok_or_else(too_big)?;
-        for s in plan.spans() {
-            let dst = &mut buf.as_mut_slice()[s.at as usize..(s.at + s.len) as usize];
-            self.read_span(dst, s.offset, s.need)?;
-        }
+        self.read_spans(plan.spans(), buf.as_mut_slice())?;
         let mut shape = self.shapes[i / self.n_expert];
         for (part, start) in [&mut shape.gate, &mut shape.up, &mut shape.down]
             .into_iter()
@@ -570,6 +567,45 @@ impl Store {
             }
         }
         Ok(record)
+    }
+
+    /// Read the spans into their places in `buf`, all at once. An in-place record is three reads far apart
+    /// in the file; one after another they leave the disk idle between them, and with only a few of a
+    /// layer's experts missing, a record's own spans are what keeps several reads in flight (measured with
+    /// `read_records`, one record at a time: 464 MB/s reading the spans one after another, 770–1018 MB/s
+    /// at once, as fast as one read of a copied record). A scoped thread costs tens of microseconds
+    /// against a read of milliseconds.
+    fn read_spans(&self, spans: &[Span], buf: &mut [u8]) -> Result<(), StoreError> {
+        // The spans follow each other in the buffer in order; cut it into their disjoint slices.
+        let mut reads = Vec::with_capacity(spans.len());
+        let (mut rest, mut cut) = (buf, 0);
+        for s in spans {
+            let (dst, tail) =
+                std::mem::take(&mut rest)[(s.at - cut) as usize..].split_at_mut(s.len as usize);
+            reads.push((dst, s));
+            (rest, cut) = (tail, s.at + s.len);
+        }
+        let mut reads = reads.into_iter();
+        let Some((dst, first)) = reads.next() else {
+            return Ok(());
+        };
+        std::thread::scope(|scope| {
+            let mut result = Ok(());
+            let mut others = Vec::new();
+            let io = |source| StoreError::Io { path: self.file_path.clone(), source };
+            for (dst, s) in reads {
+                match std::thread::Builder::new().spawn_scoped(scope, move || self.read_span(dst, s.offset, s.need)) {
+                    Ok(h) => others.push(h),
+                    Err(e) => result = Err(io(e)), // a process at its thread limit: an error, not a panic
+                }
+            }
+            result = result.and(self.read_span(dst, first.offset, first.need));
+            for h in others {
+                let joined = h.join().unwrap_or_else(|_| Err(io(std::io::Error::other("a read thread panicked"))));
+                result = result.and(joined);
+            }
+            result
+        })
     }
 
     /// Fill `dst` from `offset`, stopping early only at the end of the file and only once the first
