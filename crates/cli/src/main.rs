@@ -40,8 +40,8 @@ enum Command {
     Synth(SynthArgs),
     /// Measure prompt and decode speed (as llama-bench does), peak memory and weight bytes per token.
     Bench(BenchArgs),
-    /// Write the expert store of a model: a copy of every expert as one aligned, digest-checked record,
-    /// or (--layout in-place) an index of the experts' bytes inside the model, with no copy.
+    /// Write the expert store of a model: an index of the experts' bytes inside the model and their
+    /// digests (no copy), or (--layout copy) a copy of every expert as one aligned record.
     Convert(ConvertArgs),
     /// Check every record of an expert store (a copy, or an in-place index) against its digest.
     Verify(VerifyArgs),
@@ -343,9 +343,10 @@ struct ConvertArgs {
     /// in-place index).
     #[arg(short = 'o', long)]
     output: Option<PathBuf>,
-    /// copy: every expert copied into an aligned record (one read per expert, twice the disk).
     /// in-place: an index of the experts inside the model (three reads per expert, no second copy).
-    #[arg(long, value_enum, default_value = "copy")]
+    /// copy: every expert copied into an aligned record (one read per expert, twice the disk; measured
+    /// no faster, see the README).
+    #[arg(long, value_enum, default_value = "in-place")]
     layout: LayoutArg,
     /// Record alignment in bytes (a power of two, at least 512; the copy layout only).
     #[arg(long, default_value_t = titan_store::DEFAULT_ALIGNMENT)]

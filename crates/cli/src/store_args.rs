@@ -48,8 +48,8 @@ pub enum PolicyArg {
 /// `titan convert --layout`.
 #[derive(ValueEnum, Clone, Copy, Default)]
 pub enum LayoutArg {
-    #[default]
     Copy,
+    #[default]
     InPlace,
 }
 
@@ -71,8 +71,8 @@ pub fn default_store(model: &Path, layout: Layout) -> PathBuf {
     }
 }
 
-/// The store beside `model` that streaming uses when none is named: the copy if there is one (the
-/// default layout, and one read per expert), else the in-place index.
+/// The store beside `model` that streaming uses when none is named: a copy if one was made (asked for
+/// with `--layout copy`, so wanted), else the in-place index.
 fn find_store(model: &Path) -> Result<PathBuf> {
     let (copy, index) = (default_store(model, Layout::Copy), default_store(model, Layout::InPlace));
     if copy.join(titan_store::MANIFEST_FILE).exists() {
@@ -83,8 +83,8 @@ fn find_store(model: &Path) -> Result<PathBuf> {
     }
     let m = model.display();
     bail!(
-        "no expert store beside {m} (looked for {} and {}): create one with `titan convert {m}` (a copy \
-         of the experts) or `titan convert {m} --layout in-place` (an index, no copy)",
+        "no expert store beside {m} (looked for {} and {}): create one with `titan convert {m}` (an index, \
+         no copy) or `titan convert {m} --layout copy` (a copy of the experts)",
         copy.display(),
         index.display()
     )

@@ -226,11 +226,11 @@ fn trace_diff_of_unreadable_input_exits_2() {
     assert!(stderr(&o).contains("junk.trace"), "{}", stderr(&o));
 }
 
-/// A model copied into a temp dir with its store converted beside it.
+/// A model copied into a temp dir with a copy of its experts converted beside it.
 fn model_with_store(dir: &Path) -> (PathBuf, PathBuf) {
     let m = dir.join("m.gguf");
     std::fs::copy(fixture(MODEL), &m).unwrap();
-    let o = titan(&["convert", m.to_str().unwrap()]);
+    let o = titan(&["convert", m.to_str().unwrap(), "--layout", "copy"]);
     assert!(o.status.success(), "{}", stderr(&o));
     (m, dir.join("m.titan"))
 }
@@ -280,7 +280,7 @@ fn a_store_of_another_model_or_a_damaged_store_is_refused() {
     // another model's store
     let other = dir.path().join("other.gguf");
     std::fs::copy(fixture("qwen3moe/q4_0.gguf"), &other).unwrap();
-    assert!(titan(&["convert", other.to_str().unwrap()]).status.success());
+    assert!(titan(&["convert", other.to_str().unwrap(), "--layout", "copy"]).status.success());
     let o = run(&["--expert-budget", "1GiB", "--store", dir.path().join("other.titan").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("other.gguf"), "{}", stderr(&o));

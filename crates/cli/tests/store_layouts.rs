@@ -1,5 +1,5 @@
-//! `titan convert --layout in-place`: an index beside the model instead of a copy, picked up by the
-//! streaming options when no copy is there, checked by `titan verify`, with damage to the index or to
+//! `titan convert` (its default layout, in-place): an index beside the model instead of a copy, picked up
+//! by the streaming options when no copy is there, checked by `titan verify`, with damage to the index or to
 //! the model named as such.
 
 mod common;
@@ -16,11 +16,11 @@ fn titan(args: &[&str]) -> Output {
     common::titan().args(args).output().expect("titan runs")
 }
 
-/// The fixture copied into `dir` (so its stores are written beside it) and indexed in place.
+/// The fixture copied into `dir` (so its stores are written beside it) and indexed in place, by default.
 fn model_with_index(dir: &Path) -> (PathBuf, PathBuf) {
     let m = dir.join("m.gguf");
     std::fs::copy(fixture(MODEL), &m).unwrap();
-    let o = titan(&["convert", m.to_str().unwrap(), "--layout", "in-place"]);
+    let o = titan(&["convert", m.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("no copy"), "{}", stderr(&o));
     assert!(!dir.join("m.titan").exists(), "an in-place conversion wrote a copy");
@@ -47,7 +47,7 @@ fn an_in_place_index_streams_the_resident_output_and_a_copy_takes_precedence() {
     }
 
     // With a copy beside it too, streaming takes the copy: a damaged index does not matter then…
-    let o = titan(&["convert", m.to_str().unwrap()]);
+    let o = titan(&["convert", m.to_str().unwrap(), "--layout", "copy"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let mut bytes = std::fs::read(&index).unwrap();
     let mid = bytes.len() / 2;
@@ -76,7 +76,7 @@ fn an_in_place_index_streams_the_resident_output_and_a_copy_takes_precedence() {
     let o = titan(&[&args[..], &["--expert-budget", "1"]].concat());
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("no expert store beside") && err.contains("--layout in-place"), "{err}");
+    assert!(err.contains("no expert store beside") && err.contains("--layout copy"), "{err}");
 }
 
 #[test]

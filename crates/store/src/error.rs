@@ -15,7 +15,7 @@ pub enum StoreError {
     #[error("{path} cannot be read: {source}; is this a store written by titan convert?", path = path.display())]
     ManifestMissing { path: PathBuf, source: io::Error },
     /// `manifest.json` is not valid JSON of the expected shape.
-    #[error("{path} does not parse: {what}; re-run titan convert", path = path.display())]
+    #[error("{path} does not parse: {what}; re-run titan convert --layout copy", path = path.display())]
     ManifestParse { path: PathBuf, what: String },
     /// The store was written by a TITAN with another format version.
     #[error("{path}: store format version {found} is not supported (this TITAN reads version {supported}); re-run titan convert", path = path.display())]
@@ -48,7 +48,7 @@ pub enum StoreError {
         expected: u64,
     },
     /// The manifest's tables contradict themselves or the model's shapes and types.
-    #[error("{path}: {what}; re-run titan convert", path = path.display())]
+    #[error("{path}: {what}; re-run titan convert --layout copy", path = path.display())]
     Inconsistent { path: PathBuf, what: String },
     /// A record's bytes do not match its digest; the record is never used. `next` says what to do,
     /// which depends on the layout: a damaged copy is made again, a damaged model is not the store's fault.
@@ -71,7 +71,7 @@ pub enum StoreError {
         what: String,
     },
     /// The directory is a conversion that never finished.
-    #[error("{path} is an unfinished conversion, not a store: delete it and run titan convert", path = path.display())]
+    #[error("{path} is an unfinished conversion, not a store: delete it and run titan convert --layout copy", path = path.display())]
     Unfinished { path: PathBuf },
     /// `convert` would replace an existing store.
     #[error("{path} already exists: pass --force to replace it", path = path.display())]

@@ -557,7 +557,7 @@ impl Store {
                     path: self.file_path.clone(),
                     offset: self.locs[i].parts[0],
                     next: match self.layout {
-                        Layout::Copy => "re-run titan convert",
+                        Layout::Copy => "re-run titan convert --layout copy",
                         Layout::InPlace => {
                             "the model changed or is damaged since its index was made; \
                              restore the model, or re-run titan convert --layout in-place"
@@ -1036,7 +1036,7 @@ mod tests {
             matches!(err, StoreError::Digest { layer, expert, offset, .. } if (layer, expert, offset) == (ra.layer, ra.expert, off_a))
         );
         let want = format!(
-            "expert {} of layer {} failed its digest check in {} (offset {:#x}): re-run titan convert",
+            "expert {} of layer {} failed its digest check in {} (offset {:#x}): re-run titan convert --layout copy",
             ra.expert,
             ra.layer,
             out.join(EXPERTS_FILE).display(),
