@@ -161,6 +161,48 @@ fn every_dot_kernel_matches_scalar_for_every_row_count() {
     }
 }
 
+/// Every quant at its largest unsigned encoding and every activation at ±127 (Q8_0 of a constant row):
+/// the integer sums the kernels build from `maddubs` pairs reach their bounds (AVX2 adds the pairs of
+/// several registers in i16 before widening), and must still be exact.
+#[test]
+fn integer_sums_at_their_largest_are_exact_on_every_isa() {
+    const BLOCKS: usize = 16;
+    let block = |ty: GgmlType| -> Vec<u8> {
+        match ty {
+            // nibbles 15, the quants + 8
+            GgmlType::Q4_0 => [&f16_bytes(1.0)[..], &[0xFF; 16]].concat(),
+            // nibbles 15 and every fifth bit set: 31, the quants + 16
+            GgmlType::Q5_0 => [&f16_bytes(1.0)[..], &[0xFF; 20]].concat(),
+            // exponent 2^0 and nibble 7 (E2M1 6.0, 28 unsigned)
+            GgmlType::MXFP4 => [&[127u8][..], &[0x77; 16]].concat(),
+            // -128, the largest magnitude
+            GgmlType::Q8_0 => [&f16_bytes(1.0)[..], &[0x80; 32]].concat(),
+            _ => unreachable!(),
+        }
+    };
+    for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::MXFP4, GgmlType::Q8_0] {
+        let w = block(ty).repeat(BLOCKS);
+        let n = BLOCKS * 32;
+        let acts: Vec<Vec<u8>> = [1.0f32, -1.0]
+            .iter()
+            .map(|&v| quantize(GgmlType::Q8_0, Isa::Scalar, &vec![v; n]))
+            .collect();
+        let plain: Vec<&[u8]> = acts.iter().map(|a| a.as_slice()).collect();
+        let mut want = [0f32; 2];
+        dot_kernel(Isa::Scalar, ty, WeightLayout::Plain).run(&w, w.len(), &plain, &mut want);
+        assert!(want[0] != 0.0 && want[0] == -want[1], "{ty}: {want:?}");
+        for isa in simd_isas() {
+            let kernel = dot_kernel(isa, ty, WeightLayout::Plain);
+            assert_eq!(kernel.isa, isa);
+            let laid_out: Vec<Vec<u8>> = acts.iter().map(|a| in_layout(kernel, a)).collect();
+            let refs: Vec<&[u8]> = laid_out.iter().map(|a| a.as_slice()).collect();
+            let mut got = [0f32; 2];
+            kernel.run(&w, w.len(), &refs, &mut got);
+            assert_eq!(bits(&got), bits(&want), "{isa} {ty}: {got:?} vs {want:?}");
+        }
+    }
+}
+
 #[test]
 fn mxfp4_kernels_match_scalar_for_every_exponent() {
     // Block `e` of 256 has E8M0 exponent byte `e`, so each lane's scale conversion is checked for
