@@ -73,7 +73,8 @@ fn streams_as_resident(f: &str, store: &std::path::Path) {
             assert!(rep.identical(), "{f}: budget {budget}, direct {direct}: {rep:?}");
             let stats = m.experts.cache().unwrap().stats();
             assert!(stats.resident_bytes <= stats.budget_bytes, "{f}: over budget");
-            assert!(stats.total.misses > 0);
+            // Every expert came through the store: read on a miss, or (a budget that holds them all) warmed.
+            assert!(stats.total.bytes_read > 0);
             println!("{f} {:?}: budget {budget} direct {direct}: hit rate {:.2}", s.layout(), stats.total.hit_rate());
         }
     }
