@@ -606,7 +606,8 @@ impl Model {
 /// The bounded expert cache over the store `s` names, its pinned experts loaded, warming if it holds them all.
 fn open_cache(s: &StreamOptions, file: &GgufFile) -> Result<ExpertCache> {
     let store = Store::open_with(&s.store, file, &StoreOptions { direct_io: s.direct_io, verify_digests: s.verify_digests })?;
-    let cache = ExpertCache::new(Arc::new(store), &CacheOptions { policy: s.policy, ..CacheOptions::new(Budget::Bytes(s.budget_bytes)) })?;
+    // Its records only feed the kernels: laid out for them as they land, as resident weights are at load.
+    let cache = ExpertCache::new(Arc::new(store), &CacheOptions { policy: s.policy, regroup: true, ..CacheOptions::new(Budget::Bytes(s.budget_bytes)) })?;
     cache.pin(&s.pinned)?;
     // A budget that holds every expert (a model that nearly fits) fills in the background.
     cache.warm()?;

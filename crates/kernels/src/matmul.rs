@@ -39,16 +39,31 @@ pub enum WeightLayout {
 /// parallel; `false` (and `dst` untouched) when the type or row length cannot be regrouped. Results
 /// are the same bits as with the plain rows.
 pub fn regroup_weights(ty: GgmlType, cols: usize, src: &[u8], dst: &mut [u8]) -> bool {
-    let Some(row_bytes) = ty.row_bytes(cols) else {
+    let Some(row_bytes) = regroupable_row_bytes(ty, cols, src, dst) else {
         return false;
     };
-    if !grouped::weights_regroupable(ty, cols) || src.len() != dst.len() || !src.len().is_multiple_of(row_bytes) {
-        return false;
-    }
     dst.par_chunks_mut(row_bytes)
         .zip(src.par_chunks(row_bytes))
         .for_each(|(d, s)| grouped::regroup_weights(ty, s, d));
     true
+}
+
+/// [`regroup_weights`] on the calling thread: for an I/O thread, which must leave the compute threads
+/// to the computation.
+pub fn regroup_weights_serial(ty: GgmlType, cols: usize, src: &[u8], dst: &mut [u8]) -> bool {
+    let Some(row_bytes) = regroupable_row_bytes(ty, cols, src, dst) else {
+        return false;
+    };
+    for (d, s) in dst.chunks_exact_mut(row_bytes).zip(src.chunks_exact(row_bytes)) {
+        grouped::regroup_weights(ty, s, d);
+    }
+    true
+}
+
+fn regroupable_row_bytes(ty: GgmlType, cols: usize, src: &[u8], dst: &[u8]) -> Option<usize> {
+    let row_bytes = ty.row_bytes(cols)?;
+    let whole = grouped::weights_regroupable(ty, cols) && src.len() == dst.len() && src.len().is_multiple_of(row_bytes);
+    whole.then_some(row_bytes)
 }
 
 impl<'a> WeightView<'a> {

@@ -47,6 +47,9 @@ pub struct CacheOptions {
     pub policy: Policy,
     /// Reads in flight at once. Eight keeps an NVMe queue busy for top-8 routing without oversubscribing.
     pub io_threads: usize,
+    /// Lay each record out for the SIMD kernels as it lands (`ExpertRecord::regroup`), for a cache whose
+    /// records only feed the kernels: their bytes are then no longer the GGUF's, their views say so.
+    pub regroup: bool,
 }
 
 impl CacheOptions {
@@ -55,6 +58,7 @@ impl CacheOptions {
             budget,
             policy: Policy::Lru,
             io_threads: 8,
+            regroup: false,
         }
     }
 }
@@ -187,6 +191,7 @@ struct Shared {
     store: Arc<Store>,
     policy: Policy,
     budget: u64,
+    regroup: bool,
     state: Mutex<State>,
     /// Signalled whenever memory in the budget may have been freed: a read landed or failed, a request
     /// released a record.
@@ -302,6 +307,7 @@ impl ExpertCache {
             store,
             policy: opts.policy,
             budget: requested.max(min),
+            regroup: opts.regroup,
             state: Mutex::new(state),
             room: Condvar::new(),
         };
@@ -598,7 +604,12 @@ impl Shared {
     /// no copy outlives the entry's eviction.
     fn read_into_cache(&self, key: Key) {
         let t = Instant::now();
-        let outcome = self.store.read(key.0, key.1).ok().map(Arc::new);
+        let outcome = self.store.read(key.0, key.1).ok().map(|mut rec| {
+            if self.regroup {
+                rec.regroup();
+            }
+            Arc::new(rec)
+        });
         let ns = t.elapsed().as_nanos() as u64;
         let mut st = lock(&self.state);
         let c = &mut st.layers[key.0];
@@ -852,6 +863,7 @@ mod tests {
                 budget,
                 policy,
                 io_threads: 4,
+                regroup: false,
             },
         )
         .unwrap()
@@ -1038,6 +1050,46 @@ mod tests {
         assert_eq!((s.total.prefetch_issued, s.total.prefetch_used), (15, 15));
         assert_eq!((s.total.hits, s.total.misses, s.total.evictions), (16, 1, 0));
         assert_eq!(s.total.bytes_read, 16 * S);
+    }
+
+    /// A cache that regroups its records gives the kernels views of the regroupable matrices (Q4_0 and
+    /// Q8_0 rows of whole groups, where SIMD takes them) in that layout, and leaves the others plain; every
+    /// matrix multiplies to the bits of the model's own bytes.
+    #[test]
+    fn regrouped_records_multiply_as_the_models_bytes() {
+        use titan_kernels::{matmul, regrouped_weights_pay, Activations, WeightLayout, WeightView};
+        let spec = Spec {
+            n_layer: 2,
+            dense: vec![],
+            n_expert: 4,
+            n_embd: 256,
+            n_ff: 512,
+            types: vec![[GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::F16], [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_0]],
+            seed: 5,
+        };
+        let f = fixture_of(&spec, false, Layout::InPlace);
+        let c = ExpertCache::new(Arc::clone(&f.store), &CacheOptions { regroup: true, ..CacheOptions::new(Budget::Bytes(u64::MAX)) }).unwrap();
+        let mut regrouped = 0;
+        for layer in 0..2 {
+            for rec in c.get_layer(layer, &[0, 1, 2, 3]).unwrap() {
+                for (part, t) in [("gate", rec.gate()), ("up", rec.up()), ("down", rec.down())] {
+                    let want = if t.ty != GgmlType::F16 && regrouped_weights_pay(t.ty) { WeightLayout::Regrouped } else { WeightLayout::Plain };
+                    assert_eq!(t.layout, want, "{part} of ({layer}, {})", rec.expert);
+                    regrouped += usize::from(want == WeightLayout::Regrouped);
+                    let plain = WeightView::new(t.ty, t.rows, t.cols, gguf_slice(&f.gguf, layer, rec.expert, part)).unwrap();
+                    let x: Vec<f32> = (0..2 * t.cols).map(|i| ((i * 7919) % 263) as f32 / 131.0 - 1.0).collect();
+                    let mut acts = Activations::new();
+                    acts.quantize(t.ty.act_type(), &x, 2, t.cols).unwrap();
+                    let (mut got, mut expected) = (vec![0f32; 2 * t.rows], vec![0f32; 2 * t.rows]);
+                    matmul(&t.weight_view(), &acts, &mut got).unwrap();
+                    matmul(&plain, &acts, &mut expected).unwrap();
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&expected), "{part} of ({layer}, {})", rec.expert);
+                }
+            }
+        }
+        // On a CPU with SIMD, five of the six matrices of each record were regrouped.
+        assert!(!regrouped_weights_pay(GgmlType::Q4_0) || regrouped == 4 * 5, "{regrouped}");
     }
 
     #[test]

@@ -761,6 +761,7 @@ fn record_shape(l: &LayerEntry) -> Option<RecordShape> {
             cols: s.cols,
             start: usize::try_from(start).ok()?,
             len: usize::try_from(s.bytes).ok()?,
+            layout: titan_kernels::WeightLayout::Plain,
         })
     };
     Some(RecordShape {

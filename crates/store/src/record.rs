@@ -1,7 +1,7 @@
 //! One expert's weights in memory: the bytes read from the store's file, and typed views of its gate, up
 //! and down matrices.
 
-use titan_kernels::{GgmlType, WeightLayout, WeightView};
+use titan_kernels::{regroup_weights_serial, regrouped_weights_pay, weights_regroupable, GgmlType, WeightLayout, WeightView};
 
 use crate::AlignedBuf;
 
@@ -13,6 +13,8 @@ pub(crate) struct Part {
     pub cols: usize,
     pub start: usize,
     pub len: usize,
+    /// Plain as read, until [`ExpertRecord::regroup`].
+    pub layout: WeightLayout,
 }
 
 /// The gate, up and down parts of a record. Types and shapes are the layer's; where the parts start
@@ -41,7 +43,9 @@ pub struct ExpertTensor<'a> {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
+    /// As in the GGUF, unless the record was regrouped for the kernels (then see `layout`).
     pub data: &'a [u8],
+    pub layout: WeightLayout,
 }
 
 impl<'a> ExpertTensor<'a> {
@@ -52,7 +56,7 @@ impl<'a> ExpertTensor<'a> {
             rows: self.rows,
             cols: self.cols,
             data: self.data,
-            layout: WeightLayout::Plain,
+            layout: self.layout,
         }
     }
 }
@@ -84,6 +88,26 @@ impl ExpertRecord {
         self.part(self.shape.down)
     }
 
+    /// Lay the record's Q4_0 and Q8_0 matrices out as the SIMD kernels take them (`regroup_weights`: the
+    /// same bytes moved within each row, the same bits out of the kernels), as the resident weights are at
+    /// load. A streamed expert then decodes as fast as a resident one: on the 2-core AMD EPYC (AVX2), a Q4_0
+    /// matvec of one row runs at 60 GFLOP/s per CPU second regrouped against 41 transposing in registers.
+    /// Done once per read, after the digest check, on the reading thread, a row at a time.
+    pub(crate) fn regroup(&mut self) {
+        for part in [&mut self.shape.gate, &mut self.shape.up, &mut self.shape.down] {
+            let Some(row_bytes) = part.ty.row_bytes(part.cols) else { continue };
+            if part.layout != WeightLayout::Plain || !weights_regroupable(part.ty, part.cols) || !regrouped_weights_pay(part.ty) {
+                continue;
+            }
+            let mut row = vec![0u8; row_bytes];
+            for bytes in self.buf.as_mut_slice()[part.start..part.start + part.len].chunks_exact_mut(row_bytes) {
+                row.copy_from_slice(bytes);
+                regroup_weights_serial(part.ty, part.cols, &row, bytes);
+            }
+            part.layout = WeightLayout::Regrouped;
+        }
+    }
+
     /// Memory the record occupies (its padded size): what the cache budget counts.
     pub fn resident_bytes(&self) -> u64 {
         self.buf.len() as u64
@@ -97,6 +121,7 @@ impl ExpertRecord {
             rows: p.rows,
             cols: p.cols,
             data: &self.buf.as_slice()[p.start..p.start + p.len],
+            layout: p.layout,
         }
     }
 }
