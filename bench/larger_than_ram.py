@@ -14,7 +14,8 @@ TITAN, per store layout (`in-place`: MODEL.titan-index, no copy; `copy`: the MOD
   - decode: `titan bench -p 0 -n GEN`, all of it and its second half (the steady state, the cache warm), with the
     hit rate and the bytes read from disk per token over that half;
   - percent of the disk floor: the steady state against disk bandwidth / bytes read per token, the bandwidth
-    measured first with O_DIRECT reads of the store's own records, 8 at once (the cache's I/O threads).
+    measured with O_DIRECT reads of the store's own records, 8 at once (the cache's I/O threads), right before
+    and right after the run (their mean is the divisor: a shared disk's speed drifts).
 llama.cpp, with its defaults (mmap, Q4_0 repacked at load) and with repacking off (`--repack 0` / `-nr`):
 first token (`llama-completion -n 1`) and decode (`llama-bench -p 0 -n LLAMA_GEN`), or that it was killed (the
 cgroup's OOM killer) or ran past --timeout.
@@ -114,6 +115,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=1200, help="seconds before a run is stopped")
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--skip-titan", action="store_true")
     ap.add_argument("--json", help="write the raw results here")
     a = ap.parse_args()
 
@@ -142,7 +144,7 @@ def main():
         if limited:
             set_limit(limit)
         where = f"cgroup {limit}" if limited else "whole machine"
-        for lay in layouts:
+        for lay in [] if a.skip_titan else layouts:
             for b, pol in [(b, p) for b in a.budgets.split(",") for p in a.policies.split(",")]:
                 opts = ["--store", stores[lay], "--expert-budget", b, "--cache-policy", pol] + a.titan_arg
                 ttft, _, fail = run([TITAN, "run", "-m", a.model, "-p", "Hello", "-n", "1", "--temp", "0", "-t", t]
@@ -150,14 +152,19 @@ def main():
                 r = {"memory": limit, "engine": "titan", "layout": lay, "budget": b, "policy": pol, "ttft_s": ttft,
                      "args": a.titan_arg, "failure": fail}
                 if not fail:
+                    # The disk is measured again around each run: a shared disk's speed drifts by minutes.
+                    around = [disk_bandwidth(a.model, stores[lay])]
                     _, out, fail = run([TITAN, "bench", "-m", a.model, "-p", "0", "-n", str(a.gen), "-r", "1", "-t", t,
                                         "--json"] + opts, limited, a.timeout)
+                    around.append(disk_bandwidth(a.model, stores[lay]))
                     r["failure"] = fail
                 if not fail:
                     j = json.loads(out.strip().splitlines()[-1])
                     c = j["steady_expert_cache"]
                     per_token = c["bytes_read"] / j["steady_tokens"]
-                    floor = bw / per_token if per_token else float("inf")
+                    run_bw = sum(around) / 2
+                    r["disk_bytes_per_s_around"] = around
+                    floor = run_bw / per_token if per_token else float("inf")
                     r.update({"budget_bytes": j["expert_cache"]["budget_bytes"], "decode_tok_s": j["decode_tok_s"],
                               "steady_tok_s": j["decode_steady_tok_s"],
                               "steady_hit_rate": c["hits"] / max(c["hits"] + c["misses"], 1),
@@ -167,7 +174,8 @@ def main():
                     print(f"[{where}] titan {lay:8} {pol} {' '.join(a.titan_arg)} budget {b} ({r['budget_bytes'] / 2**30:.2f} GiB): first token "
                           f"{ttft:5.1f} s, decode {r['decode_tok_s']:.2f} tok/s, steady {r['steady_tok_s']:.2f} tok/s "
                           f"at hit rate {r['steady_hit_rate']:.3f}, {per_token / 2**20:.0f} MiB/token from disk "
-                          f"({r['floor_pct']:.0f}% of the disk floor {floor:.2f} tok/s), peak RSS "
+                          f"({r['floor_pct']:.0f}% of the disk floor {floor:.2f} tok/s at the disk's "
+                          f"{around[0] / 1e9:.2f}/{around[1] / 1e9:.2f} GB/s before/after), peak RSS "
                           f"{r['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
                 else:
                     print(f"[{where}] titan {lay} {pol} budget {b}: {fail}", flush=True)
