@@ -138,9 +138,9 @@ impl IntDot for Avx2Dot {
         _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, scale))
     }
 
-    /// The pairs of each run are added as i16 and widened once per run, not once per register: a
-    /// third fewer instructions in the Q4_0 decode loop, which on an AVX2-only core is what keeps it
-    /// under the memory's speed.
+    /// The pairs of each run are added as i16 and widened once per run, not once per register: a third
+    /// fewer instructions per Q4_0 group. Measured on the AVX2 EPYC (`prefill_cpu`): Q4_0 at 8 activation
+    /// rows 74 -> 89 GFLOP/s per CPU second; one row, which waits on memory, unchanged.
     #[inline(always)]
     unsafe fn dot_runs<const RUN: usize>(mut acc: __m256i, u: &[__m256i; 8], s: &[__m256i; 8]) -> __m256i {
         for run in 0..8 / RUN {
