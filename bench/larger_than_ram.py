@@ -14,8 +14,9 @@ TITAN, per store layout (`in-place`: MODEL.titan-index, no copy; `copy`: the MOD
   - decode: `titan bench -p 0 -n GEN`, all of it and its second half (the steady state, the cache warm), with the
     hit rate and the bytes read from disk per token over that half;
   - percent of the disk floor: the steady state against disk bandwidth / bytes read per token, the bandwidth
-    measured with O_DIRECT reads of the store's own records, 8 at once (the cache's I/O threads), right before
-    and right after the run (their mean is the divisor: a shared disk's speed drifts).
+    measured with O_DIRECT reads of half the store's records at random, 8 at once (the cache's I/O threads), right
+    before and right after the run (their mean is the divisor: a shared disk's speed drifts);
+  - how busy the disk was during the bench (the block device's busy time over wall time) and what it read.
 llama.cpp, with its defaults (mmap, Q4_0 repacked at load) and with repacking off (`--repack 0` / `-nr`):
 first token (`llama-completion -n 1`) and decode (`llama-bench -p 0 -n LLAMA_GEN`), or that it was killed (the
 cgroup's OOM killer) or ran past --timeout.
@@ -88,10 +89,36 @@ def run(cmd, limited, timeout):
 
 
 def disk_bandwidth(model, store):
-    """Bytes/s of O_DIRECT reads of the store's records, 8 in flight, no digest check: the disk at the record size."""
-    out = subprocess.run([READ_RECORDS, model, store, "400", "7", "--no-verify", "--threads", "8"],
+    """Bytes/s of O_DIRECT reads of half the store's records chosen at random (a seed from the clock), 8 in flight,
+    no digest check: the disk at the record size, sustained. A few hundred records mislead on a virtual disk: its
+    host caches what was read (records read a second time came back twice as fast on the EPYC VM, and dropping the
+    guest's page cache does not reach the host's) and it may allow bursts. Half the store, read over tens of
+    seconds, is read as a run reads it: spread over the whole store, some records twice."""
+    seed = time.time_ns() % 2**32
+    out = subprocess.run([READ_RECORDS, model, store, "0.5", str(seed), "--no-verify", "--threads", "8"],
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])["mb_per_s"] * 1e6
+
+
+class DiskActivity:
+    """The block device under a file, from its /sys stat: bytes read and the time it was busy (any request in
+    flight) between `start` and `stop`."""
+
+    def __init__(self, path):
+        dev = os.stat(path).st_dev
+        self.stat = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat"
+
+    def sample(self):
+        f = open(self.stat).read().split()
+        return time.monotonic(), int(f[2]) * 512, int(f[9]) / 1e3  # seconds, bytes read, busy seconds
+
+    def start(self):
+        self.t0 = self.sample()
+
+    def stop(self):
+        t1 = self.sample()
+        wall = t1[0] - self.t0[0]
+        return {"bytes_per_s": (t1[1] - self.t0[1]) / wall, "busy": (t1[2] - self.t0[2]) / wall}
 
 
 def du(path):
@@ -134,7 +161,8 @@ def main():
         print(f"disk: {lay} store {disk[lay] / 2**30:.2f} GiB beside the model: {(size + disk[lay]) / 2**30:.2f} GiB "
               "in all", flush=True)
     bw = disk_bandwidth(a.model, stores[layouts[0]])
-    print(f"disk read bandwidth at the record size (O_DIRECT, 8 in flight): {bw / 1e9:.2f} GB/s", flush=True)
+    print(f"disk read bandwidth at the record size (O_DIRECT, 8 in flight, half the store): {bw / 1e9:.2f} GB/s",
+          flush=True)
     results = {"model": a.model, "bytes": size, "ram": mem, "threads": a.threads, "disk_bytes_per_s": bw,
                "store_bytes": disk, "runs": []}
     t = str(a.threads)
@@ -154,8 +182,11 @@ def main():
                 if not fail:
                     # The disk is measured again around each run: a shared disk's speed drifts by minutes.
                     around = [disk_bandwidth(a.model, stores[lay])]
+                    activity = DiskActivity(a.model)
+                    activity.start()
                     _, out, fail = run([TITAN, "bench", "-m", a.model, "-p", "0", "-n", str(a.gen), "-r", "1", "-t", t,
                                         "--json"] + opts, limited, a.timeout)
+                    r["disk_during_bench"] = activity.stop()
                     around.append(disk_bandwidth(a.model, stores[lay]))
                     r["failure"] = fail
                 if not fail:
@@ -175,7 +206,9 @@ def main():
                           f"{ttft:5.1f} s, decode {r['decode_tok_s']:.2f} tok/s, steady {r['steady_tok_s']:.2f} tok/s "
                           f"at hit rate {r['steady_hit_rate']:.3f}, {per_token / 2**20:.0f} MiB/token from disk "
                           f"({r['floor_pct']:.0f}% of the disk floor {floor:.2f} tok/s at the disk's "
-                          f"{around[0] / 1e9:.2f}/{around[1] / 1e9:.2f} GB/s before/after), peak RSS "
+                          f"{around[0] / 1e9:.2f}/{around[1] / 1e9:.2f} GB/s before/after); "
+                          f"disk busy {100 * r['disk_during_bench']['busy']:.0f}% of the bench, reading "
+                          f"{r['disk_during_bench']['bytes_per_s'] / 1e6:.0f} MB/s; peak RSS "
                           f"{r['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
                 else:
                     print(f"[{where}] titan {lay} {pol} budget {b}: {fail}", flush=True)

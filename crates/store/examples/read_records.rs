@@ -1,13 +1,14 @@
 //! Time the record read path of a store, either layout:
-//! `read_records MODEL.gguf STORE [N] [SEED] [--no-verify] [--threads T]`.
+//! `read_records MODEL.gguf STORE [N | SHARE] [SEED] [--no-verify] [--threads T]`.
 //!
-//! Reads N records (default 200) chosen at random with a fixed seed — the same records for either
-//! layout of the same model — through `Store::read` with O_DIRECT, so that every read reaches the disk
-//! whatever the page cache holds (dropping the page cache needs root and slows everyone else on the
-//! machine). T threads (default 1) read at once, each its share of the records, as the expert cache's I/O
-//! threads do: with `--no-verify --threads 8` this is the disk's read bandwidth at the record size, the
-//! divisor of the streaming floor. Digests are checked, as in a run, unless `--no-verify` (which leaves
-//! the reads alone to be timed). Prints one JSON line.
+//! Reads N records (default 200; a share such as `0.5`: half as many as the store holds) chosen at
+//! random with a fixed seed — the same records for either layout of the same model — through
+//! `Store::read` with O_DIRECT, so that every read reaches the disk whatever the page cache holds
+//! (dropping the page cache needs root and slows everyone else on the machine). T threads (default 1)
+//! read at once, each its share of the records, as the expert cache's I/O threads do: with
+//! `--no-verify --threads 8` this is the disk's read bandwidth at the record size, the divisor of the
+//! streaming floor. Digests are checked, as in a run, unless `--no-verify` (which leaves the reads
+//! alone to be timed). Prints one JSON line.
 
 use std::path::Path;
 use std::time::Instant;
@@ -25,10 +26,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.drain(p..p + 2);
     }
     let [_, model, store, rest @ ..] = &args[..] else {
-        return Err("usage: read_records MODEL.gguf STORE [N] [SEED] [--no-verify] [--threads T]".into());
+        return Err("usage: read_records MODEL.gguf STORE [N | SHARE] [SEED] [--no-verify] [--threads T]".into());
     };
-    let n: usize = rest.first().map_or(Ok(200), |s| s.parse())?;
-    let mut seed: u64 = rest.get(1).map_or(Ok(1), |s| s.parse())?;
+    let count = rest.first().map_or("200", |s| s.as_str());
+    // xorshift64 stays at 0 from 0.
+    let mut seed: u64 = rest.get(1).map_or(Ok(1), |s| s.parse())?.max(1);
     let gguf = GgufFile::open(model)?;
     let opts = StoreOptions {
         direct_io: true,
@@ -36,6 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let store = Store::open_with(Path::new(store), &gguf, &opts)?;
     let keys: Vec<(usize, usize)> = store.records().collect();
+    let n: usize = if count.contains('.') { (count.parse::<f64>()? * keys.len() as f64).round() as usize } else { count.parse()? };
     let chosen: Vec<(usize, usize)> = (0..n)
         .map(|_| {
             // xorshift64: a reproducible choice, the same for both layouts.
