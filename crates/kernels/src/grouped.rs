@@ -21,7 +21,7 @@
 //! accumulators as they are. The bytes hold exactly the information of the plain Q8_0 row, so the
 //! kernels reading them produce the plain scalar twin's bits.
 
-use crate::formats::q8_0;
+use crate::formats::{q4_0, q8_0};
 use crate::GgmlType;
 
 /// Blocks per group: the eight lanes of a 256-bit register of i32.
@@ -71,13 +71,27 @@ pub fn weights_regroupable(ty: GgmlType, cols: usize) -> bool {
 /// Writes the regrouped form of whole `ty` rows `src` into `dst` (the same length). The caller has
 /// checked [`weights_regroupable`] for the row length.
 pub(crate) fn regroup_weights(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
-    let bb = ty.block_bytes();
-    for (g_src, g_dst) in src.chunks_exact(GROUP_BLOCKS * bb).zip(dst.chunks_exact_mut(GROUP_BLOCKS * bb)) {
-        for (k, block) in g_src.chunks_exact(bb).enumerate() {
+    match ty {
+        GgmlType::Q4_0 => regroup_groups::<{ q4_0::BLOCK_BYTES }, false>(src, dst),
+        GgmlType::Q8_0 => regroup_groups::<{ q8_0::BLOCK_BYTES }, true>(src, dst),
+        _ => unreachable!("{} weights are not regrouped (weights_regroupable)", ty.name()),
+    }
+}
+
+/// [`regroup_weights`] for blocks of `BB` bytes (`Q8`: Q8_0's register order), each group copied to the
+/// stack first: with the sizes and offsets known to the compiler the copies need no bounds checks, which
+/// made a 2.65 MB Qwen3-30B-A3B Q4_0 expert regroup in 0.5 ms instead of 1.5 (the store's `record_cpu`
+/// example) — time its I/O thread takes from the two cores of a small machine for every record streamed.
+fn regroup_groups<const BB: usize, const Q8: bool>(src: &[u8], dst: &mut [u8]) {
+    let mut group = [0u8; GROUP_BLOCKS * q8_0::BLOCK_BYTES];
+    for (g_src, g_dst) in src.chunks_exact(GROUP_BLOCKS * BB).zip(dst.chunks_exact_mut(GROUP_BLOCKS * BB)) {
+        group[..GROUP_BLOCKS * BB].copy_from_slice(g_src);
+        for k in 0..GROUP_BLOCKS {
+            let block = &group[BB * k..BB * (k + 1)];
             g_dst[2 * k..2 * k + 2].copy_from_slice(&block[..2]);
-            for (quad, bytes) in block[2..].chunks_exact(4).enumerate() {
-                let at = WEIGHT_SCALES_BYTES + 32 * quad_register(ty, quad) + 4 * k;
-                g_dst[at..at + 4].copy_from_slice(bytes);
+            for quad in 0..(BB - 2) / 4 {
+                let at = WEIGHT_SCALES_BYTES + 32 * quad_register(Q8, quad) + 4 * k;
+                g_dst[at..at + 4].copy_from_slice(&block[2 + 4 * quad..6 + 4 * quad]);
             }
         }
     }
@@ -89,18 +103,19 @@ pub(crate) fn ungroup_weights(ty: GgmlType, group: &[u8], dst: &mut [u8]) {
     for (k, block) in dst.chunks_exact_mut(bb).enumerate() {
         block[..2].copy_from_slice(&group[2 * k..2 * k + 2]);
         for quad in 0..(bb - 2) / 4 {
-            let at = WEIGHT_SCALES_BYTES + 32 * quad_register(ty, quad) + 4 * k;
+            let at = WEIGHT_SCALES_BYTES + 32 * quad_register(ty == GgmlType::Q8_0, quad) + 4 * k;
             block[2 + 4 * quad..2 + 4 * quad + 4].copy_from_slice(&group[at..at + 4]);
         }
     }
 }
 
 /// The register that holds byte quad `quad` of a block's quants: Q4_0's four quads in order (each
-/// holds elements `4m ..` and `16 + 4m ..`); Q8_0's eight in the activations' order.
-fn quad_register(ty: GgmlType, quad: usize) -> usize {
-    match ty {
-        GgmlType::Q4_0 => quad,
-        _ => 2 * (quad % 4) + quad / 4,
+/// holds elements `4m ..` and `16 + 4m ..`); Q8_0's (`q8`) eight in the activations' order.
+fn quad_register(q8: bool, quad: usize) -> usize {
+    if q8 {
+        2 * (quad % 4) + quad / 4
+    } else {
+        quad
     }
 }
 
