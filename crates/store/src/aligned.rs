@@ -37,10 +37,15 @@ impl AlignedBuf {
         // The allocator may not be given a zero size; a one-byte allocation keeps `ptr` real.
         let layout = Layout::from_size_align(len.max(1), align).ok()?;
         if len >= PAGE && align <= PAGE {
+            // Every page is about to be written (a record's read fills it), so on Linux the mapping is
+            // populated in the one call rather than one fault per page: a 2.65 MB record's mapping, filled
+            // and freed, took about 1.4 ms of an I/O thread's time instead of 2.0 (`record_cpu`).
+            #[cfg(target_os = "linux")]
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
+            #[cfg(not(target_os = "linux"))]
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
             // SAFETY: a fresh private anonymous mapping (zero-filled, page-aligned); failure is checked.
-            let p = unsafe {
-                libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
-            };
+            let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
             if p == libc::MAP_FAILED {
                 return None;
             }
