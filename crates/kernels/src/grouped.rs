@@ -71,6 +71,16 @@ pub fn weights_regroupable(ty: GgmlType, cols: usize) -> bool {
 /// Writes the regrouped form of whole `ty` rows `src` into `dst` (the same length). The caller has
 /// checked [`weights_regroupable`] for the row length.
 pub(crate) fn regroup_weights(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
+    regroup_rows(ty, Some(src), dst)
+}
+
+/// [`regroup_weights`] of whole `ty` rows in place.
+pub(crate) fn regroup_weights_in_place(ty: GgmlType, data: &mut [u8]) {
+    regroup_rows(ty, None, data)
+}
+
+/// `dst` regrouped from `src`, or from its own bytes when `src` is `None`.
+fn regroup_rows(ty: GgmlType, src: Option<&[u8]>, dst: &mut [u8]) {
     match ty {
         GgmlType::Q4_0 => regroup_groups::<{ q4_0::BLOCK_BYTES }, false>(src, dst),
         GgmlType::Q8_0 => regroup_groups::<{ q8_0::BLOCK_BYTES }, true>(src, dst),
@@ -78,14 +88,18 @@ pub(crate) fn regroup_weights(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
     }
 }
 
-/// [`regroup_weights`] for blocks of `BB` bytes (`Q8`: Q8_0's register order), each group copied to the
-/// stack first: with the sizes and offsets known to the compiler the copies need no bounds checks, which
-/// made a 2.65 MB Qwen3-30B-A3B Q4_0 expert regroup in 0.5 ms instead of 1.5 (the store's `record_cpu`
-/// example) — time its I/O thread takes from the two cores of a small machine for every record streamed.
-fn regroup_groups<const BB: usize, const Q8: bool>(src: &[u8], dst: &mut [u8]) {
+/// [`regroup_rows`] for blocks of `BB` bytes (`Q8`: Q8_0's register order), each group copied to the
+/// stack first (which is also what lets it work in place): with the sizes and offsets known to the
+/// compiler the copies need no bounds checks, which made a 2.65 MB Qwen3-30B-A3B Q4_0 expert regroup in
+/// 0.5 ms instead of 1.5 (the store's `record_cpu` example) — time its I/O thread takes from the two
+/// cores of a small machine for every record streamed.
+fn regroup_groups<const BB: usize, const Q8: bool>(src: Option<&[u8]>, dst: &mut [u8]) {
     let mut group = [0u8; GROUP_BLOCKS * q8_0::BLOCK_BYTES];
-    for (g_src, g_dst) in src.chunks_exact(GROUP_BLOCKS * BB).zip(dst.chunks_exact_mut(GROUP_BLOCKS * BB)) {
-        group[..GROUP_BLOCKS * BB].copy_from_slice(g_src);
+    for (i, g_dst) in dst.chunks_exact_mut(GROUP_BLOCKS * BB).enumerate() {
+        match src {
+            Some(src) => group[..GROUP_BLOCKS * BB].copy_from_slice(&src[i * GROUP_BLOCKS * BB..(i + 1) * GROUP_BLOCKS * BB]),
+            None => group[..GROUP_BLOCKS * BB].copy_from_slice(g_dst),
+        }
         for k in 0..GROUP_BLOCKS {
             let block = &group[BB * k..BB * (k + 1)];
             g_dst[2 * k..2 * k + 2].copy_from_slice(&block[..2]);

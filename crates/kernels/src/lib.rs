@@ -85,7 +85,7 @@ mod types;
 
 pub use error::KernelError;
 pub use matmul::{
-    matmul, matmul_f32, matmul_many, regroup_weights, regroup_weights_serial, Activations, MatmulJob, WeightLayout, WeightView,
+    matmul, matmul_f32, matmul_many, regroup_weights, regroup_weights_in_place, Activations, MatmulJob, WeightLayout, WeightView,
 };
 pub use grouped::weights_regroupable;
 pub use simd::{available_isas, isa, kernel_isa, regrouped_weights_pay, set_isa, Isa};

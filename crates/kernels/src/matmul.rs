@@ -48,15 +48,13 @@ pub fn regroup_weights(ty: GgmlType, cols: usize, src: &[u8], dst: &mut [u8]) ->
     true
 }
 
-/// [`regroup_weights`] on the calling thread: for an I/O thread, which must leave the compute threads
-/// to the computation.
-pub fn regroup_weights_serial(ty: GgmlType, cols: usize, src: &[u8], dst: &mut [u8]) -> bool {
-    let Some(row_bytes) = regroupable_row_bytes(ty, cols, src, dst) else {
+/// [`regroup_weights`] of `data` in place, on the calling thread: for an I/O thread, which must leave
+/// the compute threads to the computation.
+pub fn regroup_weights_in_place(ty: GgmlType, cols: usize, data: &mut [u8]) -> bool {
+    if regroupable_row_bytes(ty, cols, data, data).is_none() {
         return false;
-    };
-    for (d, s) in dst.chunks_exact_mut(row_bytes).zip(src.chunks_exact(row_bytes)) {
-        grouped::regroup_weights(ty, s, d);
     }
+    grouped::regroup_weights_in_place(ty, data);
     true
 }
 

@@ -3,13 +3,13 @@
 //!
 //! A record shaped as a Qwen3-30B-A3B Q4_0 expert (three 768 × 2048 matrices, 2.65 MB) goes through what
 //! `Store::read` and `ExpertRecord::regroup` do around the `pread`s: its buffer mapped, every page
-//! written (as a read fills it) and unmapped; its BLAKE3 digest; its matrices regrouped row by row for the
+//! written (as a read fills it) and unmapped; its BLAKE3 digest; its matrices regrouped in place for the
 //! SIMD kernels. The records are cycled through about 800 MB so that each step reads memory, not cache, as
 //! after a read from disk. On a machine of two cores this time is taken from the computation.
 
 use std::time::Instant;
 
-use titan_kernels::{regroup_weights_serial, GgmlType};
+use titan_kernels::{regroup_weights_in_place, GgmlType};
 use titan_store::AlignedBuf;
 
 const COLS: usize = 2048;
@@ -40,11 +40,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let digest = ms(t);
 
         let mut records = pool.clone();
-        let mut row = vec![0u8; ROW_BYTES];
         let t = Instant::now();
-        for bytes in records.chunks_exact_mut(ROW_BYTES) {
-            row.copy_from_slice(bytes);
-            regroup_weights_serial(GgmlType::Q4_0, COLS, &row, bytes);
+        for record in records.chunks_exact_mut(RECORD_BYTES) {
+            regroup_weights_in_place(GgmlType::Q4_0, COLS, record);
         }
         let regroup = ms(t);
         println!("round {round}: map, fill and unmap {map:.2}; digest {digest:.2}; regroup {regroup:.2}");
