@@ -3,13 +3,16 @@
 //! A layer's misses are issued together to the I/O pool and the caller waits for all of them (or handles
 //! each as it arrives with `get_layer_with`), so reads overlap each other and, with the callback, the
 //! computation of the experts already here. Prefetches land in the same cache. Reads of a record already in
-//! flight are joined, never duplicated.
+//! flight are joined, never duplicated. Reads a request waits for go ahead of queued prefetches.
 //!
 //! Counting (per layer, summed for the total): a request is one expert id passed to `get_layer`; it is a
 //! *hit* if the record was resident or already being read (by a prefetch or another caller), else a *miss*,
 //! whose read this call issued. `bytes_read` and `read_ns` cover every read from disk (misses, prefetches,
 //! pins), by the layer of the record read; `stall_ns` is time `get_layer` spent blocked waiting for reads.
 //! A prefetch is *used* when a request finds it (resident or still in flight) before it is evicted.
+//!
+//! An evicted record's buffer is kept, inside the budget, for the read that needed the room: a steady
+//! stream of misses then reads into the same few buffers instead of mapping and unmapping one per read.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::mpsc::{self, Sender};
@@ -18,8 +21,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::pool::IoPool;
-use crate::{ExpertRecord, Store, StoreError};
+use crate::pool::{IoPool, Urgency};
+use crate::{AlignedBuf, ExpertRecord, Store, StoreError};
 
 /// How much memory the cache may hold in records (padded record sizes; dense weights are not its business).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +76,8 @@ pub struct Counters {
     pub prefetch_issued: u64,
     pub prefetch_used: u64,
     pub evictions: u64,
+    /// Reads into the buffer of an evicted record rather than a new one.
+    pub buffers_reused: u64,
 }
 
 impl Counters {
@@ -85,6 +90,7 @@ impl Counters {
         self.prefetch_issued += o.prefetch_issued;
         self.prefetch_used += o.prefetch_used;
         self.evictions += o.evictions;
+        self.buffers_reused += o.buffers_reused;
     }
 
     /// What happened between `earlier` and these (later) counters.
@@ -98,6 +104,7 @@ impl Counters {
             prefetch_issued: self.prefetch_issued - earlier.prefetch_issued,
             prefetch_used: self.prefetch_used - earlier.prefetch_used,
             evictions: self.evictions - earlier.evictions,
+            buffers_reused: self.buffers_reused - earlier.buffers_reused,
         }
     }
 
@@ -121,6 +128,8 @@ pub struct CacheStats {
     pub resident_bytes: u64,
     /// Reads in flight, counted in the budget from the moment they are issued.
     pub in_flight_bytes: u64,
+    /// Buffers of evicted records not yet taken by a read, also counted in the budget.
+    pub spare_bytes: u64,
     pub pinned_bytes: u64,
     pub resident_records: usize,
     pub total: Counters,
@@ -162,16 +171,19 @@ struct InFlight {
     waiters: Vec<(usize, Sender<Arrival>)>,
     /// Unique per read, so a request's claim on it can be told from a later read of the same record.
     id: u64,
-    /// Its size, reserved in the budget from issue until it lands.
+    /// Its size, reserved in the budget from issue until it lands: the spare buffer's length if it has one.
     size: u64,
+    /// An evicted record's buffer for it to read into, until the read starts.
+    buf: Option<AlignedBuf>,
     /// Requests waiting for it: it lands busy once for each.
     claims: u32,
     /// Issued by `prefetch` and not yet requested.
     prefetch_unclaimed: bool,
 }
 
-/// The bookkeeping, under one lock. The budget bounds `resident + reserved`: every record in memory is an
-/// entry (in use or not) or a read in flight, so this is the bound on expert bytes in memory.
+/// The bookkeeping, under one lock. The budget bounds `resident + reserved + spare`: every record in memory
+/// is an entry (in use or not) or a read in flight, and every other buffer the cache keeps is a spare, so
+/// this is the bound on expert bytes in memory.
 struct State {
     entries: HashMap<Key, Entry>,
     /// Evictable entries by eviction rank: the first is the next victim.
@@ -181,6 +193,9 @@ struct State {
     /// Bytes of `order`'s entries.
     evictable: u64,
     reserved: u64,
+    /// Buffers of evicted records, for reads to reuse, and their bytes.
+    spares: Vec<AlignedBuf>,
+    spare: u64,
     pinned: u64,
     /// Advances on every insert, request and read, so ranks and read ids are unique and order recency.
     tick: u64,
@@ -299,6 +314,8 @@ impl ExpertCache {
             resident: 0,
             evictable: 0,
             reserved: 0,
+            spares: Vec::new(),
+            spare: 0,
             pinned: 0,
             tick: 0,
             layers: vec![Counters::default(); store.n_layer()],
@@ -388,7 +405,7 @@ impl ExpertCache {
             }
         }
         for key in issue {
-            self.submit(key);
+            self.submit(key, Urgency::Ahead);
         }
         Ok(())
     }
@@ -452,6 +469,7 @@ impl ExpertCache {
             budget_warning: self.warning.clone(),
             resident_bytes: st.resident,
             in_flight_bytes: st.reserved,
+            spare_bytes: st.spare,
             pinned_bytes: st.pinned,
             resident_records: st.entries.len(),
             total,
@@ -539,7 +557,7 @@ impl ExpertCache {
                 }
             }
             for key in issue {
-                self.submit(key);
+                self.submit(key, Urgency::Demand);
             }
             for (i, rec) in here {
                 on_ready(i, &rec);
@@ -579,10 +597,10 @@ impl ExpertCache {
         Ok(())
     }
 
-    fn submit(&self, key: Key) {
+    fn submit(&self, key: Key, urgency: Urgency) {
         let shared = Arc::clone(&self.shared);
         self.pool
-            .submit(Box::new(move || shared.read_into_cache(key)));
+            .submit(Box::new(move || shared.read_into_cache(key)), urgency);
     }
 }
 
@@ -591,7 +609,7 @@ impl Shared {
     fn begin_warming(&self, key: Key) -> bool {
         let Some(size) = self.store.record_bytes(key.0, key.1) else { return false };
         let mut st = lock(&self.state);
-        if st.entries.contains_key(&key) || st.in_flight.contains_key(&key) || st.resident + st.reserved + size > self.budget {
+        if st.entries.contains_key(&key) || st.in_flight.contains_key(&key) || st.resident + st.reserved + st.spare + size > self.budget {
             return false;
         }
         st.issue(key, size, None, true);
@@ -603,8 +621,9 @@ impl Shared {
     /// room reserved for it, busy once for each waiter. The job's own reference moves into the cache, so
     /// no copy outlives the entry's eviction.
     fn read_into_cache(&self, key: Key) {
+        let spare = lock(&self.state).in_flight.get_mut(&key).and_then(|f| f.buf.take());
         let t = Instant::now();
-        let outcome = self.store.read(key.0, key.1).ok().map(|mut rec| {
+        let outcome = self.store.read_reusing(key.0, key.1, spare).ok().map(|mut rec| {
             if self.regroup {
                 rec.regroup();
             }
@@ -614,7 +633,7 @@ impl Shared {
         let mut st = lock(&self.state);
         let c = &mut st.layers[key.0];
         c.read_ns += ns;
-        c.bytes_read += outcome.as_ref().map_or(0, |rec| rec.resident_bytes());
+        c.bytes_read += outcome.as_ref().map_or(0, |_| self.store.record_bytes(key.0, key.1).unwrap_or(0));
         if let Some(f) = st.in_flight.remove(&key) {
             st.reserved -= f.size;
             for (i, tx) in &f.waiters {
@@ -675,13 +694,21 @@ impl State {
         Admit::Coming(id, true)
     }
 
-    /// Reserve `size` for a read of `key` and record it in flight, claimed by `waiter` if any; its id.
+    /// Reserve room for a read of `key` (`size` bytes, or a spare buffer that holds them, which it takes)
+    /// and record it in flight, claimed by `waiter` if any; its id.
     fn issue(&mut self, key: Key, size: u64, waiter: Option<(usize, &Sender<Arrival>)>, prefetch: bool) -> u64 {
         self.tick += 1;
+        let buf = self.spare_for(size).map(|i| self.spares.swap_remove(i));
+        let size = buf.as_ref().map_or(size, |b| {
+            self.spare -= b.len() as u64;
+            self.layers[key.0].buffers_reused += 1;
+            b.len() as u64
+        });
         let f = InFlight {
             waiters: waiter.map(|(i, tx)| (i, tx.clone())).into_iter().collect(),
             id: self.tick,
             size,
+            buf,
             claims: u32::from(waiter.is_some()),
             prefetch_unclaimed: prefetch,
         };
@@ -690,17 +717,41 @@ impl State {
         self.tick
     }
 
-    /// Evict in policy order until `size` more bytes fit in the budget beside everything resident and in
-    /// flight; false, evicting nothing, when not even evicting every evictable record would do.
+    /// The spare buffer a read of `size` bytes would take.
+    fn spare_for(&self, size: u64) -> Option<usize> {
+        self.spares.iter().position(|b| b.len() as u64 >= size)
+    }
+
+    /// Make room in the budget, beside everything resident, in flight and spare, for a read of `size`
+    /// bytes: free the spares it cannot use, then evict in policy order. A spare it can use is room
+    /// already counted. False, changing nothing, when not even evicting every evictable record would do.
     fn make_room(&mut self, size: u64, budget: u64) -> bool {
         let fixed = self.resident - self.evictable + self.reserved;
         if fixed + size > budget {
             return false;
         }
-        while self.resident + self.reserved + size > budget {
-            self.evict_one();
+        loop {
+            let reuse = self.spare_for(size);
+            let more = if reuse.is_some() { 0 } else { size };
+            if self.resident + self.reserved + self.spare + more <= budget {
+                return true;
+            }
+            // Every step frees a spare or an entry; an eviction may add a spare, freed or used next. With
+            // nothing evictable and no spare left, `fixed + size` fits, as checked above.
+            if let Some(j) = (0..self.spares.len()).find(|&j| Some(j) != reuse) {
+                self.free_spare(j);
+            } else if self.evict_one() {
+            } else if let Some(i) = reuse {
+                // The one spare it could use is longer than a fresh buffer and does not fit.
+                self.free_spare(i);
+            } else {
+                return false; // not reached: nothing evictable and no spare leaves `fixed + size`, which fits
+            }
         }
-        true
+    }
+
+    fn free_spare(&mut self, i: usize) {
+        self.spare -= self.spares.swap_remove(i).len() as u64;
     }
 
     /// A finished read's record becomes an entry: busy for each claim on it, evictable if none.
@@ -742,9 +793,15 @@ impl State {
             return false;
         };
         if let Some(e) = self.entries.remove(&key) {
-            self.resident -= e.rec.resident_bytes();
-            self.evictable -= e.rec.resident_bytes();
+            let size = e.rec.resident_bytes();
+            self.resident -= size;
+            self.evictable -= size;
             self.layers[key.0].evictions += 1;
+            // Unless a caller still holds the record (`get_layer`'s), its buffer becomes a spare.
+            if let Ok(rec) = Arc::try_unwrap(e.rec) {
+                self.spares.push(rec.into_buf());
+                self.spare += size;
+            }
         }
         true
     }
@@ -764,6 +821,9 @@ impl State {
             }
             None => {
                 while self.resident + self.reserved + size > budget && self.evict_one() {}
+                // A rare path (a read retried after a failure): the spares its evictions made are freed.
+                self.spares.clear();
+                self.spare = 0;
                 let e = Entry {
                     rec,
                     rank: (0, 0),
@@ -1001,12 +1061,7 @@ mod tests {
             }
             requests[layer] += k as u64;
             let s = c.stats();
-            assert!(
-                s.resident_bytes <= s.budget_bytes,
-                "{} > {}",
-                s.resident_bytes,
-                s.budget_bytes
-            );
+            assert!(s.resident_bytes + s.in_flight_bytes + s.spare_bytes <= s.budget_bytes, "{s:?}");
         }
         let s = c.stats();
         let mut total_bytes = 0;
@@ -1142,6 +1197,32 @@ mod tests {
         );
     }
 
+    /// Once the budget is full, each miss reads into the buffer of the record it evicted, and the bytes
+    /// are the new record's.
+    #[test]
+    fn misses_read_into_the_buffers_of_evicted_records() {
+        let f = fixture(&uniform(), true);
+        let c = cache(&f, Budget::Bytes(3 * S), Policy::Lru);
+        let mut buffers = Vec::new();
+        // Addresses alone would not show it: a fresh mapping often lands where the last one was unmapped.
+        for (n, e) in (0..8).chain(0..8).enumerate() {
+            c.get_layer_with(n % 2, &[e], &mut |_, rec| {
+                check_record(&f.gguf, rec);
+                let at = rec.gate().data.as_ptr() as usize;
+                if buffers.len() < 3 {
+                    buffers.push(at);
+                } else {
+                    assert!(buffers.contains(&at), "read {n} used a new buffer");
+                }
+            })
+            .unwrap();
+            let s = c.stats();
+            assert_eq!((s.resident_bytes, s.in_flight_bytes, s.spare_bytes), ((n as u64 + 1).min(3) * S, 0, 0));
+            assert_eq!(s.total.buffers_reused, n.saturating_sub(2) as u64);
+        }
+        assert_eq!(c.stats().total.evictions, 13);
+    }
+
     #[test]
     fn get_layer_with_reports_each_record_as_it_arrives() {
         let f = fixture(&uniform(), false);
@@ -1178,7 +1259,7 @@ mod tests {
                         let alive = seen.iter().filter(|w| w.strong_count() > 0).count() as u64 * S;
                         let s = c.stats();
                         assert!(alive <= budget, "{alive} bytes of records alive, budget {budget}");
-                        assert!(s.resident_bytes + s.in_flight_bytes <= budget, "{s:?}");
+                        assert!(s.resident_bytes + s.in_flight_bytes + s.spare_bytes <= budget, "{s:?}");
                         alive_max = alive_max.max(alive);
                         got += 1;
                     })

@@ -1,65 +1,133 @@
-//! A fixed pool of I/O threads fed by a channel.
+//! A fixed pool of I/O threads with two queues: reads someone waits for, and reads ahead of need.
 //!
 //! Why a pool rather than scoped threads per batch: prefetches must outlive the call that issues them, and
 //! a layer's misses arrive dozens of times per token, so spawning threads per batch would add tens of
 //! microseconds per layer for nothing. Blocking `pread`s on several threads are what keeps several reads in
 //! flight; io_uring would do the same with fewer threads, at the cost of a dependency and Linux only.
+//!
+//! Why two queues: the forward pass issues the next layer's prefetches before this layer's misses (it knows
+//! both after this layer's routing), and one queue in arrival order made the misses wait behind them. A
+//! worker takes a demand read whenever one is queued, and a prefetch only when none is.
 
-use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// Whether a caller is blocked on the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Urgency {
+    Demand,
+    Ahead,
+}
+
+#[derive(Default)]
+struct Queues {
+    demand: VecDeque<Job>,
+    ahead: VecDeque<Job>,
+    closed: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    queues: Mutex<Queues>,
+    work: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queues> {
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next job, demand first; `None` once the pool is closed and both queues are empty.
+    fn next(&self) -> Option<Job> {
+        let mut q = self.lock();
+        loop {
+            if let Some(job) = q.demand.pop_front().or_else(|| q.ahead.pop_front()) {
+                return Some(job);
+            }
+            if q.closed {
+                return None;
+            }
+            q = self.work.wait(q).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
 pub(crate) struct IoPool {
-    tx: Option<Sender<Job>>,
+    shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
 }
 
 impl IoPool {
     pub fn new(threads: usize) -> std::io::Result<IoPool> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
-        let workers = (0..threads.max(1))
-            .map(|i| {
-                let rx = Arc::clone(&rx);
-                std::thread::Builder::new()
-                    .name(format!("titan-io-{i}"))
-                    .spawn(move || loop {
-                        // Hold the lock only while taking a job, not while running it.
-                        let job = rx.lock().unwrap_or_else(PoisonError::into_inner).recv();
-                        match job {
-                            Ok(job) => job(),
-                            Err(_) => break, // the pool was dropped
-                        }
-                    })
-            })
-            .collect::<std::io::Result<_>>()?;
-        Ok(IoPool {
-            tx: Some(tx),
-            workers,
-        })
+        let shared = Arc::new(Shared::default());
+        let mut pool = IoPool { shared, workers: Vec::new() };
+        for i in 0..threads.max(1) {
+            let shared = Arc::clone(&pool.shared);
+            let worker = std::thread::Builder::new().name(format!("titan-io-{i}")).spawn(move || {
+                // The lock is held only while taking a job, not while running it.
+                while let Some(job) = shared.next() {
+                    job();
+                }
+            });
+            // On failure, `pool` is dropped here, which stops the workers already started.
+            pool.workers.push(worker?);
+        }
+        Ok(pool)
     }
 
-    /// Queue `job`; if no worker is left to take it, run it on the caller's thread rather than lose it.
-    pub fn submit(&self, job: Job) {
-        let job = match &self.tx {
-            Some(tx) => match tx.send(job) {
-                Ok(()) => return,
-                Err(mpsc::SendError(job)) => job,
-            },
-            None => job,
-        };
-        job();
+    /// Queue `job` behind the others of its urgency.
+    pub fn submit(&self, job: Job, urgency: Urgency) {
+        let mut q = self.shared.lock();
+        match urgency {
+            Urgency::Demand => q.demand.push_back(job),
+            Urgency::Ahead => q.ahead.push_back(job),
+        }
+        drop(q);
+        self.shared.work.notify_one();
     }
 }
 
 impl Drop for IoPool {
-    /// Close the channel and wait for the workers, which finish the jobs already queued.
+    /// Close the queues and wait for the workers, which finish the jobs already queued.
     fn drop(&mut self) {
-        drop(self.tx.take());
+        self.shared.lock().closed = true;
+        self.shared.work.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// With the only worker busy, a demand job queued after two prefetches runs before them, and every
+    /// queued job still runs when the pool is dropped.
+    #[test]
+    fn demand_jobs_overtake_queued_prefetches() {
+        let pool = IoPool::new(1).unwrap();
+        let (started_tx, started) = mpsc::channel();
+        let (release, gate) = mpsc::channel::<()>();
+        pool.submit(
+            Box::new(move || {
+                started_tx.send(()).unwrap();
+                gate.recv().unwrap();
+            }),
+            Urgency::Demand,
+        );
+        started.recv().unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        for (name, urgency) in [("ahead 1", Urgency::Ahead), ("ahead 2", Urgency::Ahead), ("demand", Urgency::Demand)] {
+            let order = Arc::clone(&order);
+            pool.submit(Box::new(move || order.lock().unwrap().push(name)), urgency);
+        }
+        release.send(()).unwrap();
+        drop(pool);
+        assert_eq!(*order.lock().unwrap(), ["demand", "ahead 1", "ahead 2"]);
     }
 }

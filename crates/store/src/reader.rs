@@ -511,7 +511,20 @@ impl Store {
     /// Read one record (one positional read per span of its plan), checking its digest unless digests
     /// were turned off. A record that fails its digest is dropped, never returned.
     pub fn read(&self, layer: usize, expert: usize) -> Result<ExpertRecord, StoreError> {
-        self.read_checked(layer, expert, self.opts.verify_digests)
+        self.read_checked(layer, expert, self.opts.verify_digests, None)
+    }
+
+    /// [`Store::read`] into `spare`, a buffer of an earlier record, when it is long enough (its bytes
+    /// outside the new record's reads are left as they were; nothing looks at them). Reusing a buffer
+    /// saves mapping, zeroing and unmapping one per read: about 1.3 ms of an I/O thread's time for a
+    /// 2.65 MB record on the 2-core EPYC (`record_cpu`), against a read of 5–10 ms.
+    pub fn read_reusing(
+        &self,
+        layer: usize,
+        expert: usize,
+        spare: Option<AlignedBuf>,
+    ) -> Result<ExpertRecord, StoreError> {
+        self.read_checked(layer, expert, self.opts.verify_digests, spare)
     }
 
     fn read_checked(
@@ -519,6 +532,7 @@ impl Store {
         layer: usize,
         expert: usize,
         check: bool,
+        spare: Option<AlignedBuf>,
     ) -> Result<ExpertRecord, StoreError> {
         let Some(i) = self.index_of(layer, expert) else {
             return Err(StoreError::NoRecord { layer, expert });
@@ -531,11 +545,13 @@ impl Store {
                 format!("cannot allocate {} bytes for a record", plan.len),
             ),
         };
-        let mut buf = usize::try_from(plan.len)
-            .ok()
-            .and_then(|n| AlignedBuf::zeroed(n, self.align as usize))
-            .ok_or_else(too_big)?;
-        self.read_spans(plan.spans(), buf.as_mut_slice())?;
+        let len = usize::try_from(plan.len).map_err(|_| too_big())?;
+        let fits = |b: &AlignedBuf| b.len() >= len && b.as_slice().as_ptr() as u64 % self.align == 0;
+        let mut buf = match spare.filter(fits) {
+            Some(b) => b,
+            None => AlignedBuf::zeroed(len, self.align as usize).ok_or_else(too_big)?,
+        };
+        self.read_spans(plan.spans(), &mut buf.as_mut_slice()[..len])?;
         let mut shape = self.shapes[i / self.n_expert];
         for (part, start) in [&mut shape.gate, &mut shape.up, &mut shape.down]
             .into_iter()
@@ -666,7 +682,7 @@ impl Store {
                         break;
                     };
                     if tx
-                        .send((i, self.read_checked(layer, expert, true).err()))
+                        .send((i, self.read_checked(layer, expert, true, None).err()))
                         .is_err()
                     {
                         break;

@@ -33,7 +33,8 @@ pub struct ExpertRecord {
     pub expert: usize,
     shape: RecordShape,
     /// The record's aligned reads, exactly as read: one for a copied record, padded to the alignment;
-    /// one per part in place, each rounded out to the alignment at both ends.
+    /// one per part in place, each rounded out to the alignment at both ends. A reused buffer may be
+    /// longer than the reads, and hold another record's bytes outside them.
     buf: AlignedBuf,
 }
 
@@ -104,9 +105,15 @@ impl ExpertRecord {
         }
     }
 
-    /// Memory the record occupies (its padded size): what the cache budget counts.
+    /// Memory the record occupies (its buffer, which may be larger than its reads): what the cache budget
+    /// counts.
     pub fn resident_bytes(&self) -> u64 {
         self.buf.len() as u64
+    }
+
+    /// The record's buffer, for another read to reuse.
+    pub(crate) fn into_buf(self) -> AlignedBuf {
+        self.buf
     }
 
     fn part(&self, p: Part) -> ExpertTensor<'_> {
