@@ -546,7 +546,7 @@ impl Store {
             ),
         };
         let len = usize::try_from(plan.len).map_err(|_| too_big())?;
-        let fits = |b: &AlignedBuf| b.len() >= len && b.as_slice().as_ptr() as u64 % self.align == 0;
+        let fits = |b: &AlignedBuf| b.len() >= len && (b.as_slice().as_ptr() as u64).is_multiple_of(self.align);
         let mut buf = match spare.filter(fits) {
             Some(b) => b,
             None => AlignedBuf::zeroed(len, self.align as usize).ok_or_else(too_big)?,
