@@ -15,7 +15,7 @@ use titan_gguf::GgufFile;
 use titan_store::{convert, write_index, ConvertOptions, Layout, Profile, Store, StoreOptions};
 
 use cluster_args::{ClusterArgs, WorkerArgs};
-use store_args::{default_store, LayoutArg, StreamArgs};
+use store_args::{default_store, KvPlan, LayoutArg, StreamArgs};
 
 #[derive(Parser)]
 #[command(name = "titan", version, about = "Run mixture-of-experts language models from GGUF files")]
@@ -186,11 +186,16 @@ struct SamplingArgs {
 }
 
 impl SamplingArgs {
+    /// The one sequence a run holds: its context, of which it can use at most the prompt and `-n` tokens.
+    fn kv_plan(&self, prompt_tokens_at_most: usize) -> KvPlan {
+        KvPlan { sequences: 1, ctx: self.ctx_size, used: Some(prompt_tokens_at_most.saturating_add(self.n_predict)) }
+    }
+
     /// The options for a prompt of `prompt_len` tokens, checked before anything is allocated: the sampler's
     /// values, and a context within the model's and within memory (the KV cache is sized for what the
     /// run can use: the prompt and `-n` tokens, at most the context).
     fn options(&self, model: &Model, prompt_len: usize) -> Result<GenerateOptions> {
-        let n_ctx = self.ctx_size.unwrap_or(model.config.n_ctx_train.min(4096));
+        let n_ctx = self.ctx_size.unwrap_or_else(|| store_args::default_ctx(&model.config));
         let used = n_ctx.min(prompt_len.saturating_add(self.n_predict));
         let past = self.allow_long_context;
         model
@@ -225,7 +230,21 @@ struct PromptArgs {
     tokens: Option<Vec<u32>>,
 }
 
+/// At most how many tokens `text` encodes to: each token of a vocabulary covers at least one byte of the
+/// text, but for the few the vocabulary adds itself (BOS, EOS, a leading space).
+fn tokens_at_most(text: &str) -> usize {
+    text.len().saturating_add(8)
+}
+
 impl PromptArgs {
+    fn tokens_at_most(&self) -> usize {
+        match (&self.prompt, &self.tokens) {
+            (Some(p), _) => tokens_at_most(p),
+            (_, Some(t)) => t.len(),
+            (None, None) => unreachable!("clap requires one"),
+        }
+    }
+
     fn tokens(&self, model: &Model) -> Result<Vec<u32>> {
         let tokens = match (&self.prompt, &self.tokens) {
             (Some(p), _) => model.tokenizer.encode(p, true, true),
@@ -471,8 +490,9 @@ fn start_pool(threads: Option<usize>) -> Result<()> {
     Ok(())
 }
 
-fn load(a: &ModelArgs) -> Result<Model> {
-    let mut model = Model::load_with(&a.model, &a.stream.load_options(&a.model)?)?;
+/// Load the model, streaming its experts where its weights do not fit beside the KV caches of `kv`.
+fn load(a: &ModelArgs, kv: KvPlan) -> Result<Model> {
+    let mut model = Model::load_with(&a.model, &a.stream.load_options(&a.model, kv)?)?;
     if let Some(w) = model.experts.cache().and_then(|c| c.warning()) {
         eprintln!("warning: {w}");
     }
@@ -485,7 +505,7 @@ fn load(a: &ModelArgs) -> Result<Model> {
 
 fn worker(a: WorkerCmdArgs) -> Result<()> {
     match (&a.model, &a.worker.backbone) {
-        (Some(m), _) => cluster_args::serve(m, &a.stream.load_options(m)?, &a.worker),
+        (Some(m), _) => cluster_args::serve(m, &a.stream.load_options(m, KvPlan::NONE)?, &a.worker),
         (None, Some(_)) => {
             let budget = a.stream.expert_budget.as_deref().map(store_args::parse_size).transpose()?.unwrap_or(0);
             cluster_args::serve_fetched(budget, &a.worker)
@@ -513,8 +533,8 @@ fn serve(a: ServeArgs) -> Result<()> {
         bail!("--parallel {} is outside 1..=256", a.parallel);
     }
     let chat_template = a.chat_template.as_ref().map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))).transpose()?;
-    let model = load(&a.model)?;
-    let ctx_size = a.ctx_size.unwrap_or(model.config.n_ctx_train.min(4096));
+    let model = load(&a.model, KvPlan { sequences: a.parallel, ctx: a.ctx_size, used: None })?;
+    let ctx_size = a.ctx_size.unwrap_or_else(|| store_args::default_ctx(&model.config));
     // Every slot holds a whole context's KV cache from the start.
     let memory = store_args::mem_available().unwrap_or(u64::MAX) / a.parallel as u64;
     model.check_context(ctx_size, memory, a.allow_long_context).context("--ctx-size (per slot of --parallel)")?;
@@ -535,7 +555,7 @@ fn serve(a: ServeArgs) -> Result<()> {
 }
 
 fn run(a: RunArgs) -> Result<()> {
-    let model = load(&a.model)?;
+    let model = load(&a.model, a.sampling.kv_plan(tokens_at_most(&a.prompt)))?;
     let prompt = model.tokenizer.encode(&a.prompt, true, true);
     let opts = a.sampling.options(&model, prompt.len())?;
     let mut stdout = std::io::stdout().lock();
@@ -575,7 +595,7 @@ fn run(a: RunArgs) -> Result<()> {
 }
 
 fn logits(a: LogitsArgs) -> Result<()> {
-    let model = load(&a.model)?;
+    let model = load(&a.model, KvPlan::positions(a.prompt.tokens_at_most()))?;
     let tokens = a.prompt.tokens(&model)?;
     model.check_context(tokens.len(), store_args::mem_available().unwrap_or(u64::MAX), false).context("--tokens")?;
     let mut seq = model.new_sequence(tokens.len());
@@ -591,7 +611,7 @@ fn logits(a: LogitsArgs) -> Result<()> {
 }
 
 fn perplexity(a: PerplexityArgs) -> Result<()> {
-    let model = load(&a.model)?;
+    let model = load(&a.model, KvPlan::positions(a.ctx_size))?;
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     // As llama-perplexity: special tokens added as the vocabulary asks, control-token text kept as text.
     let tokens = model.tokenizer.encode(&text, true, false);
@@ -665,7 +685,8 @@ fn inspect(a: InspectArgs) -> Result<()> {
 
 fn bench(a: BenchArgs) -> Result<()> {
     use titan_engine::bench::{bench, median, BenchOptions};
-    let model = load(&a.model)?;
+    // The bench's longest sequence: the prompt's, or the decode's, with one more position.
+    let model = load(&a.model, KvPlan::positions(a.n_prompt.max(a.n_gen) + 1))?;
     let r = bench(&model, &BenchOptions { prompt_tokens: a.n_prompt, gen_tokens: a.n_gen, repetitions: a.repetitions })?;
     let (pp, tg) = (median(&r.prompt_tok_s), median(&r.decode_tok_s));
     let threads = rayon::current_num_threads();
@@ -821,7 +842,7 @@ fn verify_store(a: VerifyArgs) -> Result<()> {
 }
 
 fn profile(a: ProfileArgs) -> Result<()> {
-    let model = load(&a.model)?;
+    let model = load(&a.model, a.sampling.kv_plan(a.prompt.tokens_at_most()))?;
     let prompt = a.prompt.tokens(&model)?;
     let opts = a.sampling.options(&model, prompt.len())?;
     // The trace already records every routing decision; the profile counts them.
@@ -859,7 +880,7 @@ fn profile(a: ProfileArgs) -> Result<()> {
 }
 
 fn trace(a: TraceArgs) -> Result<()> {
-    let model = load(&a.model)?;
+    let model = load(&a.model, a.sampling.kv_plan(a.prompt.tokens_at_most()))?;
     let prompt = a.prompt.tokens(&model)?;
     let opts = a.sampling.options(&model, prompt.len())?;
     let f = &model.weights.file;

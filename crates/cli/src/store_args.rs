@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use titan_engine::{LoadOptions, StreamOptions};
+use titan_engine::{Config, LoadOptions, StreamOptions};
 use titan_store::{Layout, Policy, Profile, Store};
 
 #[derive(Args, Clone, Default)]
@@ -90,30 +90,127 @@ fn find_store(model: &Path) -> Result<PathBuf> {
     )
 }
 
-/// Whether `model`'s weights fit in the memory available with headroom to spare; says so when not.
-fn fits(model: &Path) -> Result<bool> {
-    let (dense, experts) = titan_engine::weights::dense_and_expert_bytes(&titan_gguf::GgufFile::open(model)?);
-    let Some(available) = mem_available() else { return Ok(true) };
-    if dense + experts + HEADROOM <= available {
+/// The KV caches a command will hold: the memory plan leaves room for them beside the weights.
+#[derive(Clone, Copy, Debug)]
+pub struct KvPlan {
+    /// Sequences held at once (0 on a worker, which holds none).
+    pub sequences: usize,
+    /// Positions each one is sized for (`--ctx-size`; `None`: its default, [`default_ctx`]).
+    pub ctx: Option<usize>,
+    /// Positions a run can use at most (its prompt and generated tokens), where fewer than `ctx`.
+    pub used: Option<usize>,
+}
+
+impl KvPlan {
+    pub const NONE: KvPlan = KvPlan { sequences: 0, ctx: Some(0), used: None };
+
+    /// One sequence of `positions`.
+    pub fn positions(positions: usize) -> KvPlan {
+        KvPlan { sequences: 1, ctx: Some(positions), used: None }
+    }
+
+    fn positions_of(&self, c: &Config) -> usize {
+        self.ctx.unwrap_or_else(|| default_ctx(c)).min(self.used.unwrap_or(usize::MAX))
+    }
+
+    fn bytes(&self, c: &Config) -> u64 {
+        u64::try_from(self.sequences as u128 * c.kv_bytes(self.positions_of(c))).unwrap_or(u64::MAX)
+    }
+}
+
+/// `--ctx-size`'s default: the model's training context, at most 4096 positions.
+pub fn default_ctx(c: &Config) -> usize {
+    c.n_ctx_train.min(4096)
+}
+
+/// Memory kept free beside the weights and the KV caches, for activations, buffers and the allocator.
+/// Measured: Qwen3-30B-A3B streamed through a 6 GiB cgroup with a 512-token prompt peaked 0.13 GiB above its
+/// weights, budget and KV cache (the README's "memory plan").
+const MARGIN: u64 = 512 << 20;
+
+/// How the memory available is shared out: dense weights (copied into memory at load), the KV caches
+/// the command will hold and a margin; the experts get the rest when they do not all fit.
+struct MemoryPlan {
+    available: u64,
+    dense: u64,
+    experts: u64,
+    kv: u64,
+    positions: usize,
+    sequences: usize,
+}
+
+impl MemoryPlan {
+    /// The plan for `model` in the memory available now, or `None` when that cannot be read.
+    fn of(model: &Path, kv: KvPlan) -> Result<Option<MemoryPlan>> {
+        let gguf = titan_gguf::GgufFile::open(model)?;
+        Ok(mem_available().map(|available| MemoryPlan::new(&gguf, kv, available)))
+    }
+
+    fn new(gguf: &titan_gguf::GgufFile, kv: KvPlan, available: u64) -> MemoryPlan {
+        let (dense, experts) = titan_engine::weights::dense_and_expert_bytes(gguf);
+        // A file whose hyper-parameters do not parse fails to load just after, with the reason; until
+        // then it plans no KV cache.
+        let config = Config::from_gguf(gguf).ok();
+        MemoryPlan {
+            available,
+            dense,
+            experts,
+            kv: config.as_ref().map_or(0, |c| kv.bytes(c)),
+            positions: config.as_ref().map_or(0, |c| kv.positions_of(c)),
+            sequences: kv.sequences,
+        }
+    }
+
+    fn reserved(&self) -> u64 {
+        self.dense.saturating_add(self.kv).saturating_add(MARGIN)
+    }
+
+    fn fits(&self) -> bool {
+        self.reserved().saturating_add(self.experts) <= self.available
+    }
+
+    fn expert_budget(&self) -> u64 {
+        self.available.saturating_sub(self.reserved())
+    }
+
+    /// "the dense weights (…), 2 × 4096 positions of KV cache (…) and 512.00 MiB for the rest".
+    fn reserved_text(&self) -> String {
+        let h = crate::human;
+        let kv = match self.sequences {
+            0 => String::new(),
+            1 => format!(", {} positions of KV cache ({})", self.positions, h(self.kv)),
+            n => format!(", {n} × {} positions of KV cache ({})", self.positions, h(self.kv)),
+        };
+        format!("the dense weights ({}){kv} and {} for the rest", h(self.dense), h(MARGIN))
+    }
+}
+
+/// Whether `model`'s weights fit in the memory available beside what else the command holds; says so
+/// when not.
+fn fits(model: &Path, kv: KvPlan) -> Result<bool> {
+    let Some(plan) = MemoryPlan::of(model, kv)? else { return Ok(true) };
+    if plan.fits() {
         return Ok(true);
     }
     let h = crate::human;
-    if dense + HEADROOM > available {
+    if plan.reserved() > plan.available {
+        let less = if plan.kv > 0 { "; a smaller --ctx-size (or --parallel) needs less" } else { "" };
         bail!(
-            "{}: its dense weights alone ({}) and 1 GiB of headroom do not fit in the {} of memory available, so not even its experts can stream (--resident tries anyway)",
+            "{}: {} do not fit in the {} of memory available, so not even its experts can stream (--resident tries anyway{less})",
             model.display(),
-            h(dense),
-            h(available)
+            plan.reserved_text(),
+            h(plan.available)
         );
     }
     eprintln!(
         "{}: {} of weights do not fit in the {} of memory available: its experts ({}) stream from disk through a \
-         budget of {} (--resident loads everything anyway)",
+         budget of {} (what is left beside {}; --resident loads everything anyway)",
         model.display(),
-        h(dense + experts),
-        h(available),
-        h(experts),
-        h(available - dense - HEADROOM)
+        h(plan.dense + plan.experts),
+        h(plan.available),
+        h(plan.experts),
+        h(plan.expert_budget()),
+        plan.reserved_text()
     );
     Ok(false)
 }
@@ -202,15 +299,13 @@ fn cgroup_headroom(sys: &Path, own: &str) -> Option<u64> {
     least
 }
 
-/// Memory kept free beside the weights for the KV cache, the activations and the rest of the system.
-const HEADROOM: u64 = 1 << 30;
-
 impl StreamArgs {
     /// Load options for a model at `model`: streamed when a budget or a store is given, or when the
-    /// model's weights do not fit in the memory available (unless `--resident`); else resident.
-    pub fn load_options(&self, model: &Path) -> Result<LoadOptions> {
+    /// model's weights do not fit in the memory available beside the KV caches of `kv` (unless
+    /// `--resident`); else resident.
+    pub fn load_options(&self, model: &Path, kv: KvPlan) -> Result<LoadOptions> {
         let automatic = self.expert_budget.is_none() && self.store.is_none();
-        if automatic && (self.resident || fits(model)?) {
+        if automatic && (self.resident || fits(model, kv)?) {
             return Ok(LoadOptions::default());
         }
         let store = match &self.store {
@@ -222,11 +317,9 @@ impl StreamArgs {
             None => find_store(model)?,
         };
         let budget_bytes = match self.expert_budget.as_deref() {
-            None | Some("auto") => {
-                // Free memory less the dense weights (copied into memory at load) and the headroom.
-                let (dense, _) = titan_engine::weights::dense_and_expert_bytes(&titan_gguf::GgufFile::open(model)?);
-                mem_available().context("cannot read MemAvailable from /proc/meminfo; give --expert-budget a size")?.saturating_sub(dense + HEADROOM)
-            }
+            None | Some("auto") => MemoryPlan::of(model, kv)?
+                .context("cannot read MemAvailable from /proc/meminfo; give --expert-budget a size")?
+                .expert_budget(),
             Some(s) => parse_size(s)?,
         };
         let pinned = match &self.pin {
@@ -256,8 +349,41 @@ impl StreamArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::{cgroup_headroom, parse_size};
+    use super::{cgroup_headroom, parse_size, KvPlan, MemoryPlan, MARGIN};
     use std::path::Path;
+    use titan_engine::Config;
+
+    /// The automatic budget is what the memory available leaves beside the dense weights, every sequence's
+    /// KV cache at the positions it can use, and the margin; a model fits when its experts do too.
+    #[test]
+    fn the_expert_budget_leaves_room_for_the_kv_caches() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3moe/q8_0.gguf");
+        let gguf = titan_gguf::GgufFile::open(&path).unwrap();
+        let config = Config::from_gguf(&gguf).unwrap();
+        let (dense, experts) = titan_engine::weights::dense_and_expert_bytes(&gguf);
+        let kv = |n: usize| u64::try_from(config.kv_bytes(n)).unwrap();
+        assert!(kv(1) > 0);
+        let available = dense + experts + MARGIN + 4 * kv(100);
+
+        // Four slots of 100 positions fill the memory exactly: the experts fit, with not a byte to spare.
+        let slots = KvPlan { sequences: 4, ctx: Some(100), used: None };
+        let plan = MemoryPlan::new(&gguf, slots, available);
+        assert!(plan.fits());
+        assert_eq!(plan.expert_budget(), experts);
+        assert!(!MemoryPlan::new(&gguf, slots, available - 1).fits());
+
+        // A run that can use only 60 of its 100 positions plans for 60.
+        let run = MemoryPlan::new(&gguf, KvPlan { sequences: 1, ctx: Some(100), used: Some(60) }, available);
+        assert_eq!(run.expert_budget(), experts + 4 * kv(100) - kv(60));
+        // Without --ctx-size, the default context: the training context, at most 4096.
+        let default = MemoryPlan::new(&gguf, KvPlan { sequences: 2, ctx: None, used: None }, available);
+        assert_eq!(default.kv, 2 * kv(config.n_ctx_train.min(4096)));
+        // A worker holds no KV cache; memory below the dense weights and margin leaves no budget at all.
+        assert_eq!(MemoryPlan::new(&gguf, KvPlan::NONE, available).expert_budget(), experts + 4 * kv(100));
+        assert_eq!(MemoryPlan::new(&gguf, KvPlan::NONE, dense).expert_budget(), 0);
+        let text = plan.reserved_text();
+        assert!(text.contains("4 × 100 positions of KV cache") && text.contains("512.00 MiB for the rest"), "{text}");
+    }
 
     fn write(dir: &Path, files: &[(&str, &str)]) {
         std::fs::create_dir_all(dir).unwrap();

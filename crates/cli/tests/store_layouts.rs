@@ -113,8 +113,9 @@ fn a_model_that_does_not_fit_streams_from_an_index_made_on_first_use() {
     let m = dir.path().join("m.gguf");
     std::fs::copy(fixture(MODEL), &m).unwrap();
     let (dense, experts) = titan_engine::weights::dense_and_expert_bytes(&titan_gguf::GgufFile::open(&m).unwrap());
-    // Room for the dense weights, the 1 GiB of headroom and half the experts.
-    let memory = (dense + (1 << 30) + experts / 2).to_string();
+    // Room for the dense weights, the 512 MiB margin and half the experts (the KV cache of this run's 43
+    // positions at most takes a few KiB of them).
+    let memory = (dense + (512 << 20) + experts / 2).to_string();
     let args = ["run", "-m", m.to_str().unwrap(), "-p", "The quick brown fox", "-n", "16", "--temp", "0"];
     let resident = titan(&args);
     assert!(resident.status.success() && !dir.path().join("m.titan-index").exists(), "{}", stderr(&resident));
@@ -123,6 +124,7 @@ fn a_model_that_does_not_fit_streams_from_an_index_made_on_first_use() {
     let err = stderr(&streamed);
     assert!(streamed.status.success(), "{err}");
     assert!(err.contains("of weights do not fit in the") && err.contains("indexing the experts of") && err.contains("hit rate"), "{err}");
+    assert!(err.contains("43 positions of KV cache"), "{err}");
     assert!(dir.path().join("m.titan-index").is_file() && !dir.path().join("m.titan").exists());
     assert_eq!(streamed.stdout, resident.stdout, "streamed output differs from resident");
 
@@ -136,4 +138,12 @@ fn a_model_that_does_not_fit_streams_from_an_index_made_on_first_use() {
     // Not even the dense weights fit: an error that says so.
     let none = common::titan().args(args).env("TITAN_MEMORY_AVAILABLE", "100MiB").output().unwrap();
     assert!(!none.status.success() && stderr(&none).contains("do not fit in the 100.00 MiB of memory available"), "{}", stderr(&none));
+
+    // A server's slots each hold a whole context: 256 of them do not fit beside the weights, and it says so
+    // before it listens.
+    let serve = ["serve", "-m", m.to_str().unwrap(), "--listen", "127.0.0.1:0", "--parallel", "256", "--ctx-size", "512"];
+    let slots = common::titan().args(serve).env("TITAN_MEMORY_AVAILABLE", &memory).output().unwrap();
+    let err = stderr(&slots);
+    assert_eq!(slots.status.code(), Some(1), "{err}");
+    assert!(err.contains("256 × 512 positions of KV cache") && err.contains("a smaller --ctx-size"), "{err}");
 }

@@ -454,6 +454,15 @@ impl Config {
     pub fn n_attention_layers(&self) -> usize {
         self.mixers.iter().filter(|&&m| m == Mixer::Attention).count()
     }
+
+    /// Bytes a sequence of `n_ctx` positions holds: f32 keys and values of every attention layer, and the
+    /// recurrent state of every linear-attention layer.
+    pub fn kv_bytes(&self, n_ctx: usize) -> u128 {
+        let recurrent = self.delta_net.map_or(0, |s| (self.n_layer - self.n_attention_layers()) * crate::delta_net::DeltaState::bytes(&s));
+        // latent attention keeps keys only: its values are read out of them
+        let tensors = if self.mla.is_some() { 1 } else { 2 };
+        tensors * 4 * self.n_attention_layers() as u128 * n_ctx as u128 * self.kv_dim() as u128 + recurrent as u128
+    }
 }
 
 /// DeepSeek's latent-attention dimensions.

@@ -103,16 +103,6 @@ impl Model {
         Ok((config, source))
     }
 
-    /// Bytes a sequence of `n_ctx` positions holds: f32 keys and values of every attention layer, and the
-    /// recurrent state of every linear-attention layer.
-    pub fn kv_bytes(&self, n_ctx: usize) -> u128 {
-        let c = &self.config;
-        let recurrent = c.delta_net.map_or(0, |s| (c.n_layer - c.n_attention_layers()) * DeltaState::bytes(&s));
-        // latent attention keeps keys only: its values are read out of them
-        let tensors = if c.mla.is_some() { 1 } else { 2 };
-        tensors * 4 * c.n_attention_layers() as u128 * n_ctx as u128 * c.kv_dim() as u128 + recurrent as u128
-    }
-
     /// Refuse a context longer than the model was trained for (unless `past_training`: its positions
     /// beyond that are the caller's risk), or whose KV cache would not fit in `memory` bytes, before
     /// anything is allocated for it.
@@ -121,7 +111,7 @@ impl Model {
         if n_ctx == 0 || n_ctx > trained && !past_training {
             return Err(EngineError::Request(format!("a context of {n_ctx} tokens is outside 1..={trained}, the model's training context")));
         }
-        let need = self.kv_bytes(n_ctx);
+        let need = self.config.kv_bytes(n_ctx);
         if need > memory as u128 {
             let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
             return Err(EngineError::Request(format!(
