@@ -253,6 +253,23 @@ def opt(groups, capacity, _n_layer):
     return hits / len(flat)
 
 
+def reuse_by_age(groups, n_layer, ages=(1, 2, 4, 8, 16, 32)):
+    """For each age a: of the experts idle for a - 1 tokens since a use, the share the a-th token uses."""
+    last, gaps = {}, collections.Counter()
+    for t, group in enumerate(groups):
+        token = t // n_layer
+        for key in group:
+            if key in last:
+                gaps[token - last[key]] += 1
+            last[key] = token
+    out, still_idle = [], sum(gaps.values())
+    for a in range(1, max(ages) + 1):
+        if a in ages:
+            out.append((a, gaps[a] / still_idle if still_idle else 0.0))
+        still_idle -= gaps[a]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace", help="a `titan trace` file (safetensors)")
@@ -266,6 +283,8 @@ def main():
     tokens = len(groups) // n_layer
     requests = sum(map(len, groups))
     print(f"{a.trace}: {tokens} decode steps, {n_layer} MoE layers, {requests} requests")
+    ages = ", ".join(f"{age}: {p:.3f}" for age, p in reuse_by_age(groups, n_layer))
+    print(f"chance that an expert idle for a - 1 tokens is used by the a-th: {ages}")
     print("| policy | " + " | ".join(f"{c} records" for c in a.capacity) + " |")
     print("| --- |" + " ---: |" * len(a.capacity))
     for name, run in policies:
