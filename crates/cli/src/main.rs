@@ -188,7 +188,12 @@ struct SamplingArgs {
 impl SamplingArgs {
     /// The one sequence a run holds: its context, of which it can use at most the prompt and `-n` tokens.
     fn kv_plan(&self, prompt_tokens_at_most: usize) -> KvPlan {
-        KvPlan { sequences: 1, ctx: self.ctx_size, used: Some(prompt_tokens_at_most.saturating_add(self.n_predict)) }
+        KvPlan {
+            sequences: 1,
+            ctx: self.ctx_size,
+            used: Some(prompt_tokens_at_most.saturating_add(self.n_predict)),
+            past_training: self.allow_long_context,
+        }
     }
 
     /// The options for a prompt of `prompt_len` tokens, checked before anything is allocated: the sampler's
@@ -533,7 +538,7 @@ fn serve(a: ServeArgs) -> Result<()> {
         bail!("--parallel {} is outside 1..=256", a.parallel);
     }
     let chat_template = a.chat_template.as_ref().map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))).transpose()?;
-    let model = load(&a.model, KvPlan { sequences: a.parallel, ctx: a.ctx_size, used: None })?;
+    let model = load(&a.model, KvPlan { sequences: a.parallel, ctx: a.ctx_size, used: None, past_training: a.allow_long_context })?;
     let ctx_size = a.ctx_size.unwrap_or_else(|| store_args::default_ctx(&model.config));
     // Every slot holds a whole context's KV cache from the start.
     let memory = store_args::mem_available().unwrap_or(u64::MAX) / a.parallel as u64;

@@ -99,18 +99,22 @@ pub struct KvPlan {
     pub ctx: Option<usize>,
     /// Positions a run can use at most (its prompt and generated tokens), where fewer than `ctx`.
     pub used: Option<usize>,
+    /// Whether a context past the model's training context is allowed (`--allow-long-context`). Without,
+    /// the plan stops there: a longer one is refused after loading, with that reason rather than memory.
+    pub past_training: bool,
 }
 
 impl KvPlan {
-    pub const NONE: KvPlan = KvPlan { sequences: 0, ctx: Some(0), used: None };
+    pub const NONE: KvPlan = KvPlan { sequences: 0, ctx: Some(0), used: None, past_training: false };
 
     /// One sequence of `positions`.
     pub fn positions(positions: usize) -> KvPlan {
-        KvPlan { sequences: 1, ctx: Some(positions), used: None }
+        KvPlan { sequences: 1, ctx: Some(positions), used: None, past_training: false }
     }
 
     fn positions_of(&self, c: &Config) -> usize {
-        self.ctx.unwrap_or_else(|| default_ctx(c)).min(self.used.unwrap_or(usize::MAX))
+        let most = if self.past_training { usize::MAX } else { c.n_ctx_train };
+        self.ctx.unwrap_or_else(|| default_ctx(c)).min(self.used.unwrap_or(usize::MAX)).min(most)
     }
 
     fn bytes(&self, c: &Config) -> u64 {
@@ -366,18 +370,22 @@ mod tests {
         let available = dense + experts + MARGIN + 4 * kv(100);
 
         // Four slots of 100 positions fill the memory exactly: the experts fit, with not a byte to spare.
-        let slots = KvPlan { sequences: 4, ctx: Some(100), used: None };
+        let slots = KvPlan { sequences: 4, ctx: Some(100), used: None, past_training: false };
         let plan = MemoryPlan::new(&gguf, slots, available);
         assert!(plan.fits());
         assert_eq!(plan.expert_budget(), experts);
         assert!(!MemoryPlan::new(&gguf, slots, available - 1).fits());
 
         // A run that can use only 60 of its 100 positions plans for 60.
-        let run = MemoryPlan::new(&gguf, KvPlan { sequences: 1, ctx: Some(100), used: Some(60) }, available);
+        let run = MemoryPlan::new(&gguf, KvPlan { sequences: 1, ctx: Some(100), used: Some(60), past_training: false }, available);
         assert_eq!(run.expert_budget(), experts + 4 * kv(100) - kv(60));
         // Without --ctx-size, the default context: the training context, at most 4096.
-        let default = MemoryPlan::new(&gguf, KvPlan { sequences: 2, ctx: None, used: None }, available);
+        let default = MemoryPlan::new(&gguf, KvPlan { sequences: 2, ctx: None, used: None, past_training: false }, available);
         assert_eq!(default.kv, 2 * kv(config.n_ctx_train.min(4096)));
+        // A context past the training one is planned only where allowed; elsewhere it is refused later.
+        let long = |past_training| MemoryPlan::new(&gguf, KvPlan { sequences: 1, ctx: Some(1 << 30), used: None, past_training }, available).kv;
+        assert_eq!(long(false), kv(config.n_ctx_train));
+        assert_eq!(long(true), kv(1 << 30));
         // A worker holds no KV cache; memory below the dense weights and margin leaves no budget at all.
         assert_eq!(MemoryPlan::new(&gguf, KvPlan::NONE, available).expert_budget(), experts + 4 * kv(100));
         assert_eq!(MemoryPlan::new(&gguf, KvPlan::NONE, dense).expert_budget(), 0);
