@@ -70,7 +70,7 @@ impl Metrics {
         // A cluster's nodes, one labelled series each.
         let nodes = model.experts.exchanges();
         if !nodes.is_empty() {
-            let series: [(&str, &str, &str, fn(&NodeExchange) -> f64); 6] = [
+            let series: [NodeSeries; 6] = [
                 ("node_exchanges_total", "counter", "Layer exchanges with the node.", |n| n.exchanges as f64),
                 ("node_exchange_seconds_total", "counter", "From sending a layer's request to the node to having its answer.", |n| n.exchange_ns as f64 / 1e9),
                 ("node_wait_seconds_total", "counter", "Of the exchange time, what the backbone waited after its own share.", |n| n.wait_ns as f64 / 1e9),
@@ -88,3 +88,6 @@ impl Metrics {
         out
     }
 }
+
+/// One labelled series per cluster node: name, Prometheus type, help text, and its value for a node.
+type NodeSeries = (&'static str, &'static str, &'static str, fn(&NodeExchange) -> f64);

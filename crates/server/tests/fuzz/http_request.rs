@@ -43,7 +43,7 @@ pub fn run(template: &ChatTemplate, data: &[u8]) {
 fn check(settings: Result<titan_server::api::Settings, titan_server::error::ApiError>, prompt_len: usize) {
     match settings {
         Ok(s) => {
-            assert!(prompt_len >= 1 && prompt_len < CTX, "a prompt of {prompt_len} tokens was accepted");
+            assert!((1..CTX).contains(&prompt_len), "a prompt of {prompt_len} tokens was accepted");
             assert!(s.max_tokens >= 1 && prompt_len + s.max_tokens <= CTX, "max_tokens {} accepted", s.max_tokens);
             assert!(s.sampler.check().is_ok() && s.stop.len() <= 4);
         }
