@@ -189,10 +189,10 @@ impl MemoryPlan {
     }
 }
 
-/// Whether `model`'s weights fit in the memory available beside what else the command holds; says so
-/// when not.
-fn fits(model: &Path, kv: KvPlan) -> Result<bool> {
-    let Some(plan) = MemoryPlan::of(model, kv)? else { return Ok(true) };
+/// Whether `model`'s weights fit in the memory available beside what else the command holds (`plan`;
+/// none when the memory available is unknown); says so when not.
+fn fits(model: &Path, plan: Option<&MemoryPlan>) -> Result<bool> {
+    let Some(plan) = plan else { return Ok(true) };
     if plan.fits() {
         return Ok(true);
     }
@@ -309,7 +309,15 @@ impl StreamArgs {
     /// `--resident`); else resident.
     pub fn load_options(&self, model: &Path, kv: KvPlan) -> Result<LoadOptions> {
         let automatic = self.expert_budget.is_none() && self.store.is_none();
-        if automatic && (self.resident || fits(model, kv)?) {
+        if automatic && self.resident {
+            return Ok(LoadOptions::default());
+        }
+        // One plan decides both whether the model fits and the automatic budget.
+        let plan = match self.expert_budget.as_deref() {
+            None | Some("auto") => MemoryPlan::of(model, kv)?,
+            Some(_) => None,
+        };
+        if automatic && fits(model, plan.as_ref())? {
             return Ok(LoadOptions::default());
         }
         let store = match &self.store {
@@ -321,7 +329,7 @@ impl StreamArgs {
             None => find_store(model)?,
         };
         let budget_bytes = match self.expert_budget.as_deref() {
-            None | Some("auto") => MemoryPlan::of(model, kv)?
+            None | Some("auto") => plan
                 .context("cannot read MemAvailable from /proc/meminfo; give --expert-budget a size")?
                 .expert_budget(),
             Some(s) => parse_size(s)?,
