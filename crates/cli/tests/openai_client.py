@@ -14,6 +14,7 @@ Prints what it checked; any failed check raises (non-zero exit).
 import concurrent.futures
 import json
 import sys
+import threading
 import urllib.error
 import urllib.request
 
@@ -92,12 +93,19 @@ def api():
     # 8 concurrent streamed greedy requests, each exactly its text alone.
     prompts = [f"Story {i}: once upon a time" for i in range(8)]
     alone = [completion(p, max_tokens=300)[0] for p in prompts]
+    # The average batch depends on how closely the 8 requests arrive, which a loaded machine staggers;
+    # the widest step shows whether the server batched them at all.
     steps, sequences = metric("titan_steps_total"), metric("titan_step_sequences_total")
+    start = threading.Barrier(8)
+    def streamed_when_all_are_ready(p):
+        start.wait()
+        return completion_streamed(p, max_tokens=300)[0]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(lambda p: completion_streamed(p, max_tokens=300)[0], prompts))
+        together = list(pool.map(streamed_when_all_are_ready, prompts))
     per_step = (metric("titan_step_sequences_total") - sequences) / (metric("titan_steps_total") - steps)
-    check(together == alone, f"8 concurrent streamed requests each equal the same request alone ({per_step:.1f} sequences per step)")
-    check(per_step > 2, "the concurrent requests were batched together")
+    widest = metric("titan_step_sequences_max")
+    check(together == alone, f"8 concurrent streamed requests each equal the same request alone ({per_step:.1f} sequences per step, {widest:.0f} at most)")
+    check(widest >= 4, "the concurrent requests were batched together")
     check(len(set(alone)) > 1, "the 8 prompts gave different texts (the check compares something)")
 
     # Errors: status, the OpenAI shape, the client's exception type.

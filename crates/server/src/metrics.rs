@@ -20,6 +20,7 @@ pub struct Metrics {
     steps: AtomicU64,
     step_rows: AtomicU64,
     step_sequences: AtomicU64,
+    most_sequences: AtomicU64,
     step_ns: AtomicU64,
     first_tokens: AtomicU64,
     first_token_ns: AtomicU64,
@@ -30,6 +31,7 @@ impl Metrics {
         self.steps.fetch_add(1, Relaxed);
         self.step_rows.fetch_add(rows as u64, Relaxed);
         self.step_sequences.fetch_add(sequences as u64, Relaxed);
+        self.most_sequences.fetch_max(sequences as u64, Relaxed);
         self.step_ns.fetch_add(took.as_nanos() as u64, Relaxed);
     }
 
@@ -56,6 +58,7 @@ impl Metrics {
         put("steps_total", "counter", "Forward steps run.", get(&self.steps));
         put("step_rows_total", "counter", "Token rows computed, over all steps.", get(&self.step_rows));
         put("step_sequences_total", "counter", "Sequences advanced, over all steps.", get(&self.step_sequences));
+        put("step_sequences_max", "gauge", "The most sequences advanced in one step since the server started.", get(&self.most_sequences));
         let busy = get(&self.step_ns) / 1e9;
         put("step_seconds_total", "counter", "Time spent in forward steps.", busy);
         put("tokens_per_second", "gauge", "Generated tokens per second of step time.", if busy > 0.0 { get(&self.generated) / busy } else { 0.0 });
