@@ -44,7 +44,9 @@ impl SamplerOptions {
 pub struct Sampler {
     opts: SamplerOptions,
     rng: SplitMix64,
-    candidates: Vec<(u32, f32)>,
+    /// Working space: the candidates as [`rank_key`]s, and their weights in the draw.
+    keys: Vec<u64>,
+    weights: Vec<f32>,
 }
 
 /// Highest logit, ties broken by the lowest token id.
@@ -58,9 +60,19 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// Token `id` with `logit` as one integer whose ascending order is the rank order: highest logit first
+/// (in `f32::total_cmp`'s order), ties by the lowest id. Sorting and selecting then compare plain
+/// integers, which for a whole vocabulary is many times faster than comparing (logit, id) pairs.
+fn rank_key(id: u32, logit: f32) -> u64 {
+    // Flip a negative float's bits and set a positive one's sign bit: unsigned order is then total_cmp's.
+    let b = logit.to_bits();
+    let ascending = if b >> 31 == 1 { !b } else { b | 1 << 31 };
+    u64::from(!ascending) << 32 | u64::from(id)
+}
+
 impl Sampler {
     pub fn new(opts: SamplerOptions) -> Sampler {
-        Sampler { rng: SplitMix64(opts.seed), opts, candidates: Vec::new() }
+        Sampler { rng: SplitMix64(opts.seed), opts, keys: Vec::new(), weights: Vec::new() }
     }
 
     /// Pick the next token from `logits`, given the tokens so far (`history`, for the repetition penalty).
@@ -83,52 +95,66 @@ impl Sampler {
         } else {
             logits
         };
-        if o.temperature <= 0.0 {
+        if o.temperature <= 0.0 || logits.is_empty() {
             return argmax(logits);
         }
 
-        let c = &mut self.candidates;
+        let c = &mut self.keys;
         c.clear();
-        c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if o.top_k > 0 {
+        c.extend(logits.iter().enumerate().map(|(i, &l)| rank_key(i as u32, l)));
+        let logit = |k: u64| logits[k as u32 as usize];
+        let id = |k: u64| k as u32;
+        // The filters walk the candidates in rank order. Without any, a draw over the whole vocabulary in
+        // id order follows the same distribution, and the vocabulary is not sorted at all.
+        let ranked = o.top_k > 0 || o.top_p < 1.0 || o.min_p > 0.0;
+        if o.top_k > 0 && o.top_k < c.len() {
+            c.select_nth_unstable(o.top_k - 1);
             c.truncate(o.top_k);
         }
-        // Probabilities (at temperature 1) for the top-p and min-p filters.
-        let max = c[0].1;
-        let probs: Vec<f32> = {
-            let e: Vec<f32> = c.iter().map(|&(_, l)| crate::ops::exp(l - max)).collect();
-            let s: f32 = e.iter().sum();
-            e.into_iter().map(|x| x / s).collect()
+        let max = if ranked {
+            c.sort_unstable();
+            logit(c[0])
+        } else {
+            logits.iter().copied().fold(f32::NEG_INFINITY, f32::max)
         };
-        if o.top_p < 1.0 {
-            let mut cum = 0.0;
-            let mut keep = c.len();
-            for (i, p) in probs.iter().enumerate() {
-                cum += p;
-                if cum >= o.top_p {
-                    keep = i + 1;
-                    break;
+        if o.top_p < 1.0 || o.min_p > 0.0 {
+            // Probabilities (at temperature 1) for the top-p and min-p filters.
+            let probs = &mut self.weights;
+            probs.clear();
+            probs.extend(c.iter().map(|&k| crate::ops::exp(logit(k) - max)));
+            let s: f32 = probs.iter().sum();
+            probs.iter_mut().for_each(|p| *p /= s);
+            if o.top_p < 1.0 {
+                let mut cum = 0.0;
+                let mut keep = c.len();
+                for (i, p) in probs.iter().enumerate() {
+                    cum += p;
+                    if cum >= o.top_p {
+                        keep = i + 1;
+                        break;
+                    }
                 }
+                c.truncate(keep.max(1));
             }
-            c.truncate(keep.max(1));
-        }
-        if o.min_p > 0.0 {
-            let floor = probs[0] * o.min_p;
-            let keep = probs.iter().take(c.len()).take_while(|&&p| p >= floor).count();
-            c.truncate(keep.max(1));
+            if o.min_p > 0.0 {
+                let floor = probs[0] * o.min_p;
+                let keep = probs.iter().take(c.len()).take_while(|&&p| p >= floor).count();
+                c.truncate(keep.max(1));
+            }
         }
         // Temperature, softmax over the survivors, one draw.
-        let weights: Vec<f32> = c.iter().map(|&(_, l)| crate::ops::exp((l - max) / o.temperature)).collect();
+        let weights = &mut self.weights;
+        weights.clear();
+        weights.extend(c.iter().map(|&k| crate::ops::exp((logit(k) - max) / o.temperature)));
         let total: f32 = weights.iter().sum();
         let mut r = self.rng.next_f32() * total;
-        for (&(id, _), &wt) in c.iter().zip(&weights) {
+        for (&k, &wt) in c.iter().zip(weights.iter()) {
             if r < wt {
-                return id;
+                return id(k);
             }
             r -= wt;
         }
-        c.last().map(|&(id, _)| id).unwrap_or(0)
+        c.last().map_or(0, |&k| id(k))
     }
 }
 
@@ -194,6 +220,76 @@ mod tests {
         let freq = |t| d.iter().filter(|&&x| x == t).count() as f32 / d.len() as f32;
         // softmax([0,1,2]) = [0.090, 0.245, 0.665]
         assert!((freq(2) - 0.665).abs() < 0.04 && (freq(0) - 0.090).abs() < 0.03, "{} {}", freq(0), freq(2));
+    }
+
+    #[test]
+    fn rank_keys_order_as_logits_descending_then_ids_ascending() {
+        let mut rng = SplitMix64(5);
+        let mut logits: Vec<f32> = (0..500).map(|_| (rng.next_f32() - 0.5) * 20.0).collect();
+        logits.extend([0.0, -0.0, 1.5, 1.5, -1.5, f32::INFINITY, f32::NEG_INFINITY, f32::MIN_POSITIVE, -f32::MIN_POSITIVE]);
+        let mut by_pairs: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        by_pairs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut by_keys: Vec<u64> = logits.iter().enumerate().map(|(i, &l)| rank_key(i as u32, l)).collect();
+        by_keys.sort_unstable();
+        assert_eq!(by_keys.iter().map(|&k| k as u32).collect::<Vec<_>>(), by_pairs.iter().map(|p| p.0).collect::<Vec<_>>());
+    }
+
+    /// The filters as first written: every candidate sorted by (logit descending, id ascending), then top-k,
+    /// top-p, min-p and the draw in that order. The sampler must draw exactly what this draws.
+    fn reference_draw(o: &SamplerOptions, rng: &mut SplitMix64, logits: &[f32]) -> u32 {
+        let mut c: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if o.top_k > 0 {
+            c.truncate(o.top_k);
+        }
+        let max = c[0].1;
+        let e: Vec<f32> = c.iter().map(|&(_, l)| crate::ops::exp(l - max)).collect();
+        let s: f32 = e.iter().sum();
+        let probs: Vec<f32> = e.into_iter().map(|x| x / s).collect();
+        if o.top_p < 1.0 {
+            let mut cum = 0.0;
+            let keep = probs.iter().position(|p| {
+                cum += p;
+                cum >= o.top_p
+            });
+            c.truncate(keep.map_or(c.len(), |i| i + 1).max(1));
+        }
+        if o.min_p > 0.0 {
+            let keep = probs.iter().take(c.len()).take_while(|&&p| p >= probs[0] * o.min_p).count();
+            c.truncate(keep.max(1));
+        }
+        let w: Vec<f32> = c.iter().map(|&(_, l)| crate::ops::exp((l - max) / o.temperature)).collect();
+        let mut r = rng.next_f32() * w.iter().sum::<f32>();
+        for (&(id, _), &wt) in c.iter().zip(&w) {
+            if r < wt {
+                return id;
+            }
+            r -= wt;
+        }
+        c.last().unwrap().0
+    }
+
+    #[test]
+    fn filtered_draws_are_the_sorted_references_draws() {
+        let mut gen = SplitMix64(11);
+        let vocab = 3000;
+        let d = SamplerOptions::default;
+        let cases = [
+            d(),
+            SamplerOptions { top_k: 0, ..d() },
+            SamplerOptions { top_k: 0, min_p: 0.0, ..d() },
+            SamplerOptions { top_k: 5, top_p: 1.0, min_p: 0.0, temperature: 1.3, ..d() },
+            SamplerOptions { top_k: vocab + 10, ..d() },
+        ];
+        for (n, o) in cases.into_iter().enumerate() {
+            let o = SamplerOptions { seed: n as u64, ..o };
+            let (mut s, mut reference) = (Sampler::new(o.clone()), SplitMix64(o.seed));
+            for _ in 0..50 {
+                // Logits with ties, as a quantised model's often have.
+                let logits: Vec<f32> = (0..vocab).map(|_| ((gen.next_f32() * 40.0).round() - 20.0) / 4.0).collect();
+                assert_eq!(s.sample(&logits, &[]), reference_draw(&o, &mut reference, &logits), "case {n}: {o:?}");
+            }
+        }
     }
 
     #[test]
