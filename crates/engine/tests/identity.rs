@@ -143,3 +143,20 @@ fn a_recurrent_state_continues_or_restarts() {
     let again = model.forward(&t, 0, &mut seq, Outputs::All).unwrap();
     assert!(again.iter().zip(&first).all(|(a, b)| a.to_bits() == b.to_bits()), "a restart at 0 differs from the first run");
 }
+
+/// A sequence started over at position 0 computes a new text exactly as a fresh sequence does, whatever
+/// its cache held before: the server reuses a finished request's sequence for the next one.
+#[test]
+fn a_reused_sequence_equals_a_fresh_one() {
+    for f in FILES {
+        let model = Model::load(fixtures().join(f)).unwrap();
+        let old = model.tokenizer.encode("An earlier request, longer than the next one, fills the cache", true, false);
+        let new = model.tokenizer.encode("The next request", true, false);
+        let mut fresh = model.new_sequence(old.len());
+        let expected = model.forward(&new, 0, &mut fresh, Outputs::All).unwrap().to_vec();
+        let mut reused = model.new_sequence(old.len());
+        model.forward(&old, 0, &mut reused, Outputs::Last).unwrap();
+        let got = model.forward(&new, 0, &mut reused, Outputs::All).unwrap();
+        assert!(got.iter().zip(&expected).all(|(a, b)| a.to_bits() == b.to_bits()), "{f}: a reused sequence differs from a fresh one");
+    }
+}

@@ -87,6 +87,10 @@ impl Slot<'_> {
 /// Runs until every sender of `queue` is gone.
 pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job>, metrics: &Metrics) {
     let mut slots: Vec<Slot<'_>> = Vec::new();
+    // The sequences of finished requests, for the next ones: a new sequence writes its whole KV cache
+    // once (`KvCache::new`), hundreds of megabytes at a long context, which a reused one has done already.
+    // A sequence started again at position 0 computes exactly what a fresh one would.
+    let mut spare: Vec<Sequence> = Vec::new();
     let mut batch = Batch::default();
     loop {
         // Admit: block for work when idle; otherwise take what is waiting, up to the free slots.
@@ -107,7 +111,7 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
                 continue;
             }
             slots.push(Slot {
-                seq: model.new_sequence(opts.ctx_size),
+                seq: spare.pop().unwrap_or_else(|| model.new_sequence(opts.ctx_size)),
                 sampler: Sampler::new(job.sampler.clone()),
                 history: job.prompt.clone(),
                 in_cache: 0,
@@ -119,17 +123,22 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
             });
         }
         // A client that has gone frees its slot before the step, not after its request's end.
-        slots.retain(|s| !s.job.events.is_closed());
+        for i in (0..slots.len()).rev() {
+            if slots[i].job.events.is_closed() {
+                spare.push(slots.remove(i).seq);
+            }
+        }
         if slots.is_empty() {
             continue;
         }
         metrics.active.store(slots.len() as u64, Ordering::Relaxed);
-        step(model, opts, &mut slots, &mut batch, metrics);
+        step(model, opts, &mut slots, &mut spare, &mut batch, metrics);
     }
 }
 
-/// One forward step over the slots, then each finished row sampled and sent.
-fn step<'m>(model: &'m Model, opts: &SchedulerOptions, slots: &mut Vec<Slot<'m>>, batch: &mut Batch, metrics: &Metrics) {
+/// One forward step over the slots, then each finished row sampled and sent; the sequences of the slots it
+/// frees go to `spare`.
+fn step<'m>(model: &'m Model, opts: &SchedulerOptions, slots: &mut Vec<Slot<'m>>, spare: &mut Vec<Sequence>, batch: &mut Batch, metrics: &Metrics) {
     // Decode rows first (one token each, latency matters), then prompt chunks in admission order.
     let mut budget = opts.step_tokens.max(slots.len());
     let mut take = vec![0usize; slots.len()];
@@ -164,6 +173,7 @@ fn step<'m>(model: &'m Model, opts: &SchedulerOptions, slots: &mut Vec<Slot<'m>>
             for &i in members.iter().rev() {
                 let s = slots.remove(i);
                 let _ = s.job.events.send(Event::Failed(e.to_string()));
+                spare.push(s.seq);
             }
             return;
         }
@@ -183,7 +193,7 @@ fn step<'m>(model: &'m Model, opts: &SchedulerOptions, slots: &mut Vec<Slot<'m>>
         }
     }
     for &i in finished.iter().rev() {
-        slots.remove(i);
+        spare.push(slots.remove(i).seq);
         metrics.completed.fetch_add(1, Ordering::Relaxed);
     }
 }
