@@ -124,12 +124,9 @@ pub fn attend(cache: &KvCache, layer: usize, s: &AttnShape, pos0: usize, q: &[f3
 /// one by what the sink takes (llama.cpp's soft_max with sinks).
 fn softmax_with_sink(x: &mut [f32], sink: f32) {
     let max = x.iter().copied().fold(sink, f32::max);
-    let mut sum = 0f32;
-    for v in x.iter_mut() {
-        *v = exp(*v - max);
-        sum += *v;
-    }
-    sum += exp(sink - max);
+    x.iter_mut().for_each(|v| *v -= max);
+    titan_kernels::exp_in_place(x);
+    let sum = x.iter().sum::<f32>() + exp(sink - max);
     let inv = 1.0 / sum;
     for v in x.iter_mut() {
         *v *= inv;

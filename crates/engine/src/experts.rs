@@ -13,7 +13,7 @@ use titan_kernels::{matmul_many, Activations, MatmulJob, WeightView};
 use titan_store::ExpertCache;
 
 use crate::config::Activation;
-use crate::ops::{add_bias, exp, silu};
+use crate::ops::{add_bias, exp};
 use crate::scratch::{recycle, slots};
 use crate::weights::{ExpertBias, ExpertExtras, Weights};
 use crate::{EngineError, Result};
@@ -255,11 +255,7 @@ pub fn swiglu_many<'s>(ffns: &[ExpertWeights<'_>], x: &[Activations], s: &'s mut
             add_bias(u, b.up);
         }
         match f.act {
-            Activation::Silu => {
-                for (p, &q) in g.iter_mut().zip(u.iter()) {
-                    *p = silu(*p) * q;
-                }
-            }
+            Activation::Silu => titan_kernels::silu_mul(g, u),
             Activation::ClampedSwiglu { alpha, limit } => {
                 for (p, &q) in g.iter_mut().zip(u.iter()) {
                     let x = p.min(limit);

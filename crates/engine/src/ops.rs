@@ -40,15 +40,10 @@ pub fn add(x: &mut [f32], y: &[f32]) {
 // Transcendental functions come from the pure-Rust `libm` crate, never the platform's libm: glibc,
 // musl, Apple's libm and others may round `exp`, `pow`, `sin` and `cos` differently in the last place,
 // and a cluster of x86 and ARM, Linux and macOS nodes must compute the same bits (docs/determinism.md).
+// `exp` over many values at once is the kernels' `exp_in_place`, the same function eight lanes at a time.
 
 /// e^x, the same bits on every platform.
-pub fn exp(x: f32) -> f32 {
-    libm::expf(x)
-}
-
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + exp(-x))
-}
+pub use titan_kernels::{exp, silu};
 
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
@@ -75,11 +70,9 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// Softmax in place, max-subtracted, sum accumulated sequentially in f32.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for v in x.iter_mut() {
-        *v = exp(*v - max);
-        sum += *v;
-    }
+    x.iter_mut().for_each(|v| *v -= max);
+    titan_kernels::exp_in_place(x);
+    let sum: f32 = x.iter().sum();
     let inv = 1.0 / sum;
     for v in x.iter_mut() {
         *v *= inv;

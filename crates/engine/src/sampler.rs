@@ -121,7 +121,8 @@ impl Sampler {
             // Probabilities (at temperature 1) for the top-p and min-p filters.
             let probs = &mut self.weights;
             probs.clear();
-            probs.extend(c.iter().map(|&k| crate::ops::exp(logit(k) - max)));
+            probs.extend(c.iter().map(|&k| logit(k) - max));
+            titan_kernels::exp_in_place(probs);
             let s: f32 = probs.iter().sum();
             probs.iter_mut().for_each(|p| *p /= s);
             if o.top_p < 1.0 {
@@ -145,7 +146,8 @@ impl Sampler {
         // Temperature, softmax over the survivors, one draw.
         let weights = &mut self.weights;
         weights.clear();
-        weights.extend(c.iter().map(|&k| crate::ops::exp((logit(k) - max) / o.temperature)));
+        weights.extend(c.iter().map(|&k| (logit(k) - max) / o.temperature));
+        titan_kernels::exp_in_place(weights);
         let total: f32 = weights.iter().sum();
         let mut r = self.rng.next_f32() * total;
         for (&k, &wt) in c.iter().zip(weights.iter()) {

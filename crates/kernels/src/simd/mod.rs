@@ -282,6 +282,46 @@ pub(crate) fn quant_kernel(isa: Isa, act_ty: GgmlType) -> Result<QuantKernel, Ke
     Ok(QuantKernel { f: scalar })
 }
 
+/// `gate[i] = silu(gate[i]) · up[i]` over slices of equal length.
+type SiluMulFn = unsafe fn(gate: &mut [f32], up: &[f32]);
+
+/// `x[i] = e^x[i]` in place.
+type ExpFn = unsafe fn(x: &mut [f32]);
+
+/// The element-wise activation kernels for the ISA they were selected for.
+#[derive(Clone, Copy)]
+pub(crate) struct ElementwiseKernel {
+    silu_mul: SiluMulFn,
+    exp: ExpFn,
+}
+
+impl ElementwiseKernel {
+    /// `gate[i] = silu(gate[i]) · up[i]`; the caller has checked that the lengths agree.
+    #[inline]
+    pub(crate) fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        // SAFETY: as for `DotKernel::run`: ISA-specific functions are stored only after the CPU check in
+        // `elementwise_kernel`.
+        unsafe { (self.silu_mul)(gate, up) }
+    }
+
+    /// `x[i] = e^x[i]` in place.
+    #[inline]
+    pub(crate) fn exp(&self, x: &mut [f32]) {
+        // SAFETY: as for `silu_mul`.
+        unsafe { (self.exp)(x) }
+    }
+}
+
+/// The element-wise kernels of `isa` (scalar where it has none, or the CPU lacks it).
+pub(crate) fn elementwise_kernel(isa: Isa) -> ElementwiseKernel {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && isa.is_available() {
+        return x86::elementwise_kernel();
+    }
+    let _ = isa;
+    ElementwiseKernel { silu_mul: crate::activation::silu_mul_scalar, exp: crate::activation::exp_scalar }
+}
+
 /// The scalar twin of the regrouped-weight kernels: each group is restored to its plain blocks, and
 /// each block's term (a one-block `vec_dot`) goes to lane `block % 8`, as the plain `vec_dot` does.
 /// Only Q4_0 and Q8_0 are ever regrouped (`grouped::weights_regroupable`).

@@ -544,3 +544,46 @@ fn gathering_a_missing_row_panics() {
     let (_, acts) = problem(GgmlType::Q8_0, 1, 64, 4, 9);
     Activations::new().gather_from(&acts, &[0, 4]);
 }
+
+/// Inputs at every threshold of `expf`'s branches (a few ulps either side, both signs), the special
+/// values, and a sweep over every 97th bit pattern (44 million values: every exponent, sign and range).
+fn exp_inputs() -> Vec<f32> {
+    let thresholds = [0x3900_0000u32, 0x3eb1_7218, 0x3f85_1592, 0x42ae_ac50, 0x42b1_7218, 0x42cf_f1b5, 0x7f80_0000];
+    let mut x: Vec<f32> = thresholds
+        .iter()
+        .flat_map(|&t| (t - 3..=t + 3).flat_map(|b| [f32::from_bits(b), -f32::from_bits(b)]))
+        .collect();
+    x.extend([0.0, -0.0, 1.0, -1.0, f32::MIN_POSITIVE, 1e-45, f32::MAX, f32::MIN, f32::NAN, -f32::NAN]);
+    x.extend((0..=u32::MAX / 97).map(|i| f32::from_bits(i * 97)));
+    x
+}
+
+#[test]
+fn exp_matches_libm_bit_for_bit_on_every_isa() {
+    let x = exp_inputs();
+    let mut expected = x.clone();
+    crate::activation::exp_scalar(&mut expected);
+    for isa in simd_isas() {
+        let mut got = x.clone();
+        crate::activation::exp_in_place_on(isa, &mut got);
+        let bad = got.iter().zip(&expected).zip(&x).find(|((g, e), _)| g.to_bits() != e.to_bits());
+        assert!(bad.is_none(), "{isa}: exp({:e} = {:#x}) gives {:e}, libm {:e}", bad.unwrap().1, bad.unwrap().1.to_bits(), bad.unwrap().0 .0, bad.unwrap().0 .1);
+    }
+}
+
+#[test]
+fn silu_mul_matches_scalar_on_every_isa() {
+    let mut rng = Rng::new(17);
+    // Lengths around the 8 lanes, and gates over exp's whole range (its special values included).
+    let gates: Vec<f32> = exp_inputs().into_iter().step_by(1001).chain((0..3000).map(|_| rng.normal() * 30.0)).collect();
+    for len in [0, 1, 7, 8, 9, 1000, gates.len()] {
+        let up: Vec<f32> = (0..len).map(|_| rng.normal()).collect();
+        let mut expected = gates[..len].to_vec();
+        crate::activation::silu_mul_scalar(&mut expected, &up);
+        for isa in simd_isas() {
+            let mut got = gates[..len].to_vec();
+            crate::activation::silu_mul_on(isa, &mut got, &up);
+            assert_eq!(bits(&got), bits(&expected), "{isa}, {len} elements");
+        }
+    }
+}

@@ -1347,3 +1347,93 @@ unsafe fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
         block[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Element-wise activations: `libm::expf` (FreeBSD's `e_expf.c`) eight lanes at a time, every branch of
+// the scalar code evaluated in every lane and the lane's own branch selected, each step the same IEEE
+// operation as the scalar one (no FMA), so each lane gets the scalar bits.
+
+/// The element-wise kernels. Float work only, so AVX-512 runs them too.
+pub(super) fn elementwise_kernel() -> super::ElementwiseKernel {
+    super::ElementwiseKernel { silu_mul: silu_mul_avx2, exp: exp_avx2 }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn exp_avx2(x: &mut [f32]) {
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        _mm256_storeu_ps(c.as_mut_ptr(), exp8(_mm256_loadu_ps(c.as_ptr())));
+    }
+    crate::activation::exp_scalar(chunks.into_remainder());
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
+    let one = _mm256_set1_ps(1.0);
+    let sign = _mm256_set1_ps(-0.0);
+    let mut g = gate.chunks_exact_mut(8);
+    let mut u = up.chunks_exact(8);
+    for (g, u) in (&mut g).zip(&mut u) {
+        let x = _mm256_loadu_ps(g.as_ptr());
+        // x / (1 + e^-x), then · up
+        let e = exp8(_mm256_xor_ps(x, sign));
+        let y = _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(u.as_ptr()));
+        _mm256_storeu_ps(g.as_mut_ptr(), y);
+    }
+    crate::activation::silu_mul_scalar(g.into_remainder(), u.remainder());
+}
+
+/// `libm::expf` of each lane. The constants and thresholds are the scalar code's, named as there.
+#[inline(always)]
+unsafe fn exp8(x: __m256) -> __m256 {
+    const LN2_HI: f32 = 6.931_457_5e-1; // 0x3f317200
+    const LN2_LO: f32 = 1.428_606_8e-6; // 0x35bfbe8e
+    const INV_LN2: f32 = 1.442_695_1; // 0x3fb8aa3b
+    const P1: f32 = 1.666_662_5e-1; // 0xaaaa8f.0p-26
+    const P2: f32 = -2.766_733_3e-3; // -0xb55215.0p-32
+    let f = _mm256_set1_ps;
+    let i = _mm256_set1_epi32;
+    let bits = _mm256_castps_si256(x);
+    let hx = _mm256_and_si256(bits, i(0x7fff_ffff)); // |x| as bits: below 2^31, so signed compares work
+    let negative = _mm256_srai_epi32::<31>(bits); // all ones where x < 0
+    let above = |t: i32| _mm256_cmpgt_epi32(hx, i(t));
+    let pick = |mask: __m256i, yes: __m256i, no: __m256i| _mm256_blendv_epi8(no, yes, mask);
+    let pick_ps = |mask: __m256i, yes: __m256, no: __m256| _mm256_blendv_ps(no, yes, _mm256_castsi256_ps(mask));
+
+    // Argument reduction: k = round(x / ln2) where |x| > 1.5 ln2 (truncating x/ln2 ± 0.5, as `as i32`
+    // does), ±1 where 0.5 ln2 < |x| <= 1.5 ln2, 0 below; then x - k·ln2 in two parts. With k = 0 the
+    // parts are x and +0 exactly, as the scalar code's `hi = x; lo = 0`.
+    let half = pick_ps(negative, f(-0.5), f(0.5));
+    let k_far = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(f(INV_LN2), x), half));
+    let k_near = _mm256_sub_epi32(i(1), _mm256_and_si256(negative, i(2)));
+    let k = pick(above(0x3f85_1592), k_far, _mm256_and_si256(above(0x3eb1_7218), k_near));
+    let kf = _mm256_cvtepi32_ps(k);
+    let hi = _mm256_sub_ps(x, _mm256_mul_ps(kf, f(LN2_HI)));
+    let lo = _mm256_mul_ps(kf, f(LN2_LO));
+    let r = _mm256_sub_ps(hi, lo);
+
+    // e^r on the primary range: y = 1 + (r·c / (2 - c) - lo + hi), c = r - r²·(P1 + r²·P2).
+    let rr = _mm256_mul_ps(r, r);
+    let c = _mm256_sub_ps(r, _mm256_mul_ps(rr, _mm256_add_ps(f(P1), _mm256_mul_ps(rr, f(P2)))));
+    let q = _mm256_div_ps(_mm256_mul_ps(r, c), _mm256_sub_ps(f(2.0), c));
+    let y = _mm256_add_ps(f(1.0), _mm256_add_ps(_mm256_sub_ps(q, lo), hi));
+
+    // y · 2^k as `scalbnf` does it: k here lies in -150..=128, so at most one prescaling step, by 2^127
+    // above 127 or by 2^-102 below -126, then one multiply by a normal power of two.
+    let big = _mm256_cmpgt_epi32(k, i(127));
+    let small = _mm256_cmpgt_epi32(i(-126), k);
+    let y = pick_ps(big, _mm256_mul_ps(y, f(f32::from_bits(0x7f00_0000))), y);
+    let y = pick_ps(small, _mm256_mul_ps(y, f(f32::from_bits(0x0c80_0000))), y);
+    let n = _mm256_add_epi32(k, _mm256_add_epi32(_mm256_and_si256(big, i(-127)), _mm256_and_si256(small, i(102))));
+    let scaled = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n, i(127)))));
+
+    // The scalar code's early returns, last-checked first: |x| <= 2^-14 gives 1 + x; x <= -103.97 gives
+    // +0; x >= 88.72 overflows as x · 2^127 (+inf); NaN returns itself.
+    let tiny = _mm256_cmpgt_epi32(i(0x3900_0001), hx);
+    let out = pick_ps(tiny, _mm256_add_ps(f(1.0), x), scaled);
+    let zero = _mm256_and_si256(negative, above(0x42cf_f1b4));
+    let out = pick_ps(zero, _mm256_setzero_ps(), out);
+    let overflow = _mm256_andnot_si256(negative, above(0x42b1_7217));
+    let out = pick_ps(overflow, _mm256_mul_ps(x, f(f32::from_bits(0x7f00_0000))), out);
+    pick_ps(above(0x7f80_0000), x, out)
+}
