@@ -64,13 +64,15 @@ fn prompt(n: usize, vocab: usize) -> Vec<u32> {
 pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
     let vocab = model.config.n_vocab;
     let tokens = prompt(o.prompt_tokens.max(1), vocab);
-    // Warm-up: start the thread pool and run a few tokens, as llama-bench does; resident weights are also
-    // read ahead (streamed experts are not: reading the whole file is exactly what the store avoids).
+    // Warm-up, as llama-bench's: the whole prompt once and one decode step, which starts the thread pool
+    // and sizes (and faults in) every working buffer for the batches measured below. Resident weights are
+    // also read ahead (streamed experts are not: reading the whole file is exactly what the store avoids).
     if model.experts.cache().is_none() {
         model.weights.file.advise_willneed();
     }
-    let mut seq = model.new_sequence(tokens.len().max(o.gen_tokens) + 1);
-    model.forward(&tokens[..tokens.len().min(8)], 0, &mut seq, Outputs::Last)?;
+    let mut seq = model.new_sequence(tokens.len() + 1);
+    model.forward(&tokens, 0, &mut seq, Outputs::Last)?;
+    model.forward(&tokens[..1], tokens.len(), &mut seq, Outputs::Last)?;
 
     let (mut prompt_tok_s, mut decode_tok_s, mut decode_steady_tok_s) = (Vec::new(), Vec::new(), Vec::new());
     let cache_total = || model.experts.cache().map(|c| c.stats().total);
