@@ -24,7 +24,7 @@ pub mod weights;
 
 pub use config::{Arch, Config};
 pub use generate::{GenerateOptions, Generation, StopReason};
-pub use model::{Batch, LoadOptions, Model, Outputs, Sequence, Span, StreamOptions};
+pub use model::{Batch, LoadOptions, Model, Outputs, ReadMode, Sequence, Span, StreamOptions};
 pub use sampler::{Sampler, SamplerOptions};
 
 #[derive(Debug, thiserror::Error)]

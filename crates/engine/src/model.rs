@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use titan_gguf::GgufFile;
 use titan_kernels::{matmul, matmul_many, Activations, MatmulJob};
-use titan_store::{Budget, CacheOptions, ExpertCache, Policy, Store, StoreOptions};
+use titan_store::{Budget, CacheOptions, ExpertCache, Policy, Store, StoreError, StoreOptions};
 use titan_tokenizer::Tokenizer;
 
 use crate::attention::{attend, AttnShape, KvCache};
@@ -53,12 +53,25 @@ pub struct StreamOptions {
     pub store: PathBuf,
     pub budget_bytes: u64,
     pub policy: Policy,
-    pub direct_io: bool,
+    pub io: ReadMode,
     pub verify_digests: bool,
     /// Experts to keep resident for the whole run (e.g. the hottest of a routing profile).
     pub pinned: Vec<(usize, usize)>,
     /// Read the next layer's likely experts ahead (its router applied to the current hidden state).
     pub prefetch: bool,
+}
+
+/// How expert records are read from the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadMode {
+    /// Through the page cache, which keeps what memory outside the budget can hold.
+    Buffered,
+    /// With O_DIRECT (F_NOCACHE on macOS), an error where the filesystem refuses it.
+    Direct,
+    /// Direct where the filesystem allows it, else buffered: for a budget that takes the memory there is,
+    /// where a page cache would only be filled and reclaimed again, at the cost of a copy per read and
+    /// the kernel's reclaim.
+    DirectIfSupported,
 }
 
 impl Model {
@@ -595,7 +608,15 @@ impl Model {
 
 /// The bounded expert cache over the store `s` names, its pinned experts loaded, warming if it holds them all.
 fn open_cache(s: &StreamOptions, file: &GgufFile) -> Result<ExpertCache> {
-    let store = Store::open_with(&s.store, file, &StoreOptions { direct_io: s.direct_io, verify_digests: s.verify_digests })?;
+    let open = |direct_io| Store::open_with(&s.store, file, &StoreOptions { direct_io, verify_digests: s.verify_digests });
+    let store = match s.io {
+        ReadMode::Buffered => open(false)?,
+        ReadMode::Direct => open(true)?,
+        ReadMode::DirectIfSupported => match open(true) {
+            Err(StoreError::DirectIoUnsupported { .. }) => open(false)?,
+            r => r?,
+        },
+    };
     // Its records only feed the kernels: laid out for them as they land, as resident weights are at load.
     let cache = ExpertCache::new(Arc::new(store), &CacheOptions { policy: s.policy, regroup: true, ..CacheOptions::new(Budget::Bytes(s.budget_bytes)) })?;
     cache.pin(&s.pinned)?;

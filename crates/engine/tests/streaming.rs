@@ -6,15 +6,15 @@ mod common;
 
 use common::*;
 use titan_engine::trace::{diff, Trace};
-use titan_engine::{GenerateOptions, LoadOptions, Model, Outputs, SamplerOptions, StreamOptions};
+use titan_engine::{GenerateOptions, LoadOptions, Model, Outputs, ReadMode, SamplerOptions, StreamOptions};
 use titan_gguf::GgufFile;
 use titan_store::{convert, write_index, ConvertOptions, ExpertCache, Policy, Store};
 
 const FILES: &[&str] = &["qwen3moe/q4_0.gguf", "qwen2moe/q8_0.gguf", "olmoe/f16.gguf", "mixtral/q4_1.gguf", "qwen3moe-k/q4_k_m.gguf", "qwen3next/q4_0.gguf", "qwen35moe-k/mxfp4_moe.gguf", "deepseek3/q4_0.gguf", "gpt-oss/mxfp4_moe.gguf"];
 
-fn streamed(path: &std::path::Path, store: &std::path::Path, budget_bytes: u64, direct_io: bool, prefetch: bool) -> Model {
+fn streamed(path: &std::path::Path, store: &std::path::Path, budget_bytes: u64, io: ReadMode, prefetch: bool) -> Model {
     let opts = LoadOptions {
-        stream: Some(StreamOptions { store: store.to_path_buf(), budget_bytes, policy: Policy::Lru, direct_io, verify_digests: true, pinned: vec![], prefetch }),
+        stream: Some(StreamOptions { store: store.to_path_buf(), budget_bytes, policy: Policy::Lru, io, verify_digests: true, pinned: vec![], prefetch }),
     };
     Model::load_with(path, &opts).unwrap()
 }
@@ -64,18 +64,18 @@ fn streams_as_resident(f: &str, store: &std::path::Path) {
     let s = Store::open(store, &resident.weights.file).unwrap();
     let (min, all) = (ExpertCache::min_budget(&s), s.records().len() as u64 * s.max_record_bytes());
     for budget in [1, min, all / 3, all] {
-        for direct in [false, true] {
-            let m = streamed(&path, store, budget, direct, budget == all / 3);
+        for io in [ReadMode::Buffered, ReadMode::Direct] {
+            let m = streamed(&path, store, budget, io, budget == all / 3);
             let mut seq = m.new_sequence(tokens.len());
             let got = m.forward(&tokens, 0, &mut seq, Outputs::All).unwrap();
-            assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "{f}: budget {budget}, direct {direct}: logits differ");
+            assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "{f}: budget {budget}, {io:?}: logits differ");
             let rep = diff(&want_trace, &trace_of(&m, &tokens), None);
-            assert!(rep.identical(), "{f}: budget {budget}, direct {direct}: {rep:?}");
+            assert!(rep.identical(), "{f}: budget {budget}, {io:?}: {rep:?}");
             let stats = m.experts.cache().unwrap().stats();
             assert!(stats.resident_bytes <= stats.budget_bytes, "{f}: over budget");
             // Every expert came through the store: read on a miss, or (a budget that holds them all) warmed.
             assert!(stats.total.bytes_read > 0);
-            println!("{f} {:?}: budget {budget} direct {direct}: hit rate {:.2}", s.layout(), stats.total.hit_rate());
+            println!("{f} {:?}: budget {budget} {io:?}: hit rate {:.2}", s.layout(), stats.total.hit_rate());
         }
     }
 }
