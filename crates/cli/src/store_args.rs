@@ -341,7 +341,7 @@ impl StreamArgs {
         };
         // An automatic budget takes the memory there is: a page cache beside it would be filled and
         // reclaimed again for every read, which on two cores cost more CPU than the digests (Qwen3-30B-A3B
-        // in 6 GiB: 44 s of kernel time per 96 tokens buffered, 15 s direct; 1.52 -> 2.53 tok/s).
+        // in 6 GiB: 37 s of kernel time per 96 tokens buffered, 18 s direct; 1.60 -> 2.49 tok/s steady).
         let io = if self.direct_io {
             ReadMode::Direct
         } else if self.buffered_io || !matches!(self.expert_budget.as_deref(), None | Some("auto")) {

@@ -69,8 +69,7 @@ pub enum ReadMode {
     /// With O_DIRECT (F_NOCACHE on macOS), an error where the filesystem refuses it.
     Direct,
     /// Direct where the filesystem allows it, else buffered: for a budget that takes the memory there is,
-    /// where a page cache would only be filled and reclaimed again, at the cost of a copy per read and
-    /// the kernel's reclaim.
+    /// beside which a page cache would only cost a copy per read and the kernel's reclaim.
     DirectIfSupported,
 }
 

@@ -1386,11 +1386,11 @@ unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
 /// `libm::expf` of each lane. The constants and thresholds are the scalar code's, named as there.
 #[inline(always)]
 unsafe fn exp8(x: __m256) -> __m256 {
-    const LN2_HI: f32 = 6.931_457_5e-1; // 0x3f317200
-    const LN2_LO: f32 = 1.428_606_8e-6; // 0x35bfbe8e
-    const INV_LN2: f32 = 1.442_695_1; // 0x3fb8aa3b
-    const P1: f32 = 1.666_662_5e-1; // 0xaaaa8f.0p-26
-    const P2: f32 = -2.766_733_3e-3; // -0xb55215.0p-32
+    const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+    const INV_LN2: f32 = f32::from_bits(0x3fb8_aa3b);
+    const P1: f32 = f32::from_bits(0x3e2a_aa8f); // 0xaaaa8f.0p-26
+    const P2: f32 = f32::from_bits(0xbb35_5215); // -0xb55215.0p-32
     let f = _mm256_set1_ps;
     let i = _mm256_set1_epi32;
     let bits = _mm256_castps_si256(x);
