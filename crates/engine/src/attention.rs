@@ -93,6 +93,7 @@ pub fn attend(cache: &KvCache, layer: usize, s: &AttnShape, pos0: usize, q: &[f3
     let per_task = pairs.div_ceil(tasks);
     scores.resize(tasks * cache.n_ctx, 0.0);
     let chunk = per_task * s.head_dim;
+    titan_kernels::stay_warm();
     out.par_chunks_mut(chunk).zip(q.par_chunks(chunk)).zip(scores.par_chunks_mut(cache.n_ctx)).enumerate().for_each(|(task, ((o, q), scores))| {
         for (j, (oh, qh)) in o.chunks_exact_mut(s.head_dim).zip(q.chunks_exact(s.head_dim)).enumerate() {
             let idx = task * per_task + j;

@@ -132,6 +132,7 @@ pub fn mix(s: &DeltaNetShape, w: &DeltaNet, eps: f32, state: &mut DeltaState, qk
     heads.resize(nv * rows * d, 0.0);
     delta.resize(nv * d, 0.0);
     let (qkv, key_dim) = (&*qkv, s.key_dim());
+    titan_kernels::stay_warm();
     let per_head = heads.par_chunks_mut(rows * d).zip(state.ssm.par_chunks_mut(d * d)).zip(delta.par_chunks_mut(d));
     per_head.enumerate().for_each(|(h, ((o, m), delta))| {
         let kh = s.key_head(h);

@@ -24,6 +24,7 @@ pub fn attend_latent(cache: &KvCache, layer: usize, n_head: usize, kv_lora: usiz
     let per_task = pairs.div_ceil(tasks);
     scores.resize(tasks * cache.n_ctx(), 0.0);
     let n_ctx = cache.n_ctx();
+    titan_kernels::stay_warm();
     out.par_chunks_mut(per_task * kv_lora).zip(q.par_chunks(per_task * width)).zip(scores.par_chunks_mut(n_ctx)).enumerate().for_each(|(task, ((o, q), scores))| {
         for (j, (oh, qh)) in o.chunks_exact_mut(kv_lora).zip(q.chunks_exact(width)).enumerate() {
             let i = (task * per_task + j) / n_head;

@@ -86,6 +86,7 @@ mod simd;
 #[cfg(test)]
 mod testutil;
 mod types;
+mod warm;
 
 pub use activation::{exp, exp_in_place, silu, silu_mul};
 pub use error::KernelError;
@@ -95,6 +96,7 @@ pub use matmul::{
 pub use grouped::weights_regroupable;
 pub use simd::{available_isas, isa, kernel_isa, regrouped_weights_pay, set_isa, Isa};
 pub use types::GgmlType;
+pub use warm::{set_polling, stay_warm};
 
 use formats::{
     bf16, fp16, fp32, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,

@@ -214,12 +214,14 @@ impl Activations {
             // Decode: one row is not worth entering the thread pool for.
             encode(x, &mut self.data, &mut self.grouped);
         } else if total > 0 && grouped_bytes > 0 {
+            crate::stay_warm();
             self.data
                 .par_chunks_mut(row_bytes)
                 .zip(x.par_chunks(cols))
                 .zip(self.grouped.par_chunks_mut(grouped_bytes))
                 .for_each(|((dst, src), g)| encode(src, dst, g));
         } else if total > 0 {
+            crate::stay_warm();
             self.data
                 .par_chunks_mut(row_bytes)
                 .zip(x.par_chunks(cols))
@@ -469,6 +471,7 @@ fn run_region(isa: Isa, jobs: &mut [MatmulJob]) {
         tasks += rows.div_ceil(run_len);
     }
     let parts = &parts[..n];
+    crate::stay_warm();
     let task = |t: usize| {
         let owner = parts.partition_point(|p| p.as_ref().is_some_and(|p| p.first_task <= t)) - 1;
         let part = parts[owner].as_ref().expect("parts[..n] are all set");
