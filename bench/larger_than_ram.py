@@ -136,7 +136,7 @@ def main():
     ap.add_argument("--budgets", default="auto")
     ap.add_argument("--policies", default="lru", help="cache policies to run TITAN with (lru, lfu)")
     ap.add_argument("--titan-arg", action="append", default=[], metavar="ARG",
-                    help="pass ARG to every titan run (e.g. --titan-arg=--prefetch)")
+                    help="pass ARG to every titan run (e.g. --titan-arg=--no-prefetch)")
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--llama-gen", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)

@@ -34,9 +34,10 @@ pub struct StreamArgs {
     /// Pin the hottest experts of a routing profile (from `titan profile`), up to half the budget.
     #[arg(long)]
     pub pin: Option<PathBuf>,
-    /// Read the next layer's likely experts ahead of time.
-    #[arg(long)]
-    pub prefetch: bool,
+    /// Do not read the next layer's likely experts ahead of time (by default they are read while this
+    /// layer computes: 12–24% faster decode on the Zen 4 EPYC's disk, a wash on a slower one).
+    #[arg(long = "no-prefetch")]
+    pub no_prefetch: bool,
     /// Load every weight into memory even when the model does not fit (by default such a model streams
     /// its experts, from an in-place index made beside it on first use).
     #[arg(long, conflicts_with_all = ["expert_budget", "store"])]
@@ -368,7 +369,7 @@ impl StreamArgs {
                 io,
                 verify_digests: !self.no_verify,
                 pinned,
-                prefetch: self.prefetch,
+                prefetch: !self.no_prefetch,
             }),
         })
     }

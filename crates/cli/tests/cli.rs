@@ -342,9 +342,12 @@ fn a_routing_profile_pins_hot_experts_without_changing_the_output() {
     assert!(counts > 0, "{p}");
     let args = ["run", "-m", m.to_str().unwrap(), "-p", "Pinned experts", "-n", "12", "--temp", "0"];
     let resident = titan(&args);
-    let pinned = titan(&[&args[..], &["--expert-budget", "64KiB", "--pin", profile.to_str().unwrap(), "--cache-policy", "lfu", "--prefetch"]].concat());
-    assert!(pinned.status.success(), "{}", stderr(&pinned));
-    assert_eq!(resident.stdout, pinned.stdout);
+    let pinned = ["--expert-budget", "64KiB", "--pin", profile.to_str().unwrap(), "--cache-policy", "lfu"];
+    for prefetch in [&[][..], &["--no-prefetch"]] {
+        let o = titan(&[&args[..], &pinned, prefetch].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(resident.stdout, o.stdout, "{prefetch:?}");
+    }
 }
 
 #[test]
