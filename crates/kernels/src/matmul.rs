@@ -213,19 +213,20 @@ impl Activations {
         if rows == 1 {
             // Decode: one row is not worth entering the thread pool for.
             encode(x, &mut self.data, &mut self.grouped);
-        } else if total > 0 && grouped_bytes > 0 {
-            crate::stay_warm();
-            self.data
-                .par_chunks_mut(row_bytes)
-                .zip(x.par_chunks(cols))
-                .zip(self.grouped.par_chunks_mut(grouped_bytes))
-                .for_each(|((dst, src), g)| encode(src, dst, g));
         } else if total > 0 {
             crate::stay_warm();
-            self.data
-                .par_chunks_mut(row_bytes)
-                .zip(x.par_chunks(cols))
-                .for_each(|(dst, src)| encode(src, dst, &mut []));
+            if grouped_bytes > 0 {
+                self.data
+                    .par_chunks_mut(row_bytes)
+                    .zip(x.par_chunks(cols))
+                    .zip(self.grouped.par_chunks_mut(grouped_bytes))
+                    .for_each(|((dst, src), g)| encode(src, dst, g));
+            } else {
+                self.data
+                    .par_chunks_mut(row_bytes)
+                    .zip(x.par_chunks(cols))
+                    .for_each(|(dst, src)| encode(src, dst, &mut []));
+            }
         }
         (self.act_ty, self.rows, self.cols) = (act_ty, rows, cols);
         Ok(())
