@@ -500,6 +500,16 @@ impl Part<'_> {
         const CALL_ROWS: usize = 64;
         let (n_act, n_out) = (self.acts.rows(), self.w.rows);
         let (step, row_bytes) = (self.kernel.max_rows, self.w.row_bytes());
+        if n_act == 1 {
+            // Decode: with one activation row, weight row `r`'s output is `out[r]`, so the kernel writes
+            // the run's outputs in place instead of into a buffer to be scattered.
+            let w = &self.w.data[rows.start * row_bytes..rows.end * row_bytes];
+            // SAFETY: `check` made `out` n_out long, `rows` is inside 0..n_out, and no other thread
+            // writes these outputs (the caller's contract).
+            let out = unsafe { std::slice::from_raw_parts_mut(self.out.0.add(rows.start), rows.len()) };
+            self.kernel.run(w, row_bytes, &[self.acts.row_in(self.kernel.layout, 0)], out);
+            return;
+        }
         let mut act_rows: [&[u8]; MAX_ROWS] = [&[]; MAX_ROWS];
         let mut values = [0f32; CALL_ROWS * MAX_ROWS];
         // Up to `step` activation rows at a time, each against every weight row of the run: the
