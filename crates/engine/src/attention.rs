@@ -4,8 +4,9 @@
 //! so a token's attention output is the same whether it was computed in a prompt batch or alone.
 
 use rayon::prelude::*;
+use titan_kernels::{add_weighted_rows, dot_rows};
 
-use crate::ops::{dot, exp, softmax};
+use crate::ops::{exp, softmax};
 
 /// Keys and values of every layer for one sequence, f32 (llama.cpp defaults to f16 here; f32 keeps the
 /// cache exact, and on MoE models it is a small share of memory at the context sizes TITAN targets).
@@ -102,21 +103,14 @@ pub fn attend(cache: &KvCache, layer: usize, s: &AttnShape, pos0: usize, q: &[f3
             let pos = pos0 + i;
             let first = if s.window > 0 { (pos + 1).saturating_sub(s.window) } else { 0 };
             let scores = &mut scores[first..=pos];
-            for (t, sc) in (first..).zip(scores.iter_mut()) {
-                let k = &keys[t * cache.kv_dim + kv_off..][..s.head_dim];
-                *sc = dot(qh, k) * scale;
-            }
+            let at = first * cache.kv_dim + kv_off;
+            dot_rows(qh, &keys[at..], cache.kv_dim, scale, scores);
             match s.sinks {
                 Some(sinks) => softmax_with_sink(scores, sinks[h]),
                 None => softmax(scores),
             }
             oh.fill(0.0);
-            for (t, &p) in (first..).zip(scores.iter()) {
-                let v = &values[t * cache.kv_dim + kv_off..][..s.head_dim];
-                for (o, &vv) in oh.iter_mut().zip(v) {
-                    *o += p * vv;
-                }
-            }
+            add_weighted_rows(oh, scores, &values[at..], cache.kv_dim);
         }
     });
 }

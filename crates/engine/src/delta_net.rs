@@ -9,9 +9,10 @@
 //! one fixed order.
 
 use rayon::prelude::*;
+use titan_kernels::{dot_f32, dot_rows};
 
 use crate::config::DeltaNetShape;
-use crate::ops::{dot, exp, rms_norm, sigmoid, silu};
+use crate::ops::{exp, rms_norm, sigmoid, silu};
 use crate::weights::DeltaNet;
 
 /// One linear-attention layer's state for one sequence.
@@ -146,16 +147,14 @@ pub fn mix(s: &DeltaNetShape, w: &DeltaNet, eps: f32, state: &mut DeltaState, qk
                 *x *= decay;
             }
             for (j, dj) in delta.iter_mut().enumerate() {
-                *dj = (v[j] - dot(&m[j * d..(j + 1) * d], k)) * b;
+                *dj = (v[j] - dot_f32(&m[j * d..(j + 1) * d], k)) * b;
             }
             for (mj, &dj) in m.chunks_exact_mut(d).zip(delta.iter()) {
                 for (x, &ki) in mj.iter_mut().zip(k) {
                     *x += ki * dj;
                 }
             }
-            for (j, oj) in ot.iter_mut().enumerate() {
-                *oj = dot(&m[j * d..(j + 1) * d], q) * inv_sqrt_d;
-            }
+            dot_rows(q, m, d, inv_sqrt_d, ot);
         }
     });
 

@@ -4,9 +4,10 @@
 //! over the latent vectors as values, and `attn_v_b` takes the result out to the head's value.
 
 use rayon::prelude::*;
+use titan_kernels::{add_weighted_rows, dot_rows};
 
 use crate::attention::KvCache;
-use crate::ops::{dot, softmax};
+use crate::ops::softmax;
 
 /// `q`: n rows of n_head × `width` (the absorbed query, then its RoPE part), `width` = kv_lora + rope, for
 /// positions pos0..; `out`: n rows of n_head × kv_lora. The keys of `layer` in `cache` are rows of
@@ -29,16 +30,10 @@ pub fn attend_latent(cache: &KvCache, layer: usize, n_head: usize, kv_lora: usiz
         for (j, (oh, qh)) in o.chunks_exact_mut(kv_lora).zip(q.chunks_exact(width)).enumerate() {
             let i = (task * per_task + j) / n_head;
             let scores = &mut scores[..pos0 + i + 1];
-            for (t, sc) in scores.iter_mut().enumerate() {
-                *sc = dot(qh, &keys[t * width..(t + 1) * width]) * scale;
-            }
+            dot_rows(qh, keys, width, scale, scores);
             softmax(scores);
             oh.fill(0.0);
-            for (t, &p) in scores.iter().enumerate() {
-                for (o, &c) in oh.iter_mut().zip(&keys[t * width..t * width + kv_lora]) {
-                    *o += p * c;
-                }
-            }
+            add_weighted_rows(oh, scores, keys, width);
         }
     });
 }

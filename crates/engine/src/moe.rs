@@ -1,11 +1,11 @@
 //! Mixture-of-experts: routing (f32 softmax, top-k with ties broken by ascending expert id) and the
 //! canonical combination of the chosen experts' outputs.
 
-use titan_kernels::Activations;
+use titan_kernels::{dot_f32, Activations};
 
 use crate::config::{Activation, Config};
 use crate::experts::{swiglu_many, ExpertJob, ExpertScratch, ExpertWeights, Experts, FfnScratch};
-use crate::ops::{add, dot, sigmoid};
+use crate::ops::{add, sigmoid};
 use crate::weights::{SharedExpert, Weights};
 use crate::{EngineError, Result};
 
@@ -224,7 +224,7 @@ pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x
         for ((xr, yr), or) in x.chunks_exact(d).zip(y.chunks_exact(d)).zip(out.chunks_exact_mut(d)) {
             match &sh.gate_inp {
                 Some(gate_inp) => {
-                    let g = sigmoid(dot(xr, gate_inp));
+                    let g = sigmoid(dot_f32(xr, gate_inp));
                     for (o, &v) in or.iter_mut().zip(yr) {
                         *o += v * g;
                     }

@@ -49,24 +49,6 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 
-/// `Σ a_i · b_i` with product `i` added to lane `i % 8` and the lanes reduced in the kernels' tree
-/// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`: one fixed order, so the same bits on every
-/// machine, and one the compiler vectorises (a single running sum waits on each add in turn).
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut l = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for i in 0..8 {
-            l[i] += x[i] * y[i];
-        }
-    }
-    for (i, (x, y)) in ar.iter().zip(br).enumerate() {
-        l[i] += x * y;
-    }
-    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
-}
-
 /// Softmax in place, max-subtracted, sum accumulated sequentially in f32.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -79,6 +79,7 @@
 mod accum;
 mod activation;
 mod error;
+mod float_dot;
 mod formats;
 mod grouped;
 mod matmul;
@@ -90,6 +91,7 @@ mod warm;
 
 pub use activation::{exp, exp_in_place, silu, silu_mul};
 pub use error::KernelError;
+pub use float_dot::{add_weighted_rows, dot_f32, dot_rows};
 pub use matmul::{
     matmul, matmul_f32, matmul_many, regroup_weights, regroup_weights_in_place, Activations, MatmulJob, WeightLayout, WeightView,
 };

@@ -322,6 +322,43 @@ pub(crate) fn elementwise_kernel(isa: Isa) -> ElementwiseKernel {
     ElementwiseKernel { silu_mul: crate::activation::silu_mul_scalar, exp: crate::activation::exp_scalar }
 }
 
+/// `Σ a[i] · b[i]` over the shorter length, in `Lanes8`'s order.
+type DotF32Fn = unsafe fn(a: &[f32], b: &[f32]) -> f32;
+
+/// `out[j] += p · row[j]` over the shorter length.
+type AddScaledFn = unsafe fn(out: &mut [f32], p: f32, row: &[f32]);
+
+/// The f32 loops of attention over a cache (`float_dot.rs`) for the ISA they were selected for.
+#[derive(Clone, Copy)]
+pub(crate) struct FloatKernel {
+    dot: DotF32Fn,
+    add_scaled: AddScaledFn,
+}
+
+impl FloatKernel {
+    #[inline]
+    pub(crate) fn dot(&self, a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: as for `ElementwiseKernel::silu_mul`: stored only after the CPU check in `float_kernel`.
+        unsafe { (self.dot)(a, b) }
+    }
+
+    #[inline]
+    pub(crate) fn add_scaled(&self, out: &mut [f32], p: f32, row: &[f32]) {
+        // SAFETY: as for `dot`.
+        unsafe { (self.add_scaled)(out, p, row) }
+    }
+}
+
+/// The f32 cache loops of `isa` (scalar where it has none, or the CPU lacks it).
+pub(crate) fn float_kernel(isa: Isa) -> FloatKernel {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && isa.is_available() {
+        return x86::float_kernel();
+    }
+    let _ = isa;
+    FloatKernel { dot: crate::float_dot::dot_scalar, add_scaled: crate::float_dot::add_scaled_scalar }
+}
+
 /// The scalar twin of the regrouped-weight kernels: each group is restored to its plain blocks, and
 /// each block's term (a one-block `vec_dot`) goes to lane `block % 8`, as the plain `vec_dot` does.
 /// Only Q4_0 and Q8_0 are ever regrouped (`grouped::weights_regroupable`).

@@ -1383,6 +1383,46 @@ unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
     crate::activation::silu_mul_scalar(g.into_remainder(), u.remainder());
 }
 
+/// The f32 cache loops of attention (`float_dot.rs`): float work only, so AVX-512 runs them too.
+pub(super) fn float_kernel() -> super::FloatKernel {
+    super::FloatKernel { dot: dot_f32_avx2, add_scaled: add_scaled_avx2 }
+}
+
+/// Lane `k` of the register is lane `k` of the scalar twin's `Lanes8` (element `i` to lane `i % 8`,
+/// a multiply then an add), the tail goes to the first lanes as there, and `lanes_sum` reduces in its
+/// tree.
+#[target_feature(enable = "avx2")]
+unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = _mm256_setzero_ps();
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(y.as_ptr())));
+    }
+    let mut l = [0f32; 8];
+    _mm256_storeu_ps(l.as_mut_ptr(), acc);
+    for (i, (x, y)) in ar.iter().zip(br).enumerate() {
+        l[i] += x * y;
+    }
+    Lanes8(l).sum()
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn add_scaled_avx2(out: &mut [f32], p: f32, row: &[f32]) {
+    let n = out.len().min(row.len());
+    let (out, row) = (&mut out[..n], &row[..n]);
+    let pv = _mm256_set1_ps(p);
+    let mut o = out.chunks_exact_mut(8);
+    let mut r = row.chunks_exact(8);
+    for (o, r) in (&mut o).zip(&mut r) {
+        let y = _mm256_add_ps(_mm256_loadu_ps(o.as_ptr()), _mm256_mul_ps(pv, _mm256_loadu_ps(r.as_ptr())));
+        _mm256_storeu_ps(o.as_mut_ptr(), y);
+    }
+    crate::float_dot::add_scaled_scalar(o.into_remainder(), p, r.remainder());
+}
+
 /// `libm::expf` of each lane. The constants and thresholds are the scalar code's, named as there.
 #[inline(always)]
 unsafe fn exp8(x: __m256) -> __m256 {
