@@ -358,7 +358,8 @@ impl Experts for Shards {
             batch.push(w.ok_or_else(|| EngineError::Expert { layer: job.layer, expert: e, what: "not in this node's shards".into() })?);
         }
         let (acts, ffn) = s.batch_buffers();
-        compute_batch(job, 0, &batch, acts, ffn, deliver)
+        let which: Vec<usize> = (0..batch.len()).collect();
+        compute_batch(job, &which, &batch, acts, ffn, deliver)
     }
 }
 

@@ -103,6 +103,8 @@ pub struct ExpertScratch {
     acts: Vec<Activations>,
     /// Always empty: the allocation of the resident batch's list (see [`ExpertSource::for_each_batch`]).
     views: Vec<ExpertWeights<'static>>,
+    /// The job indexes of the resident batch: 0, 1, …
+    every: Vec<usize>,
     ffn: FfnScratch,
 }
 
@@ -111,8 +113,9 @@ pub enum ExpertSource {
     /// Read in place from the model's weights (the mapping, or the regrouped copies made at load): the
     /// whole model fits in memory, or the page cache copes.
     Resident(Arc<Weights>),
-    /// Served by a bounded cache over an expert store: a layer's misses are read together, and each
-    /// expert is computed as soon as its record has arrived. The biases and activation stay resident.
+    /// Served by a bounded cache over an expert store: a layer's misses are read together, and the
+    /// experts are computed as soon as their records are here — the hits in one batch, then each group of
+    /// reads that completed meanwhile in another. The biases and activation stay resident.
     Streamed(ExpertCache, Arc<ExpertExtras>),
 }
 
@@ -129,8 +132,8 @@ pub struct ExpertWeights<'a> {
 impl Experts for ExpertSource {
     fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<()>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
         meanwhile()?;
-        let ExpertScratch { acts, views, ffn } = s;
-        self.for_each_batch(job.layer, job.ids, views, |first, batch| compute_batch(job, first, batch, acts, ffn, deliver))
+        let ExpertScratch { acts, views, every, ffn } = s;
+        self.for_each_batch(job.layer, job.ids, views, every, |which, batch| compute_batch(job, which, batch, acts, ffn, deliver))
     }
 
     fn cache(&self) -> Option<&ExpertCache> {
@@ -141,12 +144,12 @@ impl Experts for ExpertSource {
     }
 }
 
-/// Computes experts `job.ids[first..first + batch.len()]`, whose weights are `batch`, on their rows, and
-/// delivers each output: the one computation every local source shares.
-pub fn compute_batch(job: &ExpertJob, first: usize, batch: &[ExpertWeights], acts: &mut Vec<Activations>, ffn: &mut FfnScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+/// Computes experts `job.ids[which[k]]`, whose weights are `batch[k]`, on their rows, and delivers each
+/// output: the one computation every local source shares.
+pub fn compute_batch(job: &ExpertJob, which: &[usize], batch: &[ExpertWeights], acts: &mut Vec<Activations>, ffn: &mut FfnScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
     let in_ty = job.input.act_type();
     let acts = slots(acts, batch.len());
-    for ((i, ew), a) in (first..).zip(batch).zip(acts.iter_mut()) {
+    for ((&i, ew), a) in which.iter().zip(batch).zip(acts.iter_mut()) {
         // Gate and up share the input's quantisation (one tensor type per stacked tensor, and a store's
         // records and a shard's tensors keep those types); anything else is a model this cannot compute.
         for m in [&ew.gate, &ew.up] {
@@ -157,7 +160,7 @@ pub fn compute_batch(job: &ExpertJob, first: usize, batch: &[ExpertWeights], act
         }
         a.gather_from(job.input, job.rows_of(i));
     }
-    for (i, y) in (first..).zip(swiglu_many(batch, acts, ffn)?) {
+    for (&i, y) in which.iter().zip(swiglu_many(batch, acts, ffn)?) {
         deliver(i, y);
     }
     Ok(())
@@ -171,16 +174,18 @@ impl ExpertScratch {
 }
 
 impl ExpertSource {
-    /// Call `f(first, batch)` with the experts `ids[first..first + batch.len()]` of `layer` (distinct), in
-    /// batches as they become available: all at once when resident; one by one as their records arrive
-    /// when streamed, so computing the first overlaps reading the rest. `views` is kept empty by the
-    /// caller and lends its allocation to the resident batch's list.
+    /// Call `f(which, batch)` with the experts `ids[which[k]]` of `layer` (distinct), weights `batch[k]`,
+    /// in batches as they become available: all at once when resident; when streamed, the hits together
+    /// and then the misses as their records arrive, so computing the first overlaps reading the rest.
+    /// `views` is kept empty by the caller and lends its allocation to the resident batch's list, `every`
+    /// holds the resident batch's indexes.
     fn for_each_batch(
         &self,
         layer: usize,
         ids: &[u32],
         views: &mut Vec<ExpertWeights<'static>>,
-        mut f: impl FnMut(usize, &[ExpertWeights<'_>]) -> Result<()>,
+        every: &mut Vec<usize>,
+        mut f: impl FnMut(&[usize], &[ExpertWeights<'_>]) -> Result<()>,
     ) -> Result<()> {
         match self {
             ExpertSource::Resident(w) => {
@@ -191,18 +196,26 @@ impl ExpertSource {
                     let (bias, act) = (w.extras.bias(layer, e), w.extras.act);
                     ExpertWeights { gate: w.view(&l.gate_exps.expert(e)), up: w.view(&l.up_exps.expert(e)), down: w.view(&l.down_exps.expert(e)), bias, act }
                 }));
-                let r = f(0, &all);
+                every.clear();
+                every.extend(0..all.len());
+                let r = f(every, &all);
                 *views = recycle(all);
                 r
             }
             ExpertSource::Streamed(cache, extras) => {
                 // The callback cannot return an error to the cache; keep the first one and stop computing.
                 let mut failed: Option<EngineError> = None;
-                cache.get_layer_with(layer, ids, &mut |i, rec| {
+                cache.get_layer_with(layer, ids, &mut |ready| {
                     if failed.is_none() {
-                        let (bias, act) = (extras.bias(layer, ids[i] as usize), extras.act);
-                        let ew = ExpertWeights { gate: rec.gate().weight_view(), up: rec.up().weight_view(), down: rec.down().weight_view(), bias, act };
-                        if let Err(e) = f(i, std::slice::from_ref(&ew)) {
+                        let which: Vec<usize> = ready.iter().map(|(i, _)| *i).collect();
+                        let batch: Vec<ExpertWeights> = ready
+                            .iter()
+                            .map(|(i, rec)| {
+                                let (bias, act) = (extras.bias(layer, ids[*i] as usize), extras.act);
+                                ExpertWeights { gate: rec.gate().weight_view(), up: rec.up().weight_view(), down: rec.down().weight_view(), bias, act }
+                            })
+                            .collect();
+                        if let Err(e) = f(&which, &batch) {
                             failed = Some(e);
                         }
                     }

@@ -213,6 +213,9 @@ struct Shared {
     room: Condvar,
 }
 
+/// Records handed to a `get_layer_with` callback: each with its index in the request.
+pub type Ready = [(usize, Arc<ExpertRecord>)];
+
 pub struct ExpertCache {
     shared: Arc<Shared>,
     // Not inside `Shared`: queued jobs hold `Shared`, and the last of them must not be the one to drop (and
@@ -363,13 +366,19 @@ impl ExpertCache {
         experts: &[u32],
     ) -> Result<Vec<Arc<ExpertRecord>>, StoreError> {
         let mut out = vec![None; experts.len()];
-        self.get_layer_with(layer, experts, &mut |i, rec| out[i] = Some(Arc::clone(rec)))?;
+        self.get_layer_with(layer, experts, &mut |ready| {
+            for (i, rec) in ready {
+                out[*i] = Some(Arc::clone(rec));
+            }
+        })?;
         Ok(out.into_iter().flatten().collect())
     }
 
-    /// Call `on_ready(i, record)` for each `experts[i]` of `layer` as soon as it is available (hits first,
-    /// then misses in arrival order), so the caller computes with it while other reads finish. A record is
-    /// the caller's only during its call: after it, it may be evicted. Misses are read in parallel, as many
+    /// Call `on_ready` with `(i, record)` for each `experts[i]` of `layer` as soon as it is available, so
+    /// the caller computes with it while other reads finish, in as few calls as that allows: the hits
+    /// together, then the misses in arrival order, each call with every read that completed during the
+    /// one before (so that a caller computing in parallel enters its thread pool once per call, not once
+    /// per record). A record is the caller's only during the call: after it, it may be evicted. Misses are read in parallel, as many
     /// at once as the budget has room for beside the records resident and in use, so the expert bytes in
     /// memory never exceed the budget, even for a prompt that needs more of a layer's experts than it holds.
     /// Arrival order varies: a caller that needs determinism combines the results afterwards in its own order.
@@ -377,7 +386,7 @@ impl ExpertCache {
         &self,
         layer: usize,
         experts: &[u32],
-        on_ready: &mut dyn FnMut(usize, &Arc<ExpertRecord>),
+        on_ready: &mut dyn FnMut(&Ready),
     ) -> Result<(), StoreError> {
         let keys: Vec<Key> = experts.iter().map(|&e| (layer, e as usize)).collect();
         self.fetch(&keys, true, on_ready)
@@ -452,8 +461,11 @@ impl ExpertCache {
         }
         self.check_pin_budget(&lock(&self.shared.state), &keys)?;
         // Pinned as each arrives, while the request's claim still keeps it from eviction.
-        self.fetch(&keys, false, &mut |_, rec| {
-            lock(&self.shared.state).pin((rec.layer, rec.expert), Arc::clone(rec), self.shared.budget);
+        self.fetch(&keys, false, &mut |ready| {
+            let mut st = lock(&self.shared.state);
+            for (_, rec) in ready {
+                st.pin((rec.layer, rec.expert), Arc::clone(rec), self.shared.budget);
+            }
         })
     }
 
@@ -508,12 +520,12 @@ impl ExpertCache {
         &self,
         keys: &[Key],
         demand: bool,
-        on_ready: &mut dyn FnMut(usize, &Arc<ExpertRecord>),
+        on_ready: &mut dyn FnMut(&Ready),
     ) -> Result<(), StoreError> {
         let sizes = keys.iter().map(|&k| self.size_of(k)).collect::<Result<Vec<u64>, _>>()?;
         let shared = &*self.shared;
         let mut claims = Claims { shared, held: Vec::new() };
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::channel::<(usize, Option<Arc<ExpertRecord>>)>();
         // Indexes not yet taken (no room for their read yet), how many reads this request awaits, and the
         // read id of each index's claim.
         let mut queued: Vec<usize> = (0..keys.len()).collect();
@@ -559,10 +571,12 @@ impl ExpertCache {
             for key in issue {
                 self.submit(key, Urgency::Demand);
             }
-            for (i, rec) in here {
-                on_ready(i, &rec);
-                drop(rec);
-                claims.release(keys[i], ids[i]);
+            if !here.is_empty() {
+                on_ready(&here);
+                for (i, rec) in here {
+                    drop(rec);
+                    claims.release(keys[i], ids[i]);
+                }
             }
             if awaited == 0 {
                 if queued.is_empty() {
@@ -572,20 +586,26 @@ impl ExpertCache {
             }
             let t = Instant::now();
             // Cannot fail while this request holds `tx`; every read it awaits completes and sends.
-            let Ok((i, outcome)) = rx.recv() else { break };
+            let Ok(first) = rx.recv() else { break };
             stall += t.elapsed().as_nanos() as u64;
-            awaited -= 1;
-            match outcome {
-                Some(rec) => {
-                    on_ready(i, &rec);
+            let mut arrived = Vec::new();
+            for (i, outcome) in std::iter::once(first).chain(rx.try_iter()) {
+                awaited -= 1;
+                match outcome {
+                    Some(rec) => arrived.push((i, rec)),
+                    None => {
+                        // The read failed, ending every claim on it; read again here to get the error itself.
+                        claims.forget(keys[i], ids[i]);
+                        let rec = Arc::new(shared.store.read(keys[i].0, keys[i].1)?);
+                        on_ready(&[(i, rec)]);
+                    }
+                }
+            }
+            if !arrived.is_empty() {
+                on_ready(&arrived);
+                for (i, rec) in arrived {
                     drop(rec);
                     claims.release(keys[i], ids[i]);
-                }
-                None => {
-                    // The read failed, ending every claim on it; read again here to get the error itself.
-                    claims.forget(keys[i], ids[i]);
-                    let rec = Arc::new(shared.store.read(keys[i].0, keys[i].1)?);
-                    on_ready(i, &rec);
                 }
             }
         }
@@ -1206,7 +1226,8 @@ mod tests {
         let mut buffers = Vec::new();
         // Addresses alone would not show it: a fresh mapping often lands where the last one was unmapped.
         for (n, e) in (0..8).chain(0..8).enumerate() {
-            c.get_layer_with(n % 2, &[e], &mut |_, rec| {
+            c.get_layer_with(n % 2, &[e], &mut |ready| {
+                let [(_, rec)] = ready else { panic!("{} records for one expert", ready.len()) };
                 check_record(&f.gguf, rec);
                 let at = rec.gate().data.as_ptr() as usize;
                 if buffers.len() < 3 {
@@ -1224,17 +1245,22 @@ mod tests {
     }
 
     #[test]
-    fn get_layer_with_reports_each_record_as_it_arrives() {
+    fn get_layer_with_reports_the_hits_together_then_the_misses_as_they_arrive() {
         let f = fixture(&uniform(), false);
         let c = cache(&f, Budget::Bytes(8 * S), Policy::Lru);
-        c.get_layer(0, &[1]).unwrap();
-        let mut seen = Vec::new();
-        c.get_layer_with(0, &[4, 1, 6, 1], &mut |i, rec| seen.push((i, rec.expert)))
-            .unwrap();
-        // The hits first (in request order), then the misses in whatever order they arrive.
-        assert_eq!(&seen[..2], &[(1, 1), (3, 1)]);
+        c.get_layer(0, &[1, 5]).unwrap();
+        let mut calls = Vec::new();
+        c.get_layer_with(0, &[4, 1, 6, 5, 1], &mut |ready| {
+            calls.push(ready.iter().map(|(i, rec)| (*i, rec.expert)).collect::<Vec<_>>());
+        })
+        .unwrap();
+        // The hits first, in one call and in request order; then the misses in whatever order and groups
+        // they arrive.
+        assert_eq!(calls[0], [(1, 1), (3, 5), (4, 1)]);
+        assert!(calls[1..].iter().all(|c| !c.is_empty()), "{calls:?}");
+        let mut seen: Vec<_> = calls.concat();
         seen.sort_unstable();
-        assert_eq!(seen, vec![(0, 4), (1, 1), (2, 6), (3, 1)]);
+        assert_eq!(seen, vec![(0, 4), (1, 1), (2, 6), (3, 5), (4, 1)]);
     }
 
     /// A prompt asks for every expert of a layer at once, more than the budget holds: the records in
@@ -1252,16 +1278,18 @@ mod tests {
                     c.prefetch(1 - layer, &[round, round + 4]).unwrap();
                     let all: Vec<u32> = (0..8).map(|e| (e + round) % 8).collect();
                     let mut got = 0;
-                    c.get_layer_with(layer, &all, &mut |i, rec| {
-                        assert_eq!((rec.layer, rec.expert), (layer, all[i] as usize));
-                        check_record(&f.gguf, rec);
-                        seen.push(Arc::downgrade(rec));
+                    c.get_layer_with(layer, &all, &mut |ready| {
+                        for (i, rec) in ready {
+                            assert_eq!((rec.layer, rec.expert), (layer, all[*i] as usize));
+                            check_record(&f.gguf, rec);
+                            seen.push(Arc::downgrade(rec));
+                        }
                         let alive = seen.iter().filter(|w| w.strong_count() > 0).count() as u64 * S;
                         let s = c.stats();
                         assert!(alive <= budget, "{alive} bytes of records alive, budget {budget}");
                         assert!(s.resident_bytes + s.in_flight_bytes + s.spare_bytes <= budget, "{s:?}");
                         alive_max = alive_max.max(alive);
-                        got += 1;
+                        got += ready.len();
                     })
                     .unwrap();
                     assert_eq!(got, 8);

@@ -28,7 +28,7 @@ mod record;
 mod testutil;
 
 pub use aligned::AlignedBuf;
-pub use cache::{Budget, CacheOptions, CacheStats, Counters, ExpertCache, Policy};
+pub use cache::{Budget, CacheOptions, CacheStats, Counters, ExpertCache, Policy, Ready};
 pub use convert::{convert, ConvertOptions};
 pub use error::StoreError;
 pub use index::{write_index, Index, INDEX_VERSION};
