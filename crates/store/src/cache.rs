@@ -525,7 +525,7 @@ impl ExpertCache {
         let sizes = keys.iter().map(|&k| self.size_of(k)).collect::<Result<Vec<u64>, _>>()?;
         let shared = &*self.shared;
         let mut claims = Claims { shared, held: Vec::new() };
-        let (tx, rx) = mpsc::channel::<(usize, Option<Arc<ExpertRecord>>)>();
+        let (tx, rx) = mpsc::channel::<Arrival>();
         // Indexes not yet taken (no room for their read yet), how many reads this request awaits, and the
         // read id of each index's claim.
         let mut queued: Vec<usize> = (0..keys.len()).collect();
