@@ -101,10 +101,10 @@ impl<T: Experts + ?Sized> Experts for std::sync::Arc<T> {
 pub struct ExpertScratch {
     /// Per expert of a batch, the rows routed to it.
     acts: Vec<Activations>,
-    /// Always empty: the allocation of the resident batch's list (see [`ExpertSource::for_each_batch`]).
+    /// Always empty: the allocation of a batch's list (see [`ExpertSource::for_each_batch`]).
     views: Vec<ExpertWeights<'static>>,
-    /// The job indexes of the resident batch: 0, 1, …
-    every: Vec<usize>,
+    /// The job indexes of a batch.
+    which: Vec<usize>,
     ffn: FfnScratch,
 }
 
@@ -132,8 +132,8 @@ pub struct ExpertWeights<'a> {
 impl Experts for ExpertSource {
     fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<()>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
         meanwhile()?;
-        let ExpertScratch { acts, views, every, ffn } = s;
-        self.for_each_batch(job.layer, job.ids, views, every, |which, batch| compute_batch(job, which, batch, acts, ffn, deliver))
+        let ExpertScratch { acts, views, which, ffn } = s;
+        self.for_each_batch(job.layer, job.ids, views, which, |which, batch| compute_batch(job, which, batch, acts, ffn, deliver))
     }
 
     fn cache(&self) -> Option<&ExpertCache> {
@@ -177,14 +177,14 @@ impl ExpertSource {
     /// Call `f(which, batch)` with the experts `ids[which[k]]` of `layer` (distinct), weights `batch[k]`,
     /// in batches as they become available: all at once when resident; when streamed, the hits together
     /// and then the misses as their records arrive, so computing the first overlaps reading the rest.
-    /// `views` is kept empty by the caller and lends its allocation to the resident batch's list, `every`
-    /// holds the resident batch's indexes.
+    /// `views` is kept empty by the caller and lends its allocation to each batch's list, `which` holds
+    /// each batch's indexes.
     fn for_each_batch(
         &self,
         layer: usize,
         ids: &[u32],
         views: &mut Vec<ExpertWeights<'static>>,
-        every: &mut Vec<usize>,
+        which: &mut Vec<usize>,
         mut f: impl FnMut(&[usize], &[ExpertWeights<'_>]) -> Result<()>,
     ) -> Result<()> {
         match self {
@@ -196,9 +196,9 @@ impl ExpertSource {
                     let (bias, act) = (w.extras.bias(layer, e), w.extras.act);
                     ExpertWeights { gate: w.view(&l.gate_exps.expert(e)), up: w.view(&l.up_exps.expert(e)), down: w.view(&l.down_exps.expert(e)), bias, act }
                 }));
-                every.clear();
-                every.extend(0..all.len());
-                let r = f(every, &all);
+                which.clear();
+                which.extend(0..all.len());
+                let r = f(which, &all);
                 *views = recycle(all);
                 r
             }
@@ -207,17 +207,17 @@ impl ExpertSource {
                 let mut failed: Option<EngineError> = None;
                 cache.get_layer_with(layer, ids, &mut |ready| {
                     if failed.is_none() {
-                        let which: Vec<usize> = ready.iter().map(|(i, _)| *i).collect();
-                        let batch: Vec<ExpertWeights> = ready
-                            .iter()
-                            .map(|(i, rec)| {
-                                let (bias, act) = (extras.bias(layer, ids[*i] as usize), extras.act);
-                                ExpertWeights { gate: rec.gate().weight_view(), up: rec.up().weight_view(), down: rec.down().weight_view(), bias, act }
-                            })
-                            .collect();
-                        if let Err(e) = f(&which, &batch) {
+                        which.clear();
+                        which.extend(ready.iter().map(|(i, _)| *i));
+                        let mut batch: Vec<ExpertWeights> = recycle(std::mem::take(views));
+                        batch.extend(ready.iter().map(|(i, rec)| {
+                            let (bias, act) = (extras.bias(layer, ids[*i] as usize), extras.act);
+                            ExpertWeights { gate: rec.gate().weight_view(), up: rec.up().weight_view(), down: rec.down().weight_view(), bias, act }
+                        }));
+                        if let Err(e) = f(which, &batch) {
                             failed = Some(e);
                         }
+                        *views = recycle(batch);
                     }
                 })?;
                 failed.map_or(Ok(()), Err)

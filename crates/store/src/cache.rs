@@ -378,9 +378,10 @@ impl ExpertCache {
     /// the caller computes with it while other reads finish, in as few calls as that allows: the hits
     /// together, then the misses in arrival order, each call with every read that completed during the
     /// one before (so that a caller computing in parallel enters its thread pool once per call, not once
-    /// per record). A record is the caller's only during the call: after it, it may be evicted. Misses are read in parallel, as many
-    /// at once as the budget has room for beside the records resident and in use, so the expert bytes in
-    /// memory never exceed the budget, even for a prompt that needs more of a layer's experts than it holds.
+    /// per record). A record is the caller's only during the call: after it, it may be evicted. Misses are
+    /// read in parallel, as many at once as the budget has room for beside the records resident and in
+    /// use, so the expert bytes in memory never exceed the budget, even for a prompt that needs more of a
+    /// layer's experts than it holds.
     /// Arrival order varies: a caller that needs determinism combines the results afterwards in its own order.
     pub fn get_layer_with(
         &self,
@@ -571,13 +572,7 @@ impl ExpertCache {
             for key in issue {
                 self.submit(key, Urgency::Demand);
             }
-            if !here.is_empty() {
-                on_ready(&here);
-                for (i, rec) in here {
-                    drop(rec);
-                    claims.release(keys[i], ids[i]);
-                }
-            }
+            hand_over(on_ready, here, &mut claims, keys, &ids);
             if awaited == 0 {
                 if queued.is_empty() {
                     break;
@@ -601,13 +596,7 @@ impl ExpertCache {
                     }
                 }
             }
-            if !arrived.is_empty() {
-                on_ready(&arrived);
-                for (i, rec) in arrived {
-                    drop(rec);
-                    claims.release(keys[i], ids[i]);
-                }
-            }
+            hand_over(on_ready, arrived, &mut claims, keys, &ids);
         }
         if demand {
             if let Some(&(layer, _)) = keys.first() {
@@ -621,6 +610,19 @@ impl ExpertCache {
         let shared = Arc::clone(&self.shared);
         self.pool
             .submit(Box::new(move || shared.read_into_cache(key)), urgency);
+    }
+}
+
+/// Hands `batch` (the records of `keys[i]`, claimed as `ids[i]`) to the request's callback, then ends
+/// the request's claim on each; nothing when it is empty.
+fn hand_over(on_ready: &mut dyn FnMut(&Ready), batch: Vec<(usize, Arc<ExpertRecord>)>, claims: &mut Claims, keys: &[Key], ids: &[u64]) {
+    if batch.is_empty() {
+        return;
+    }
+    on_ready(&batch);
+    for (i, rec) in batch {
+        drop(rec);
+        claims.release(keys[i], ids[i]);
     }
 }
 
