@@ -1,4 +1,5 @@
-//! A fixed pool of I/O threads with two queues: reads someone waits for, and reads ahead of need.
+//! A fixed pool of I/O threads with three queues: reads someone waits for, reads ahead of need, and the
+//! background pass that fills a budget holding the whole model.
 //!
 //! Why a pool rather than scoped threads per batch: prefetches must outlive the call that issues them, and
 //! a layer's misses arrive dozens of times per token, so spawning threads per batch would add tens of
@@ -7,7 +8,8 @@
 //!
 //! Why two queues: the forward pass issues the next layer's prefetches before this layer's misses (it knows
 //! both after this layer's routing), and one queue in arrival order made the misses wait behind them. A
-//! worker takes a demand read whenever one is queued, and a prefetch only when none is.
+//! worker takes a demand read whenever one is queued, a prefetch only when none is, and a background read
+//! only when neither is.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -20,12 +22,15 @@ type Job = Box<dyn FnOnce() + Send>;
 pub(crate) enum Urgency {
     Demand,
     Ahead,
+    /// Nobody will wait for it soon: the warming pass.
+    Background,
 }
 
 #[derive(Default)]
 struct Queues {
     demand: VecDeque<Job>,
     ahead: VecDeque<Job>,
+    background: VecDeque<Job>,
     closed: bool,
 }
 
@@ -40,11 +45,11 @@ impl Shared {
         self.queues.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The next job, demand first; `None` once the pool is closed and both queues are empty.
+    /// The next job, demand first, background last; `None` once the pool is closed and every queue is empty.
     fn next(&self) -> Option<Job> {
         let mut q = self.lock();
         loop {
-            if let Some(job) = q.demand.pop_front().or_else(|| q.ahead.pop_front()) {
+            if let Some(job) = q.demand.pop_front().or_else(|| q.ahead.pop_front()).or_else(|| q.background.pop_front()) {
                 return Some(job);
             }
             if q.closed {
@@ -52,6 +57,35 @@ impl Shared {
             }
             q = self.work.wait(q).unwrap_or_else(PoisonError::into_inner);
         }
+    }
+
+    /// Queue `job` behind the others of its urgency; false, dropping it, once the pool is closed.
+    fn submit(&self, job: Job, urgency: Urgency) -> bool {
+        let mut q = self.lock();
+        if q.closed {
+            return false;
+        }
+        match urgency {
+            Urgency::Demand => q.demand.push_back(job),
+            Urgency::Ahead => q.ahead.push_back(job),
+            Urgency::Background => q.background.push_back(job),
+        }
+        drop(q);
+        self.work.notify_one();
+        true
+    }
+}
+
+/// A handle that queues jobs on the pool without owning its threads, for a thread of its own that issues
+/// reads (the warming pass): dropping the pool still stops the workers, and the handle's jobs are refused
+/// from then on.
+#[derive(Clone)]
+pub(crate) struct Submitter(Arc<Shared>);
+
+impl Submitter {
+    /// See [`IoPool::submit`]; false once the pool is closed.
+    pub fn submit(&self, job: Job, urgency: Urgency) -> bool {
+        self.0.submit(job, urgency)
     }
 }
 
@@ -80,13 +114,12 @@ impl IoPool {
 
     /// Queue `job` behind the others of its urgency.
     pub fn submit(&self, job: Job, urgency: Urgency) {
-        let mut q = self.shared.lock();
-        match urgency {
-            Urgency::Demand => q.demand.push_back(job),
-            Urgency::Ahead => q.ahead.push_back(job),
-        }
-        drop(q);
-        self.shared.work.notify_one();
+        // Refused only once the pool is closed, which happens in its `drop`, after every call through `&self`.
+        self.shared.submit(job, urgency);
+    }
+
+    pub fn submitter(&self) -> Submitter {
+        Submitter(Arc::clone(&self.shared))
     }
 }
 
@@ -106,8 +139,8 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
 
-    /// With the only worker busy, a demand job queued after two prefetches runs before them, and every
-    /// queued job still runs when the pool is dropped.
+    /// With the only worker busy, a demand job queued after two prefetches and a background job runs before
+    /// them, the background job last, and every queued job still runs when the pool is dropped.
     #[test]
     fn demand_jobs_overtake_queued_prefetches() {
         let pool = IoPool::new(1).unwrap();
@@ -122,12 +155,21 @@ mod tests {
         );
         started.recv().unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
-        for (name, urgency) in [("ahead 1", Urgency::Ahead), ("ahead 2", Urgency::Ahead), ("demand", Urgency::Demand)] {
+        let queued = [
+            ("background", Urgency::Background),
+            ("ahead 1", Urgency::Ahead),
+            ("ahead 2", Urgency::Ahead),
+            ("demand", Urgency::Demand),
+        ];
+        for (name, urgency) in queued {
             let order = Arc::clone(&order);
             pool.submit(Box::new(move || order.lock().unwrap().push(name)), urgency);
         }
+        let submitter = pool.submitter();
         release.send(()).unwrap();
         drop(pool);
-        assert_eq!(*order.lock().unwrap(), ["demand", "ahead 1", "ahead 2"]);
+        assert_eq!(*order.lock().unwrap(), ["demand", "ahead 1", "ahead 2", "background"]);
+        // The workers are gone: a handle's job is refused, not queued for nobody.
+        assert!(!submitter.submit(Box::new(|| {}), Urgency::Demand));
     }
 }
