@@ -379,6 +379,12 @@ impl ExpertCache {
             .contains_key(&(layer, expert))
     }
 
+    /// Whether every record of the store is resident, as in a budget the warming pass has filled: a
+    /// request can only hit, so reading ahead (and routing ahead to know what to read) is wasted work.
+    pub fn holds_every_record(&self) -> bool {
+        lock(&self.shared.state).entries.len() == self.shared.store.records().len()
+    }
+
     /// Set when the requested budget was raised to the minimum.
     pub fn warning(&self) -> Option<&str> {
         self.warning.as_deref()
@@ -1176,12 +1182,14 @@ mod tests {
         assert_eq!(c.stats().total, Counters::default());
         let c = cache(&f, Budget::Bytes(16 * S), Policy::Lru);
         c.get_layer(1, &[5]).unwrap(); // resident before the warming starts: not read again
+        assert!(!c.holds_every_record());
         assert!(c.warm().unwrap());
         let t0 = Instant::now();
         while resident(&c, 0, 8).len() + resident(&c, 1, 8).len() < 16 {
             assert!(t0.elapsed() < Duration::from_secs(10), "warming never finished");
             std::thread::sleep(Duration::from_millis(1));
         }
+        assert!(c.holds_every_record());
         for layer in 0..2 {
             c.get_layer(layer, &(0..8).collect::<Vec<u32>>()).unwrap().iter().for_each(|r| check_record(&f.gguf, r));
         }
