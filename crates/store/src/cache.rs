@@ -183,12 +183,6 @@ struct InFlight {
     warming: bool,
 }
 
-impl InFlight {
-    /// Whether a request is blocked on it.
-    fn awaited(&self) -> bool {
-        !self.waiters.is_empty()
-    }
-}
 
 /// Who issued a read.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -217,8 +211,6 @@ struct State {
     /// Advances on every insert, request and read, so ranks and read ids are unique and order recency.
     tick: u64,
     layers: Vec<Counters>,
-    /// The warming pass's reads in flight.
-    warming: usize,
     /// Set when the cache is dropped, to stop the warming pass.
     closed: bool,
 }
@@ -345,7 +337,6 @@ impl ExpertCache {
             pinned: 0,
             tick: 0,
             layers: vec![Counters::default(); store.n_layer()],
-            warming: 0,
             closed: false,
         };
         let shared = Shared {
@@ -690,7 +681,7 @@ impl Shared {
     fn begin_warming(&self, key: Key) -> Option<bool> {
         let size = self.store.record_bytes(key.0, key.1)?;
         let mut st = lock(&self.state);
-        while !st.closed && (st.warming >= self.warm_depth || st.in_flight.values().any(InFlight::awaited)) {
+        while !st.closed && !st.warming_may_issue(self.warm_depth) {
             st = self.room.wait(st).unwrap_or_else(PoisonError::into_inner);
         }
         if st.closed {
@@ -723,7 +714,6 @@ impl Shared {
         c.bytes_read += outcome.as_ref().map_or(0, |_| self.store.record_bytes(key.0, key.1).unwrap_or(0));
         if let Some(f) = st.in_flight.remove(&key) {
             st.reserved -= f.size;
-            st.warming -= usize::from(f.warming);
             for (i, tx) in &f.waiters {
                 // A send fails only if the request gave up (it returned an error); nothing to tell then.
                 let _ = tx.send((*i, outcome.clone()));
@@ -803,8 +793,20 @@ impl State {
         };
         self.in_flight.insert(key, f);
         self.reserved += size;
-        self.warming += usize::from(by == Issuer::Warming);
         self.tick
+    }
+
+    /// Whether the warming pass may issue a read: fewer than `depth` of its own in flight, and none that a
+    /// request is blocked on.
+    fn warming_may_issue(&self, depth: usize) -> bool {
+        let mut warming = 0;
+        for f in self.in_flight.values() {
+            if !f.waiters.is_empty() {
+                return false;
+            }
+            warming += usize::from(f.warming);
+        }
+        warming < depth
     }
 
     /// The spare buffer a read of `size` bytes would take.

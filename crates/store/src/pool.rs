@@ -6,8 +6,8 @@
 //! microseconds per layer for nothing. Blocking `pread`s on several threads are what keeps several reads in
 //! flight; io_uring would do the same with fewer threads, at the cost of a dependency and Linux only.
 //!
-//! Why two queues: the forward pass issues the next layer's prefetches before this layer's misses (it knows
-//! both after this layer's routing), and one queue in arrival order made the misses wait behind them. A
+//! Why several queues: the forward pass issues the next layer's prefetches before this layer's misses (it
+//! knows both after this layer's routing), and one queue in arrival order made the misses wait behind them. A
 //! worker takes a demand read whenever one is queued, a prefetch only when none is, and a background read
 //! only when neither is.
 
