@@ -566,6 +566,25 @@ impl Grouped for Mxfp4 {
     }
 }
 
+/// Runs `$body` with `$r` bound to each of `0..$rows` (a const generic, at most 8), unrolled whatever
+/// the compiler's heuristics decide: a loop over the activation rows left rolled keeps each row's
+/// accumulator in memory, stored and reloaded per group. LLVM left the 8-row loop rolled (7 rows and
+/// fewer it unrolled), so on the AVX2 EPYC an 8-row Q4_0 call did 0.81–0.85× the work per second of
+/// a 6-row one; unrolled, 1.00–1.03×. (A macro, not a closure: a closure does not inherit the
+/// `target_feature`s of the function it is in, and its intrinsics would not be inlined.)
+macro_rules! unrolled_rows {
+    ($rows:ident, $r:ident, $body:block) => {
+        unrolled_rows!(@ $rows, $r, $body, 0 1 2 3 4 5 6 7)
+    };
+    (@ $rows:ident, $r:ident, $body:block, $($n:literal)+) => {
+        const { assert!($rows <= 8) };
+        $(if $n < $rows {
+            let $r = $n;
+            $body
+        })+
+    };
+}
+
 /// One group: block `k`'s term `(d_w · d_a) · f32(sumi)` is added to lane `k` of each row's
 /// accumulator (groups start at multiples of 8 blocks, so lane `k` is lane `block % 8`).
 #[inline(always)]
@@ -580,11 +599,11 @@ unsafe fn grouped_step<D: IntDot, K: Grouped, const R: usize, const REGROUPED: b
     } else {
         K::scales(w)
     };
-    for (acc, a) in acc.iter_mut().zip(a) {
-        let sumi = K::sums::<D>(&p, a);
-        let d = _mm256_mul_ps(d_w, _mm256_loadu_ps(a as *const f32));
-        *acc = _mm256_add_ps(*acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)));
-    }
+    unrolled_rows!(R, r, {
+        let sumi = K::sums::<D>(&p, a[r]);
+        let d = _mm256_mul_ps(d_w, _mm256_loadu_ps(a[r] as *const f32));
+        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)));
+    });
 }
 
 #[inline(always)]
