@@ -327,6 +327,7 @@ def loadavg() -> str:
 
 
 def measure_membw(a) -> float | None:
+    """The bandwidth given with --membw, or (auto) one probe by bench/membw.py now."""
     if a.membw is None:
         return None
     if a.membw != "auto":
@@ -395,10 +396,17 @@ def model_rows(m: dict, a) -> list[tuple[str, str, str, str]]:
     bpt = m.get("decode_bytes_per_token")
     if a.gen > 0 and bpt:
         rows.append(("weight bytes / decoded token", human_bytes(bpt), "", ""))
-        if m.get("membw_gb_s"):
-            floor = m["membw_gb_s"] * 1e9 / bpt
+        bw = m["membw"]["median"] if m.get("membw") else m.get("membw_gb_s")
+        if bw:
+            floor = bw * 1e9 / bpt
             pct = lambda s: f"{100 * s['median'] / floor:.0f}% of floor" if s else "n/a"
-            rows.append((f"decode floor {floor:.1f} tok/s", pct(t["tg"]), pct(l["tg"]), ""))
+            rows.append((f"decode floor {floor:.1f} tok/s ({bw:.1f} GB/s)", pct(t["tg"]), pct(l["tg"]), ""))
+            if m.get("membw") and m["membw"]["n"] > 1:
+                lo, hi = (m["membw"][k] * 1e9 / bpt for k in ("min", "max"))
+                rows.append((f"  with the rounds' {m['membw']['min']:.1f}–{m['membw']['max']:.1f} GB/s",
+                             f"{100 * t['tg']['median'] / hi:.0f}–{100 * t['tg']['median'] / lo:.0f}%" if t["tg"] else "n/a",
+                             f"{100 * l['tg']['median'] / hi:.0f}–{100 * l['tg']['median'] / lo:.0f}%" if l["tg"] else "n/a",
+                             ""))
     return rows
 
 
@@ -434,6 +442,9 @@ def report(results: list[dict], a, info: dict, markdown: bool) -> str:
         if info.get("membw_gb_s"):
             out.append(f"**Memory read bandwidth:** {info['membw_gb_s']:.1f} GB/s ({info.get('membw_source')}); "
                        "decode floor = bandwidth / weight bytes read per token (as counted by TITAN).  ")
+        elif info.get("membw_source"):
+            out.append(f"**Memory read bandwidth:** {info['membw_source']}; decode floor = the median of a model's "
+                       "probes / weight bytes read per token (as counted by TITAN), and the range its probes give.  ")
         out.append("")
         out.append("| model | metric | TITAN | llama.cpp | TITAN / llama.cpp |")
         out.append("|---|---|---:|---:|---:|")
@@ -466,6 +477,8 @@ def report(results: list[dict], a, info: dict, markdown: bool) -> str:
         out.append("           " + RSS_METHOD_TEXT[a.rss_method])
         if info.get("membw_gb_s"):
             out.append(f"membw:     {info['membw_gb_s']:.1f} GB/s read ({info.get('membw_source')})")
+        elif info.get("membw_source"):
+            out.append(f"membw:     {info['membw_source']}")
         for m in results:
             out.append("")
             size = Path(m["model"]).stat().st_size if Path(m["model"]).exists() else None
@@ -497,6 +510,11 @@ def bench_model(model: Path, titan: Path, lb: Path, caps: dict, a) -> dict:
     failed = set()
     for rnd in range(a.rounds):
         row = {}
+        # With --membw auto, the bandwidth is probed in every round, between the engines' runs: on a shared
+        # machine it drifts by a third within minutes, and a probe taken once before all rounds can be
+        # divided into every round's speeds while matching none of them.
+        if a.membw == "auto":
+            row["membw_gb_s"] = measure_membw(a)
         for name, argv, parse in engines:
             if name in failed:
                 continue
@@ -529,6 +547,8 @@ def bench_model(model: Path, titan: Path, lb: Path, caps: dict, a) -> dict:
         if name == "llama" and ok:
             for k in ("build_commit", "build_number", "cpu_info", "backends", "model_type"):
                 m["llama"][k] = ok[0].get(k)
+    if a.membw == "auto":
+        m["membw"] = summary([r.get("membw_gb_s") for r in m["rounds"]])
     tok = [r["titan"] for r in m["rounds"] if "titan" in r and "error" not in r["titan"]]
     if tok:
         bpts = [r["decode_bytes_per_token"] for r in tok if r.get("decode_bytes_per_token")]
@@ -555,7 +575,7 @@ def main() -> int:
     p.add_argument("--no-mmap", action="store_true",
                    help="run llama-bench with mmap off (-mmp 0, or -lm none in newer builds)")
     p.add_argument("--membw", metavar="GBPS|auto",
-                   help="memory read bandwidth in GB/s (or 'auto' to run bench/membw.py): adds the decode floor")
+                   help="memory read bandwidth in GB/s, or 'auto' to probe it with bench/membw.py in every round: adds the decode floor")
     p.add_argument("--titan", help="titan binary to use (default: build target/release/titan)")
     p.add_argument("--llama-bench", help="llama-bench binary to use (default: build build/llama.cpp/bin/llama-bench)")
     p.add_argument("--llama-arg", action="append", default=[], metavar="ARG",
@@ -583,10 +603,12 @@ def main() -> int:
         "titan": str(titan),
         "llama_bench": str(lb),
     }
-    bw = measure_membw(a)
+    bw = None if a.membw == "auto" else measure_membw(a)
     if bw:
         info["membw_gb_s"] = bw
-        info["membw_source"] = "bench/membw.py" if a.membw == "auto" else "given with --membw"
+        info["membw_source"] = "given with --membw"
+    elif a.membw == "auto":
+        info["membw_source"] = "bench/membw.py, probed once per round between the engines' runs"
 
     load1 = float(info["machine"]["load_at_start"].split()[0]) if info["machine"]["load_at_start"] != "?" else 0.0
     if load1 > 0.5:
