@@ -569,9 +569,10 @@ impl Grouped for Mxfp4 {
 /// Runs `$body` with `$r` bound to each of `0..$rows` (a const generic, at most 8), unrolled whatever
 /// the compiler's heuristics decide: a loop over the activation rows left rolled keeps each row's
 /// accumulator in memory, stored and reloaded per group. LLVM left the 8-row loop rolled (7 rows and
-/// fewer it unrolled), so on the AVX2 EPYC an 8-row Q4_0 call did 0.81–0.85× the work per second of
-/// a 6-row one; unrolled, 1.00–1.03×. (A macro, not a closure: a closure does not inherit the
-/// `target_feature`s of the function it is in, and its intrinsics would not be inlined.)
+/// fewer it unrolled), so on the AVX2 EPYC an 8-row Q4_0 call did 0.75–0.99× the work per CPU second
+/// of a 7-row one; unrolled, 1.00–1.09× (`prefill_cpu --per-row`, three runs each). (A macro, not a
+/// closure: a closure does not inherit the `target_feature`s of the function it is in, and its
+/// intrinsics would not be inlined.)
 macro_rules! unrolled_rows {
     ($rows:ident, $r:ident, $body:block) => {
         unrolled_rows!(@ $rows, $r, $body, 0 1 2 3 4 5 6 7)
