@@ -395,13 +395,15 @@ struct Q8_0;
 
 impl Grouped for Q8_0 {
     const BYTES: usize = q8_0::BLOCK_BYTES;
-    /// With VNNI: (quants + 128 as unsigned bytes, unused). Without: (|quants|, quants), because
-    /// `maddubs` would saturate on 255 · 127 pairs.
-    type Prep = ([__m256i; 8], [__m256i; 8]);
+    /// With VNNI: the quants + 128 as unsigned bytes. Without: the quants as they are; each row takes
+    /// their absolute values again (one cheap instruction per register), because keeping both the
+    /// quants and their absolute values would fill all 16 AVX2 registers with weights and spill the
+    /// rows' accumulators.
+    type Prep = [__m256i; 8];
 
     #[inline(always)]
     unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8) -> Self::Prep {
-        let q: [__m256i; 8] = if REGROUPED {
+        let mut q: [__m256i; 8] = if REGROUPED {
             array::from_fn(|j| load(w.add(grouped::WEIGHT_SCALES_BYTES + 32 * j)))
         } else {
             let halves = [
@@ -410,17 +412,14 @@ impl Grouped for Q8_0 {
             ];
             array::from_fn(|j| halves[j % 2][j / 2])
         };
-        // Loops, not `array::map`: its closure is not always inlined, and an intrinsic left in a
+        // A loop, not `array::map`: its closure is not always inlined, and an intrinsic left in a
         // separate function is a call per register.
-        let mut u = q;
-        for v in &mut u {
-            *v = if D::WIDE_PRODUCTS {
-                _mm256_xor_si256(*v, _mm256_set1_epi8(-128))
-            } else {
-                _mm256_abs_epi8(*v)
-            };
+        if D::WIDE_PRODUCTS {
+            for v in &mut q {
+                *v = _mm256_xor_si256(*v, _mm256_set1_epi8(-128));
+            }
         }
-        (u, q)
+        q
     }
 
     #[inline(always)]
@@ -429,17 +428,17 @@ impl Grouped for Q8_0 {
     }
 
     #[inline(always)]
-    unsafe fn sums<D: IntDot>((u, w): &Self::Prep, a: *const u8) -> __m256i {
+    unsafe fn sums<D: IntDot>(w: &Self::Prep, a: *const u8) -> __m256i {
         let act = |j: usize| load(a.add(grouped::QUANTS_AT + 32 * j));
         if D::WIDE_PRODUCTS {
             // The quants + 128 (VNNI has no pair bound).
-            offset_dot::<D, 7, 1>(u, a)
+            offset_dot::<D, 7, 1>(w, a)
         } else {
             // |w| · (a · sign w) = w · a; |w| <= 128 and |a| <= 127 keep pairs <= 32512 (`sign_epi8`
             // would wrap an activation of -128, which no quantiser produces).
             let mut acc = _mm256_setzero_si256();
             for j in 0..8 {
-                acc = D::dot(acc, u[j], _mm256_sign_epi8(act(j), w[j]));
+                acc = D::dot(acc, _mm256_abs_epi8(w[j]), _mm256_sign_epi8(act(j), w[j]));
             }
             acc
         }
