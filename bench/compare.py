@@ -403,10 +403,9 @@ def model_rows(m: dict, a) -> list[tuple[str, str, str, str]]:
             rows.append((f"decode floor {floor:.1f} tok/s ({bw:.1f} GB/s)", pct(t["tg"]), pct(l["tg"]), ""))
             if m.get("membw") and m["membw"]["n"] > 1:
                 lo, hi = (m["membw"][k] * 1e9 / bpt for k in ("min", "max"))
+                span = lambda s: f"{100 * s['median'] / hi:.0f}–{100 * s['median'] / lo:.0f}%" if s else "n/a"
                 rows.append((f"  with the rounds' {m['membw']['min']:.1f}–{m['membw']['max']:.1f} GB/s",
-                             f"{100 * t['tg']['median'] / hi:.0f}–{100 * t['tg']['median'] / lo:.0f}%" if t["tg"] else "n/a",
-                             f"{100 * l['tg']['median'] / hi:.0f}–{100 * l['tg']['median'] / lo:.0f}%" if l["tg"] else "n/a",
-                             ""))
+                             span(t["tg"]), span(l["tg"]), ""))
     return rows
 
 
