@@ -32,6 +32,29 @@ pub(crate) fn silu_mul_on(isa: Isa, gate: &mut [f32], up: &[f32]) {
     simd::elementwise_kernel(isa).silu_mul(gate, up);
 }
 
+/// `x[i] = silu(x[i])` in place, on the current ISA, each element exactly as [`silu`] computes it: the
+/// negated inputs through the ISA's `exp` (the bits of [`exp`]), then the same add and divide.
+pub fn silu_in_place(x: &mut [f32]) {
+    silu_in_place_on(simd::isa(), x)
+}
+
+/// [`silu_in_place`] on a given ISA.
+pub(crate) fn silu_in_place_on(isa: Isa, x: &mut [f32]) {
+    const CHUNK: usize = 64;
+    let kernel = simd::elementwise_kernel(isa);
+    let mut e = [0f32; CHUNK];
+    for chunk in x.chunks_mut(CHUNK) {
+        let e = &mut e[..chunk.len()];
+        for (e, &v) in e.iter_mut().zip(chunk.iter()) {
+            *e = -v;
+        }
+        kernel.exp(e);
+        for (v, &e) in chunk.iter_mut().zip(e.iter()) {
+            *v /= 1.0 + e;
+        }
+    }
+}
+
 /// `x[i] = e^x[i]` in place, on the current ISA, each element exactly as [`exp`] computes it.
 pub fn exp_in_place(x: &mut [f32]) {
     exp_in_place_on(simd::isa(), x)

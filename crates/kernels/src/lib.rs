@@ -89,7 +89,7 @@ mod testutil;
 mod types;
 mod warm;
 
-pub use activation::{exp, exp_in_place, silu, silu_mul};
+pub use activation::{exp, exp_in_place, silu, silu_in_place, silu_mul};
 pub use error::KernelError;
 pub use float_dot::{add_weighted_rows, dot_f32, dot_rows};
 pub use matmul::{

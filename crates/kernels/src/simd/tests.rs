@@ -572,6 +572,21 @@ fn exp_matches_libm_bit_for_bit_on_every_isa() {
 }
 
 #[test]
+fn silu_in_place_matches_scalar_silu_on_every_isa() {
+    let mut rng = Rng::new(19);
+    // Lengths around the 8 lanes and the 64-element chunks, inputs over exp's whole range.
+    let x: Vec<f32> = exp_inputs().into_iter().step_by(997).chain((0..3000).map(|_| rng.normal() * 30.0)).collect();
+    for len in [0, 1, 7, 8, 9, 63, 64, 65, 1000, x.len()] {
+        let expected: Vec<f32> = x[..len].iter().map(|&v| crate::activation::silu(v)).collect();
+        for isa in std::iter::once(Isa::Scalar).chain(simd_isas()) {
+            let mut got = x[..len].to_vec();
+            crate::activation::silu_in_place_on(isa, &mut got);
+            assert_eq!(bits(&got), bits(&expected), "{isa}, {len} elements");
+        }
+    }
+}
+
+#[test]
 fn silu_mul_matches_scalar_on_every_isa() {
     let mut rng = Rng::new(17);
     // Lengths around the 8 lanes, and gates over exp's whole range (its special values included).
