@@ -9,10 +9,10 @@
 //! one fixed order.
 
 use rayon::prelude::*;
-use titan_kernels::{dot_f32, dot_rows};
+use titan_kernels::{dot_f32, exp_in_place, silu_in_place};
 
 use crate::config::DeltaNetShape;
-use crate::ops::{exp, rms_norm, sigmoid, silu};
+use crate::ops::{exp, rms_norm, sigmoid};
 use crate::weights::DeltaNet;
 
 /// One linear-attention layer's state for one sequence.
@@ -82,11 +82,17 @@ pub struct DeltaScratch {
     window: Vec<f32>,
     /// Each head's outputs for the span, head after head.
     heads: Vec<f32>,
-    /// Each head's δ for the current token.
-    delta: Vec<f32>,
+    /// exp(g) per row and value head: each head's decay at each token.
+    decay: Vec<f32>,
+    /// silu(z), the output gate.
+    gate: Vec<f32>,
     /// The l2 norm's weight: ones, one head long.
     unit: Vec<f32>,
 }
+
+/// Rows of a head's state that run through a span's tokens together: 16 rows of 128 are 8 KiB, which
+/// stay in L1 while the tokens' queries and keys pass by.
+const STATE_ROWS: usize = 16;
 
 /// One sequence's rows through a linear-attention layer. `qkv` (rows × conv_dim) is the projection,
 /// overwritten with the convolution's activations; `z` (rows × value_dim) the output gate; `beta`,
@@ -95,21 +101,20 @@ pub struct DeltaScratch {
 pub fn mix(s: &DeltaNetShape, w: &DeltaNet, eps: f32, state: &mut DeltaState, qkv: &mut [f32], z: &[f32], beta: &[f32], g: &[f32], out: &mut [f32], scratch: &mut DeltaScratch) {
     let (c, d, nv) = (s.conv_dim(), s.head_dim, s.n_v_heads);
     let rows = qkv.len() / c;
-    let taps = s.conv_kernel;
 
-    // conv: out[t][ch] = Σ_i window[t + i][ch] · w[ch][i], summed from the oldest tap; then silu.
+    // conv: out[t][ch] = Σ_i window[t + i][ch] · w[i][ch], summed from the oldest tap; then silu.
     let window = &mut scratch.window;
     window.clear();
     window.extend_from_slice(&state.conv);
     window.extend_from_slice(qkv);
     for (t, row) in qkv.chunks_exact_mut(c).enumerate() {
-        for (ch, v) in row.iter_mut().enumerate() {
-            let mut sum = 0f32;
-            for i in 0..taps {
-                sum += window[(t + i) * c + ch] * w.conv[ch * taps + i];
+        row.fill(0.0);
+        for (x, w) in window[t * c..].chunks_exact(c).zip(w.conv.chunks_exact(c)) {
+            for ((v, &x), &w) in row.iter_mut().zip(x).zip(w) {
+                *v += x * w;
             }
-            *v = silu(sum);
         }
+        silu_in_place(row);
     }
     state.conv.copy_from_slice(&window[rows * c..]);
 
@@ -129,43 +134,52 @@ pub fn mix(s: &DeltaNetShape, w: &DeltaNet, eps: f32, state: &mut DeltaState, qk
     }
 
     // The delta rule, per value head: M ← exp(g)·M; δ = β (v − M k); M ← M + δ kᵀ; o = (M q) / sqrt(d).
-    let DeltaScratch { heads, delta, .. } = scratch;
+    // Row j of M meets only δ_j and o_j, so a block of rows runs through every token of the span while
+    // it stays in L1, and each element still sees the same operations in the same order as when the
+    // tokens come one call at a time.
+    let DeltaScratch { heads, decay, .. } = scratch;
     heads.resize(nv * rows * d, 0.0);
-    delta.resize(nv * d, 0.0);
-    let (qkv, key_dim) = (&*qkv, s.key_dim());
+    decay.clear();
+    decay.extend_from_slice(g);
+    exp_in_place(decay);
+    let (qkv, decay, key_dim) = (&*qkv, &*decay, s.key_dim());
     titan_kernels::stay_warm();
-    let per_head = heads.par_chunks_mut(rows * d).zip(state.ssm.par_chunks_mut(d * d)).zip(delta.par_chunks_mut(d));
-    per_head.enumerate().for_each(|(h, ((o, m), delta))| {
+    let per_head = heads.par_chunks_mut(rows * d).zip(state.ssm.par_chunks_mut(d * d));
+    per_head.enumerate().for_each(|(h, (o, m))| {
         let kh = s.key_head(h);
-        for (t, ot) in o.chunks_exact_mut(d).enumerate() {
-            let row = &qkv[t * c..(t + 1) * c];
-            let q = &row[kh * d..(kh + 1) * d];
-            let k = &row[key_dim + kh * d..key_dim + (kh + 1) * d];
-            let v = &row[2 * key_dim + h * d..2 * key_dim + (h + 1) * d];
-            let (decay, b) = (exp(g[t * nv + h]), beta[t * nv + h]);
-            for x in m.iter_mut() {
-                *x *= decay;
-            }
-            for (j, dj) in delta.iter_mut().enumerate() {
-                *dj = (v[j] - dot_f32(&m[j * d..(j + 1) * d], k)) * b;
-            }
-            for (mj, &dj) in m.chunks_exact_mut(d).zip(delta.iter()) {
-                for (x, &ki) in mj.iter_mut().zip(k) {
-                    *x += ki * dj;
+        for (j0, block) in m.chunks_mut(STATE_ROWS * d).enumerate().map(|(b, m)| (b * STATE_ROWS, m)) {
+            for (t, ot) in o.chunks_exact_mut(d).enumerate() {
+                let row = &qkv[t * c..(t + 1) * c];
+                let q = &row[kh * d..(kh + 1) * d];
+                let k = &row[key_dim + kh * d..key_dim + (kh + 1) * d];
+                let v = &row[2 * key_dim + h * d..2 * key_dim + (h + 1) * d];
+                let (decay, b) = (decay[t * nv + h], beta[t * nv + h]);
+                for (mj, (&vj, oj)) in block.chunks_exact_mut(d).zip(v[j0..].iter().zip(&mut ot[j0..])) {
+                    for x in mj.iter_mut() {
+                        *x *= decay;
+                    }
+                    let dj = (vj - dot_f32(mj, k)) * b;
+                    for (x, &ki) in mj.iter_mut().zip(k) {
+                        *x += ki * dj;
+                    }
+                    *oj = dot_f32(q, mj) * inv_sqrt_d;
                 }
             }
-            dot_rows(q, m, d, inv_sqrt_d, ot);
         }
     });
 
     // Gated RMS norm per head: norm(o) · silu(z), into the rows of `out`.
+    let gate = &mut scratch.gate;
+    gate.clear();
+    gate.extend_from_slice(z);
+    silu_in_place(gate);
     for t in 0..rows {
         for h in 0..nv {
             let o = &mut out[t * nv * d + h * d..][..d];
             o.copy_from_slice(&heads[h * rows * d + t * d..][..d]);
             rms_norm(o, &w.norm, eps);
-            for (x, &zz) in o.iter_mut().zip(&z[t * nv * d + h * d..][..d]) {
-                *x *= silu(zz);
+            for (x, &zz) in o.iter_mut().zip(&gate[t * nv * d + h * d..][..d]) {
+                *x *= zz;
             }
         }
     }

@@ -115,7 +115,8 @@ pub struct DeltaNet {
     /// `attn_gate`: z, the gate of the output norm.
     pub z: Mat,
     pub beta_alpha: BetaAlpha,
-    /// `ssm_conv1d`: `conv_kernel` taps per channel, channel after channel.
+    /// `ssm_conv1d`, transposed at load: tap after tap (oldest first), `conv_dim` channels each, so that
+    /// a tap's products run along contiguous channels (the file holds the taps channel after channel).
     pub conv: Vec<f32>,
     /// `ssm_dt.bias`, added to alpha before the softplus.
     pub dt_bias: Vec<f32>,
@@ -347,6 +348,12 @@ pub enum Residency {
     Experts,
 }
 
+/// `taps` values per channel, channel after channel, rearranged tap after tap.
+fn tap_major(per_channel: &[f32], taps: usize) -> Vec<f32> {
+    let channels = per_channel.len() / taps;
+    (0..taps * channels).map(|n| per_channel[(n % channels) * taps + n / channels]).collect()
+}
+
 /// Whether a GGUF tensor holds experts (llama.cpp stacks them as `blk.N.ffn_{gate,up,down}_exps.weight`).
 pub fn is_expert_tensor(name: &str) -> bool {
     name.contains("_exps.")
@@ -461,7 +468,7 @@ impl Loader<'_> {
             qkv: self.mat(&n("attn_qkv.weight"), e, s.conv_dim())?,
             z: self.mat(&n("attn_gate.weight"), e, s.value_dim())?,
             beta_alpha,
-            conv: self.decode(conv_t, s.conv_kernel * s.conv_dim())?,
+            conv: tap_major(&self.decode(conv_t, s.conv_kernel * s.conv_dim())?, s.conv_kernel),
             dt_bias: self.vec(&n("ssm_dt.bias"), s.n_v_heads)?,
             a: self.vec(&n("ssm_a"), s.n_v_heads)?,
             norm: self.vec(&n("ssm_norm.weight"), s.head_dim)?,
