@@ -59,31 +59,34 @@ pub(crate) fn regroup(plain: &[u8], dst: &mut [u8]) {
 /// blocks become the eight f16 scales (16 bytes), then the quants in the registers the kernels
 /// would otherwise build by transposing (`4 · 32` bytes for Q4_0: register `m` holds byte quad `m` of
 /// block `k` in lane `k`; `8 · 32` for Q8_0: register `2m + h` holds quants `16h + 4m ..` of block
-/// `k` in lane `k`, as the activations). A group keeps its size, so a row does too. Only rows of
-/// whole groups are regrouped ([`weights_regroupable`]).
+/// `k` in lane `k`, as the activations). A group keeps its size, so a row does too. The blocks after
+/// a row's last whole group (fewer than eight: DeepSeek-V2-Lite's and Qwen2-MoE's 1408-wide expert
+/// rows end in four) stay plain, and the kernels pad them as they pad a plain row's.
 pub(crate) const WEIGHT_SCALES_BYTES: usize = 16;
 
-/// Whether `ty` rows of `cols` elements can be regrouped.
+/// Whether `ty` rows of `cols` elements can be regrouped: Q4_0 or Q8_0 rows of at least one group.
 pub fn weights_regroupable(ty: GgmlType, cols: usize) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q8_0) && cols.is_multiple_of(GROUP_BLOCKS * q8_0::BLOCK_LEN)
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q8_0)
+        && cols.is_multiple_of(q8_0::BLOCK_LEN)
+        && cols >= GROUP_BLOCKS * q8_0::BLOCK_LEN
 }
 
-/// Writes the regrouped form of whole `ty` rows `src` into `dst` (the same length). The caller has
-/// checked [`weights_regroupable`] for the row length.
-pub(crate) fn regroup_weights(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
-    regroup_rows(ty, Some(src), dst)
+/// Writes the regrouped form of the `ty` rows `src` (`row_bytes` each) into `dst` (the same length).
+/// The caller has checked [`weights_regroupable`] for the row length.
+pub(crate) fn regroup_weights(ty: GgmlType, row_bytes: usize, src: &[u8], dst: &mut [u8]) {
+    regroup_rows(ty, row_bytes, Some(src), dst)
 }
 
-/// [`regroup_weights`] of whole `ty` rows in place.
-pub(crate) fn regroup_weights_in_place(ty: GgmlType, data: &mut [u8]) {
-    regroup_rows(ty, None, data)
+/// [`regroup_weights`] in place.
+pub(crate) fn regroup_weights_in_place(ty: GgmlType, row_bytes: usize, data: &mut [u8]) {
+    regroup_rows(ty, row_bytes, None, data)
 }
 
 /// `dst` regrouped from `src`, or from its own bytes when `src` is `None`.
-fn regroup_rows(ty: GgmlType, src: Option<&[u8]>, dst: &mut [u8]) {
+fn regroup_rows(ty: GgmlType, row_bytes: usize, src: Option<&[u8]>, dst: &mut [u8]) {
     match ty {
-        GgmlType::Q4_0 => regroup_groups::<{ q4_0::BLOCK_BYTES }, false>(src, dst),
-        GgmlType::Q8_0 => regroup_groups::<{ q8_0::BLOCK_BYTES }, true>(src, dst),
+        GgmlType::Q4_0 => regroup_groups::<{ q4_0::BLOCK_BYTES }, false>(row_bytes, src, dst),
+        GgmlType::Q8_0 => regroup_groups::<{ q8_0::BLOCK_BYTES }, true>(row_bytes, src, dst),
         _ => unreachable!("{} weights are not regrouped (weights_regroupable)", ty.name()),
     }
 }
@@ -93,20 +96,30 @@ fn regroup_rows(ty: GgmlType, src: Option<&[u8]>, dst: &mut [u8]) {
 /// compiler the copies need no bounds checks, which made a 2.65 MB Qwen3-30B-A3B Q4_0 expert regroup in
 /// 0.5 ms instead of 1.5 (the store's `record_cpu` example) — time its I/O thread takes from the two
 /// cores of a small machine for every record streamed.
-fn regroup_groups<const BB: usize, const Q8: bool>(src: Option<&[u8]>, dst: &mut [u8]) {
+fn regroup_groups<const BB: usize, const Q8: bool>(row_bytes: usize, src: Option<&[u8]>, dst: &mut [u8]) {
     let mut group = [0u8; GROUP_BLOCKS * q8_0::BLOCK_BYTES];
-    for (i, g_dst) in dst.chunks_exact_mut(GROUP_BLOCKS * BB).enumerate() {
-        match src {
-            Some(src) => group[..GROUP_BLOCKS * BB].copy_from_slice(&src[i * GROUP_BLOCKS * BB..(i + 1) * GROUP_BLOCKS * BB]),
-            None => group[..GROUP_BLOCKS * BB].copy_from_slice(g_dst),
-        }
-        for k in 0..GROUP_BLOCKS {
-            let block = &group[BB * k..BB * (k + 1)];
-            g_dst[2 * k..2 * k + 2].copy_from_slice(&block[..2]);
-            for quad in 0..(BB - 2) / 4 {
-                let at = WEIGHT_SCALES_BYTES + 32 * quad_register(Q8, quad) + 4 * k;
-                g_dst[at..at + 4].copy_from_slice(&block[2 + 4 * quad..6 + 4 * quad]);
+    let group = &mut group[..GROUP_BLOCKS * BB];
+    for (r, row) in dst.chunks_exact_mut(row_bytes).enumerate() {
+        let src_row = src.map(|src| &src[r * row_bytes..(r + 1) * row_bytes]);
+        let mut groups = row.chunks_exact_mut(GROUP_BLOCKS * BB);
+        for (i, g_dst) in groups.by_ref().enumerate() {
+            match src_row {
+                Some(s) => group.copy_from_slice(&s[i * group.len()..(i + 1) * group.len()]),
+                None => group.copy_from_slice(g_dst),
             }
+            for k in 0..GROUP_BLOCKS {
+                let block = &group[BB * k..BB * (k + 1)];
+                g_dst[2 * k..2 * k + 2].copy_from_slice(&block[..2]);
+                for quad in 0..(BB - 2) / 4 {
+                    let at = WEIGHT_SCALES_BYTES + 32 * quad_register(Q8, quad) + 4 * k;
+                    g_dst[at..at + 4].copy_from_slice(&block[2 + 4 * quad..6 + 4 * quad]);
+                }
+            }
+        }
+        // The plain tail, copied (in place it is already there).
+        let tail = groups.into_remainder();
+        if let Some(s) = src_row {
+            tail.copy_from_slice(&s[row_bytes - tail.len()..]);
         }
     }
 }

@@ -44,17 +44,17 @@ pub fn regroup_weights(ty: GgmlType, cols: usize, src: &[u8], dst: &mut [u8]) ->
     };
     dst.par_chunks_mut(row_bytes)
         .zip(src.par_chunks(row_bytes))
-        .for_each(|(d, s)| grouped::regroup_weights(ty, s, d));
+        .for_each(|(d, s)| grouped::regroup_weights(ty, row_bytes, s, d));
     true
 }
 
 /// [`regroup_weights`] of `data` in place, on the calling thread: for an I/O thread, which must leave
 /// the compute threads to the computation.
 pub fn regroup_weights_in_place(ty: GgmlType, cols: usize, data: &mut [u8]) -> bool {
-    if regroupable_row_bytes(ty, cols, data, data).is_none() {
+    let Some(row_bytes) = regroupable_row_bytes(ty, cols, data, data) else {
         return false;
-    }
-    grouped::regroup_weights_in_place(ty, data);
+    };
+    grouped::regroup_weights_in_place(ty, row_bytes, data);
     true
 }
 

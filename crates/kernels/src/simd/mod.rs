@@ -373,14 +373,22 @@ fn scalar_regrouped_rows(ty: GgmlType) -> DotFn {
                 let mut plain = [0u8; GROUP_BLOCKS * $m::BLOCK_BYTES];
                 for (w, out) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(acts.len())) {
                     let mut lanes = [Lanes8::default(); MAX_ROWS];
-                    for (g, group) in w.chunks_exact(plain.len()).enumerate() {
+                    let mut dot = |b: usize, block: &[u8]| {
+                        for (l, a) in lanes.iter_mut().zip(acts) {
+                            l.add(b, $m::vec_dot(block, &a[b * ab..(b + 1) * ab]));
+                        }
+                    };
+                    let mut groups = w.chunks_exact(plain.len());
+                    for (g, group) in groups.by_ref().enumerate() {
                         ungroup_weights($ty, group, &mut plain);
                         for (k, block) in plain.chunks_exact(bb).enumerate() {
-                            let b = g * GROUP_BLOCKS + k;
-                            for (l, a) in lanes.iter_mut().zip(acts) {
-                                l.add(b, $m::vec_dot(block, &a[b * ab..(b + 1) * ab]));
-                            }
+                            dot(g * GROUP_BLOCKS + k, block);
                         }
+                    }
+                    // The blocks after the last whole group are plain.
+                    let whole = (w.len() / plain.len()) * GROUP_BLOCKS;
+                    for (k, block) in groups.remainder().chunks_exact(bb).enumerate() {
+                        dot(whole + k, block);
                     }
                     for (o, l) in out.iter_mut().zip(lanes) {
                         *o = l.sum();

@@ -245,8 +245,8 @@ fn regrouped_weights_give_the_plain_scalar_bits_on_every_isa() {
     for isa in available_isas() {
         for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
             let mut rng = Rng::new(u64::from(ty.id()) * 77 + isa as u64);
-            for groups in [1, 2, 5] {
-                let n = groups * 256;
+            // Whole groups, and rows that end in plain blocks (1408 = 5 groups and 4 blocks).
+            for n in [256, 512, 1280, 288, 480, 1408] {
                 let w: Vec<u8> = (0..W_ROWS).flat_map(|_| weights(ty, n, &mut rng)).collect();
                 let row_bytes = w.len() / W_ROWS;
                 let mut regrouped = vec![0u8; w.len()];
@@ -269,7 +269,7 @@ fn regrouped_weights_give_the_plain_scalar_bits_on_every_isa() {
                     let mut got = vec![0f32; W_ROWS * rows];
                     kernel.run(&regrouped, row_bytes, &act_refs[..rows], &mut got);
                     let want: Vec<f32> = expected.chunks_exact(MAX_ROWS).flat_map(|r| r[..rows].to_vec()).collect();
-                    assert_eq!(bits(&got), bits(&want), "{isa} {ty}, {groups} groups, {rows} rows");
+                    assert_eq!(bits(&got), bits(&want), "{isa} {ty}, {n} columns, {rows} rows");
                 }
             }
         }
@@ -280,34 +280,37 @@ fn regrouped_weights_give_the_plain_scalar_bits_on_every_isa() {
 fn matmul_of_regrouped_weights_equals_plain_on_every_isa() {
     for isa in available_isas() {
         for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
-            let (rows, cols) = (70, 512);
-            let (data, acts) = problem(ty, rows, cols, 11, 5);
-            let plain = WeightView::new(ty, rows, cols, &data).unwrap();
-            let mut regrouped = vec![0u8; data.len()];
-            assert!(regroup_weights(ty, cols, &data, &mut regrouped));
-            let w = WeightView {
-                data: &regrouped,
-                layout: WeightLayout::Regrouped,
-                ..plain
-            };
-            for n_act in [1, 3, 8, 11] {
-                let mut some = Activations::new();
-                some.gather_from(&acts, &(0..n_act).collect::<Vec<_>>());
-                let expected = matmul_on(Isa::Scalar, &plain, &some);
-                assert_eq!(bits(&matmul_on(isa, &w, &some)), bits(&expected), "{isa} {ty}, {n_act} rows");
+            for (rows, cols) in [(70, 512), (21, 1408)] {
+                let (data, acts) = problem(ty, rows, cols, 11, 5);
+                let plain = WeightView::new(ty, rows, cols, &data).unwrap();
+                let mut regrouped = vec![0u8; data.len()];
+                assert!(regroup_weights(ty, cols, &data, &mut regrouped));
+                let w = WeightView {
+                    data: &regrouped,
+                    layout: WeightLayout::Regrouped,
+                    ..plain
+                };
+                for n_act in [1, 3, 8, 11] {
+                    let mut some = Activations::new();
+                    some.gather_from(&acts, &(0..n_act).collect::<Vec<_>>());
+                    let expected = matmul_on(Isa::Scalar, &plain, &some);
+                    assert_eq!(bits(&matmul_on(isa, &w, &some)), bits(&expected), "{isa} {ty}, {cols} columns, {n_act} rows");
+                }
             }
         }
     }
 }
 
 #[test]
-fn only_whole_groups_of_q4_0_and_q8_0_are_regrouped() {
-    let src = vec![0u8; 18 * 8];
-    let mut dst = vec![0u8; 18 * 8];
+fn q4_0_and_q8_0_rows_of_a_group_or_more_are_regrouped() {
+    let src = vec![0u8; 18 * 9];
+    let mut dst = vec![0u8; 18 * 9];
     assert!(!regroup_weights(GgmlType::Q4_0, 128, &src[..72], &mut dst[..72]), "4 blocks: not a whole group");
-    assert!(!regroup_weights(GgmlType::Q4_1, 256, &src, &mut dst));
-    assert!(!regroup_weights(GgmlType::Q4_0, 256, &src, &mut dst[..100]));
-    assert!(regroup_weights(GgmlType::Q4_0, 256, &src, &mut dst));
+    assert!(regroup_weights(GgmlType::Q4_0, 288, &src, &mut dst), "a group and a plain block");
+    let (src, dst) = (&src[..18 * 8], &mut dst[..18 * 8]);
+    assert!(!regroup_weights(GgmlType::Q4_1, 256, src, dst));
+    assert!(!regroup_weights(GgmlType::Q4_0, 256, src, &mut dst[..100]));
+    assert!(regroup_weights(GgmlType::Q4_0, 256, src, dst));
 }
 
 #[test]
