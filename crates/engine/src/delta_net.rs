@@ -9,7 +9,7 @@
 //! one fixed order.
 
 use rayon::prelude::*;
-use titan_kernels::{dot_f32, exp_in_place, silu_in_place};
+use titan_kernels::{delta_rule_rows, exp_in_place, silu_in_place, DeltaStep};
 
 use crate::config::DeltaNetShape;
 use crate::ops::{exp, rms_norm, sigmoid};
@@ -153,17 +153,8 @@ pub fn mix(s: &DeltaNetShape, w: &DeltaNet, eps: f32, state: &mut DeltaState, qk
                 let q = &row[kh * d..(kh + 1) * d];
                 let k = &row[key_dim + kh * d..key_dim + (kh + 1) * d];
                 let v = &row[2 * key_dim + h * d..2 * key_dim + (h + 1) * d];
-                let (decay, b) = (decay[t * nv + h], beta[t * nv + h]);
-                for (mj, (&vj, oj)) in block.chunks_exact_mut(d).zip(v[j0..].iter().zip(&mut ot[j0..])) {
-                    for x in mj.iter_mut() {
-                        *x *= decay;
-                    }
-                    let dj = (vj - dot_f32(mj, k)) * b;
-                    for (x, &ki) in mj.iter_mut().zip(k) {
-                        *x += ki * dj;
-                    }
-                    *oj = dot_f32(q, mj) * inv_sqrt_d;
-                }
+                let step = DeltaStep { decay: decay[t * nv + h], beta: beta[t * nv + h], k, q, v: &v[j0..], scale: inv_sqrt_d };
+                delta_rule_rows(block, &step, &mut ot[j0..]);
             }
         }
     });

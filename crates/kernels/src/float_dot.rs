@@ -1,5 +1,6 @@
 //! The f32 loops of attention over a cache: a query's dot products with the cached keys, and the
-//! weighted sum of the cached values. Every dot product accumulates in [`Lanes8`] (element `i` into
+//! weighted sum of the cached values; and the delta rule's step over a linear-attention state's rows.
+//! Every dot product accumulates in [`Lanes8`] (element `i` into
 //! lane `i % 8`, a multiply then an add, the lanes reduced in its tree), which an 8-wide register
 //! computes as it stands, so the SIMD paths give the scalar bits; the weighted sum adds each row in
 //! order, element by element, which any vector width computes alike.
@@ -47,6 +48,45 @@ pub(crate) fn add_weighted_rows_on(isa: Isa, out: &mut [f32], w: &[f32], rows: &
     let k = simd::float_kernel(isa);
     for (t, &p) in w.iter().enumerate() {
         k.add_scaled(out, p, &rows[t * stride..][..out.len()]);
+    }
+}
+
+/// One token of the delta rule for one value head: the state's decay, the write strength β, the key,
+/// query and value, and the output scale.
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaStep<'a> {
+    pub decay: f32,
+    pub beta: f32,
+    pub k: &'a [f32],
+    pub q: &'a [f32],
+    /// The value's elements for the rows given, in order.
+    pub v: &'a [f32],
+    pub scale: f32,
+}
+
+/// For each row `m_j` of `rows` (`k.len()` elements each): `m_j ← decay · m_j`, `δ = (v_j − m_j · k) · β`,
+/// `m_j ← m_j + k · δ` and `out[j] = (q · m_j) · scale`, on the current ISA — the same bits as those
+/// steps one at a time with [`dot_f32`].
+pub fn delta_rule_rows(rows: &mut [f32], step: &DeltaStep, out: &mut [f32]) {
+    delta_rule_rows_on(simd::isa(), rows, step, out)
+}
+
+/// [`delta_rule_rows`] on a given ISA.
+pub(crate) fn delta_rule_rows_on(isa: Isa, rows: &mut [f32], step: &DeltaStep, out: &mut [f32]) {
+    simd::float_kernel(isa).delta_rule_rows(rows, step, out)
+}
+
+/// The scalar twin of [`delta_rule_rows`]: each step over the whole row in turn.
+pub(crate) fn delta_rule_rows_scalar(rows: &mut [f32], step: &DeltaStep, out: &mut [f32]) {
+    let DeltaStep { decay, beta, k, q, v, scale } = *step;
+    assert_eq!(q.len(), k.len(), "delta_rule_rows: q and k differ in length");
+    for ((m, &vj), o) in rows.chunks_exact_mut(k.len()).zip(v).zip(out.iter_mut()) {
+        for x in m.iter_mut() {
+            *x *= decay;
+        }
+        let delta = (vj - dot_scalar(m, k)) * beta;
+        add_scaled_scalar(m, delta, k);
+        *o = dot_scalar(q, m) * scale;
     }
 }
 
@@ -119,6 +159,38 @@ mod tests {
             for isa in crate::available_isas() {
                 assert_eq!(bits(&dots(isa)), bits(&want_dots), "{isa}: dot_rows, length {len}");
                 assert_eq!(bits(&sums(isa)), bits(&want_sums), "{isa}: add_weighted_rows, length {len}");
+            }
+        }
+    }
+
+    /// The fused delta-rule kernels against the scalar twin, and the twin against its steps taken one at
+    /// a time with the other loops' kernels (as the engine took them), for lengths around the lanes.
+    #[test]
+    fn delta_rule_rows_match_the_steps_on_every_isa() {
+        let mut rng = Rng::new(23);
+        for d in [1, 7, 8, 9, 64, 128, 131] {
+            let n = 5;
+            let mut value = || rng.normal() * 10f32.powi((rng.next_u64() % 5) as i32 - 2);
+            let state: Vec<f32> = (0..n * d).map(|_| value()).collect();
+            let (k, q): (Vec<f32>, Vec<f32>) = ((0..d).map(|_| value()).collect(), (0..d).map(|_| value()).collect());
+            let v: Vec<f32> = (0..n).map(|_| value()).collect();
+            let step = DeltaStep { decay: 0.93, beta: 0.61, k: &k, q: &q, v: &v, scale: 0.0884 };
+            let (mut want, mut want_out) = (state.clone(), vec![0f32; n]);
+            for ((m, &vj), o) in want.chunks_exact_mut(d).zip(&v).zip(&mut want_out) {
+                for x in m.iter_mut() {
+                    *x *= step.decay;
+                }
+                let delta = (vj - dot_scalar(m, &k)) * step.beta;
+                for (x, &ki) in m.iter_mut().zip(&k) {
+                    *x += ki * delta;
+                }
+                *o = dot_scalar(&q, m) * step.scale;
+            }
+            for isa in std::iter::once(Isa::Scalar).chain(crate::available_isas()) {
+                let (mut got, mut out) = (state.clone(), vec![0f32; n]);
+                delta_rule_rows_on(isa, &mut got, &step, &mut out);
+                assert_eq!(bits(&got), bits(&want), "{isa}: state, length {d}");
+                assert_eq!(bits(&out), bits(&want_out), "{isa}: outputs, length {d}");
             }
         }
     }

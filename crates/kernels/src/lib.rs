@@ -91,7 +91,7 @@ mod warm;
 
 pub use activation::{exp, exp_in_place, silu, silu_in_place, silu_mul};
 pub use error::KernelError;
-pub use float_dot::{add_weighted_rows, dot_f32, dot_rows};
+pub use float_dot::{add_weighted_rows, delta_rule_rows, dot_f32, dot_rows, DeltaStep};
 pub use matmul::{
     matmul, matmul_f32, matmul_many, regroup_weights, regroup_weights_in_place, Activations, MatmulJob, WeightLayout, WeightView,
 };

@@ -327,12 +327,15 @@ type DotF32Fn = unsafe fn(a: &[f32], b: &[f32]) -> f32;
 
 /// `out[j] += p · row[j]` over the shorter length.
 type AddScaledFn = unsafe fn(out: &mut [f32], p: f32, row: &[f32]);
+/// [`crate::delta_rule_rows`]'s kernels.
+type DeltaRowsFn = unsafe fn(rows: &mut [f32], step: &crate::DeltaStep, out: &mut [f32]);
 
 /// The f32 loops of attention over a cache (`float_dot.rs`) for the ISA they were selected for.
 #[derive(Clone, Copy)]
 pub(crate) struct FloatKernel {
     dot: DotF32Fn,
     add_scaled: AddScaledFn,
+    delta_rule_rows: DeltaRowsFn,
 }
 
 impl FloatKernel {
@@ -347,6 +350,12 @@ impl FloatKernel {
         // SAFETY: as for `dot`.
         unsafe { (self.add_scaled)(out, p, row) }
     }
+
+    #[inline]
+    pub(crate) fn delta_rule_rows(&self, rows: &mut [f32], step: &crate::DeltaStep, out: &mut [f32]) {
+        // SAFETY: as for `dot`.
+        unsafe { (self.delta_rule_rows)(rows, step, out) }
+    }
 }
 
 /// The f32 cache loops of `isa` (scalar where it has none, or the CPU lacks it).
@@ -356,7 +365,8 @@ pub(crate) fn float_kernel(isa: Isa) -> FloatKernel {
         return x86::float_kernel();
     }
     let _ = isa;
-    FloatKernel { dot: crate::float_dot::dot_scalar, add_scaled: crate::float_dot::add_scaled_scalar }
+    use crate::float_dot::{add_scaled_scalar, delta_rule_rows_scalar, dot_scalar};
+    FloatKernel { dot: dot_scalar, add_scaled: add_scaled_scalar, delta_rule_rows: delta_rule_rows_scalar }
 }
 
 /// The scalar twin of the regrouped-weight kernels: each group is restored to its plain blocks, and

@@ -1402,7 +1402,7 @@ unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
 
 /// The f32 cache loops of attention (`float_dot.rs`): float work only, so AVX-512 runs them too.
 pub(super) fn float_kernel() -> super::FloatKernel {
-    super::FloatKernel { dot: dot_f32_avx2, add_scaled: add_scaled_avx2 }
+    super::FloatKernel { dot: dot_f32_avx2, add_scaled: add_scaled_avx2, delta_rule_rows: delta_rule_rows_avx2 }
 }
 
 /// Lane `k` of the register is lane `k` of the scalar twin's `Lanes8` (element `i` to lane `i % 8`,
@@ -1438,6 +1438,49 @@ unsafe fn add_scaled_avx2(out: &mut [f32], p: f32, row: &[f32]) {
         _mm256_storeu_ps(o.as_mut_ptr(), y);
     }
     crate::float_dot::add_scaled_scalar(o.into_remainder(), p, r.remainder());
+}
+
+/// The scalar twin's passes fused two by two: the decay with the first dot product, the update with
+/// the second. Each element sees the same multiplies and adds in the same order, and each dot product
+/// the lanes of `dot_f32_avx2`.
+#[target_feature(enable = "avx2")]
+unsafe fn delta_rule_rows_avx2(rows: &mut [f32], step: &crate::DeltaStep, out: &mut [f32]) {
+    let crate::DeltaStep { decay, beta, k, q, v, scale } = *step;
+    let d = k.len();
+    assert_eq!(q.len(), d, "delta_rule_rows: q and k differ in length");
+    let (decay8, zero) = (_mm256_set1_ps(decay), _mm256_setzero_ps());
+    for ((m, &vj), o) in rows.chunks_exact_mut(d).zip(v).zip(out.iter_mut()) {
+        // m ← decay · m, and Σ m · k.
+        let mut acc = zero;
+        let (mut mc, mut kc) = (m.chunks_exact_mut(8), k.chunks_exact(8));
+        for (x, y) in (&mut mc).zip(&mut kc) {
+            let mx = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr()), decay8);
+            _mm256_storeu_ps(x.as_mut_ptr(), mx);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(mx, _mm256_loadu_ps(y.as_ptr())));
+        }
+        let mut l = [0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), acc);
+        for (i, (x, y)) in mc.into_remainder().iter_mut().zip(kc.remainder()).enumerate() {
+            *x *= decay;
+            l[i] += *x * y;
+        }
+        let delta = (vj - Lanes8(l).sum()) * beta;
+        // m ← m + k · δ, and Σ q · m.
+        let (delta8, mut acc) = (_mm256_set1_ps(delta), zero);
+        let (mut mc, mut kc, mut qc) = (m.chunks_exact_mut(8), k.chunks_exact(8), q.chunks_exact(8));
+        for ((x, y), z) in (&mut mc).zip(&mut kc).zip(&mut qc) {
+            let mx = _mm256_add_ps(_mm256_loadu_ps(x.as_ptr()), _mm256_mul_ps(_mm256_loadu_ps(y.as_ptr()), delta8));
+            _mm256_storeu_ps(x.as_mut_ptr(), mx);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(z.as_ptr()), mx));
+        }
+        let mut l = [0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), acc);
+        for (i, ((x, y), z)) in mc.into_remainder().iter_mut().zip(kc.remainder()).zip(qc.remainder()).enumerate() {
+            *x += y * delta;
+            l[i] += z * *x;
+        }
+        *o = Lanes8(l).sum() * scale;
+    }
 }
 
 /// `libm::expf` of each lane. The constants and thresholds are the scalar code's, named as there.
