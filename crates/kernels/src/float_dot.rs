@@ -1,9 +1,9 @@
 //! The f32 loops of attention over a cache: a query's dot products with the cached keys, and the
 //! weighted sum of the cached values; and the delta rule's step over a linear-attention state's rows.
-//! Every dot product accumulates in [`Lanes8`] (element `i` into
-//! lane `i % 8`, a multiply then an add, the lanes reduced in its tree), which an 8-wide register
-//! computes as it stands, so the SIMD paths give the scalar bits; the weighted sum adds each row in
-//! order, element by element, which any vector width computes alike.
+//! Every dot product accumulates in [`Lanes8`] (element `i` into lane `i % 8`, a multiply then an add,
+//! the lanes reduced in its tree), which an 8-wide register computes as it stands, so the SIMD paths
+//! give the scalar bits; the weighted sum adds each row in order, element by element, which any vector
+//! width computes alike.
 
 use crate::accum::Lanes8;
 use crate::simd::{self, Isa};
