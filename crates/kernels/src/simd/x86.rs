@@ -631,9 +631,9 @@ unsafe fn grouped_rows<D: IntDot, K: Grouped, const R: usize, const REGROUPED: b
     let tail = nb % 8;
     if tail > 0 {
         // The blocks after the last whole group are plain in a regrouped row too. Pad the weights to a
-        // whole group with zero blocks, as the activations already are: the activation scales are 0 (and a zero weight block's scale finite: 0, or MXFP4's 2^-128), so
-        // their terms are ±0.0, and adding ±0.0 leaves a lane unchanged (lanes start at +0.0 and so
-        // are never -0.0).
+        // whole group with zero blocks, as the activations already are: the activation scales are 0
+        // (and a zero weight block's scale finite: 0, or MXFP4's 2^-128), so their terms are ±0.0,
+        // and adding ±0.0 leaves a lane unchanged (lanes start at +0.0 and so are never -0.0).
         let w0 = full * 8 * K::BYTES;
         let mut w_pad = [0u8; 8 * q8_0::BLOCK_BYTES];
         w_pad[..tail * K::BYTES].copy_from_slice(&w[w0..w0 + tail * K::BYTES]);
