@@ -19,14 +19,11 @@ pub fn replay(target: &str, body: impl Fn(&[u8])) {
         !corpus.is_empty(),
         "fuzz/corpus/{target} holds no inputs: the replay would test nothing"
     );
-    let inputs = corpus
-        .into_iter()
-        .chain(files(&fuzz.join("regressions").join(target)));
+    let inputs = corpus.into_iter().chain(files(&fuzz.join("regressions").join(target)));
     let mut panicked = Vec::new();
     let mut n = 0;
     for path in inputs {
-        let data =
-            std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let data = std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         // A panic is recorded and the replay goes on, so one run names every failing input.
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&data))).is_err() {
             panicked.push(path.display().to_string());

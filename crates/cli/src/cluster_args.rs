@@ -9,10 +9,10 @@ use clap::Args;
 use titan_cluster::fetch::{fetch, FetchOptions};
 use titan_cluster::slice::{ShardExperts, Shards};
 use titan_cluster::slice_http::{SliceServer, SliceServerOptions};
-use titan_gguf::GgufFile;
 use titan_cluster::{model_identity, read_token, Cluster, ClusterOptions, NodeModel};
 use titan_engine::experts::{ExpertSource, Experts};
 use titan_engine::{LoadOptions, Model};
+use titan_gguf::GgufFile;
 
 #[derive(Args, Clone, Default)]
 pub struct ClusterArgs {
@@ -54,11 +54,17 @@ pub struct ClusterArgs {
 impl ClusterArgs {
     /// The hottest `--hot-share` of each layer's experts in the `--replicate-hot` profile.
     fn hot_experts(&self, model: &Model) -> Result<Vec<(usize, usize)>> {
-        let Some(path) = &self.replicate_hot else { return Ok(Vec::new()) };
+        let Some(path) = &self.replicate_hot else {
+            return Ok(Vec::new());
+        };
         let profile = titan_store::Profile::load(path)?;
         let (n_layer, n_expert) = (model.config.n_layer, model.config.n_expert);
         if profile.counts.len() != n_layer || profile.counts.iter().any(|r| r.len() != n_expert) {
-            bail!("{}: a profile of another model ({} layers; this one has {n_layer} of {n_expert} experts)", path.display(), profile.counts.len());
+            bail!(
+                "{}: a profile of another model ({} layers; this one has {n_layer} of {n_expert} experts)",
+                path.display(),
+                profile.counts.len()
+            );
         }
         let per_layer = ((n_expert as f64 * self.hot_share.clamp(0.0, 1.0)).ceil() as usize).min(n_expert);
         let mut hot = Vec::new();
@@ -71,9 +77,17 @@ impl ClusterArgs {
     }
 
     fn node_list(&self) -> Result<Vec<String>> {
-        let Some(path) = &self.cluster else { return Ok(self.nodes.clone()) };
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading the cluster file {}", path.display()))?;
-        Ok(text.lines().map(|l| l.split('#').next().unwrap_or("").trim()).filter(|l| !l.is_empty()).map(String::from).collect())
+        let Some(path) = &self.cluster else {
+            return Ok(self.nodes.clone());
+        };
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading the cluster file {}", path.display()))?;
+        Ok(text
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or("").trim())
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect())
     }
 
     /// Turns `model` into a cluster's backbone when nodes are given: its own expert source stays as
@@ -83,7 +97,9 @@ impl ClusterArgs {
         if nodes.is_empty() {
             return Ok(None);
         }
-        let Some(token_file) = &self.token_file else { bail!("--nodes needs --token-file (the token the workers were started with)") };
+        let Some(token_file) = &self.token_file else {
+            bail!("--nodes needs --token-file (the token the workers were started with)")
+        };
         let opts = ClusterOptions {
             nodes,
             token: read_token(token_file)?,
@@ -99,15 +115,29 @@ impl ClusterArgs {
             Some(listen) => {
                 let server = SliceServer::start(
                     Arc::new(GgufFile::open(model.weights.file.path())?),
-                    SliceServerOptions { listen: listen.clone(), token: opts.token.clone(), nodes: opts.nodes.clone(), placement, replicas, hot: opts.hot.clone() },
+                    SliceServerOptions {
+                        listen: listen.clone(),
+                        token: opts.token.clone(),
+                        nodes: opts.nodes.clone(),
+                        placement,
+                        replicas,
+                        hot: opts.hot.clone(),
+                    },
                 )?;
-                eprintln!("serving slices on http://{}; waiting for {} nodes to join", server.addr, opts.nodes.len());
+                eprintln!(
+                    "serving slices on http://{}; waiting for {} nodes to join",
+                    server.addr,
+                    opts.nodes.len()
+                );
                 server.wait_for_plan(Duration::from_secs(self.join_timeout_s))?;
                 eprintln!("plan made; waiting for the nodes to download their shards and start");
                 Some(server)
             }
         };
-        let local = std::mem::replace(&mut model.experts, Box::new(ExpertSource::Resident(model.weights.clone())));
+        let local = std::mem::replace(
+            &mut model.experts,
+            Box::new(ExpertSource::Resident(model.weights.clone())),
+        );
         let deadline = Instant::now() + Duration::from_secs(self.join_timeout_s);
         let mut cluster = connect_patiently(local, model, opts, slices.is_some().then_some(deadline))?;
         if let Some(server) = slices {
@@ -122,12 +152,20 @@ impl ClusterArgs {
 
 /// Connects to the nodes; with a deadline (nodes still downloading their shards), a node that is not
 /// listening yet is waited for.
-fn connect_patiently(local: Box<dyn Experts>, model: &Model, opts: ClusterOptions, deadline: Option<Instant>) -> Result<Cluster> {
+fn connect_patiently(
+    local: Box<dyn Experts>,
+    model: &Model,
+    opts: ClusterOptions,
+    deadline: Option<Instant>,
+) -> Result<Cluster> {
     let (n_layer, dense, n_expert) = (model.config.n_layer, model.config.dense_lead, model.config.n_expert);
     let mut local = Some(local);
     loop {
         // Reachability first, so that `local` is only handed over for a connection that can succeed.
-        let unreachable = opts.nodes.iter().find(|n| std::net::TcpStream::connect(n.as_str()).is_err());
+        let unreachable = opts
+            .nodes
+            .iter()
+            .find(|n| std::net::TcpStream::connect(n.as_str()).is_err());
         match (unreachable, deadline) {
             (Some(_), Some(d)) if Instant::now() < d => std::thread::sleep(Duration::from_millis(200)),
             _ => return Cluster::connect(local.take().expect("connected once"), n_layer, dense, n_expert, opts),
@@ -158,7 +196,9 @@ pub struct WorkerArgs {
 /// Joins the backbone, fetches what the cache lacks of this node's assignment, and serves it.
 pub fn serve_fetched(budget: u64, a: &WorkerArgs) -> Result<()> {
     let backbone = a.backbone.as_deref().expect("called with --backbone");
-    let Some(cache_dir) = &a.cache_dir else { bail!("--backbone needs --cache-dir (where the shards are kept)") };
+    let Some(cache_dir) = &a.cache_dir else {
+        bail!("--backbone needs --cache-dir (where the shards are kept)")
+    };
     if a.listen.ends_with(":0") {
         bail!("--backbone needs a fixed --listen port: the backbone dials the address this node joins with");
     }
@@ -176,22 +216,41 @@ pub fn serve_fetched(budget: u64, a: &WorkerArgs) -> Result<()> {
         bar.set_position(done);
     })?;
     bar.finish_and_clear();
-    eprintln!("worker: downloaded {} bytes; serving {} shards from {}", fetched.downloaded, fetched.shards.len(), cache_dir.display());
+    eprintln!(
+        "worker: downloaded {} bytes; serving {} shards from {}",
+        fetched.downloaded,
+        fetched.shards.len(),
+        cache_dir.display()
+    );
     serve_shards(&fetched.shards, a)
 }
 
 /// Serves the experts of shards (`titan slice`) of one model until the process is stopped; every
 /// expert's digest is checked first.
 pub fn serve_shards(paths: &[PathBuf], a: &WorkerArgs) -> Result<()> {
-    let shards = paths.iter().map(|p| ShardExperts::open(p, true)).collect::<Result<Vec<_>>>()?;
+    let shards = paths
+        .iter()
+        .map(|p| ShardExperts::open(p, true))
+        .collect::<Result<Vec<_>>>()?;
     let first = shards.first().context("no shard given")?;
     if let Some(other) = shards.iter().find(|s| s.model != first.model) {
-        bail!("the shards come from different models ({} and {})", first.model, other.model);
+        bail!(
+            "the shards come from different models ({} and {})",
+            first.model,
+            other.model
+        );
     }
     let (c, identity) = (first.config.clone(), first.model.clone());
     let budget = shards.iter().map(ShardExperts::expert_bytes).sum();
     let shards = Shards(shards);
-    let node = NodeModel { identity, n_layer: c.n_layer, n_expert: c.n_expert, n_embd: c.n_embd, holds: Some(shards.holdings()), experts: Box::new(shards) };
+    let node = NodeModel {
+        identity,
+        n_layer: c.n_layer,
+        n_expert: c.n_expert,
+        n_embd: c.n_embd,
+        holds: Some(shards.holdings()),
+        experts: Box::new(shards),
+    };
     serve_node(node, budget, a)
 }
 
@@ -207,12 +266,24 @@ pub fn serve(model: &Path, load: &LoadOptions, a: &WorkerArgs) -> Result<()> {
         Some(c) => c.budget_bytes(),
         None => titan_engine::weights::dense_and_expert_bytes(&file).1,
     };
-    let node = NodeModel { identity: model_identity(&file), n_layer: config.n_layer, n_expert: config.n_expert, n_embd: config.n_embd, experts: Box::new(source), holds: None };
+    let node = NodeModel {
+        identity: model_identity(&file),
+        n_layer: config.n_layer,
+        n_expert: config.n_expert,
+        n_embd: config.n_embd,
+        experts: Box::new(source),
+        holds: None,
+    };
     serve_node(node, budget, a)
 }
 
 fn serve_node(node: NodeModel, budget: u64, a: &WorkerArgs) -> Result<()> {
-    let opts = titan_cluster::WorkerOptions { listen: a.listen.clone(), token: read_token(&a.token_file)?, max_frame: a.max_frame, budget };
+    let opts = titan_cluster::WorkerOptions {
+        listen: a.listen.clone(),
+        token: read_token(&a.token_file)?,
+        max_frame: a.max_frame,
+        budget,
+    };
     titan_cluster::serve(node, opts, |addr| {
         use std::io::Write;
         println!("listening on {addr}");

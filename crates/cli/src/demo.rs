@@ -79,14 +79,24 @@ fn start_workers(n: usize, model: &Path, token: &Path, log: &Path) -> Result<(Wo
         workers.0.push(child);
         match line.trim().strip_prefix("listening on ") {
             Some(addr) => addrs.push(addr.to_string()),
-            None => bail!("worker {i} did not start (see {})", log.join(format!("worker{i}.log")).display()),
+            None => bail!(
+                "worker {i} did not start (see {})",
+                log.join(format!("worker{i}.log")).display()
+            ),
         }
     }
     Ok((workers, addrs))
 }
 
 fn greedy(model: &Model, prompt: &[u32], n: usize) -> Result<(Generation, Trace, String)> {
-    let opts = GenerateOptions { max_tokens: n, n_ctx: (prompt.len() + n).max(16), sampler: SamplerOptions { temperature: 0.0, ..Default::default() } };
+    let opts = GenerateOptions {
+        max_tokens: n,
+        n_ctx: (prompt.len() + n).max(16),
+        sampler: SamplerOptions {
+            temperature: 0.0,
+            ..Default::default()
+        },
+    };
     let mut trace = Trace::default();
     let mut text = String::new();
     let g = model.generate_traced(prompt, &opts, Some(&mut trace), |t| text.push_str(t))?;
@@ -104,7 +114,9 @@ pub fn demo(a: DemoArgs) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let token_path = dir.path().join("node.token");
     let mut token = [0u8; 16];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut token)).context("reading /dev/urandom for a node token")?;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut token))
+        .context("reading /dev/urandom for a node token")?;
     let token_hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
     std::fs::write(&token_path, &token_hex)?;
 
@@ -126,26 +138,65 @@ pub fn demo(a: DemoArgs) -> Result<()> {
         model: model_identity(&model.weights.file),
         hot: Vec::new(),
     };
-    let local = std::mem::replace(&mut model.experts, Box::new(ExpertSource::Resident(model.weights.clone())));
-    let cluster = Arc::new(Cluster::connect(local, model.config.n_layer, model.config.dense_lead, model.config.n_expert, opts)?);
+    let local = std::mem::replace(
+        &mut model.experts,
+        Box::new(ExpertSource::Resident(model.weights.clone())),
+    );
+    let cluster = Arc::new(Cluster::connect(
+        local,
+        model.config.n_layer,
+        model.config.dense_lead,
+        model.config.n_expert,
+        opts,
+    )?);
     model.experts = Box::new(cluster.clone());
     let (g2, t2, text2) = greedy(&model, &prompt, a.n_predict)?;
 
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}{}", a.prompt, text2)?;
     writeln!(out)?;
-    writeln!(out, "model:      {} ({}, {} layers × {} experts, top-{})", path.display(), model.config.arch_name, model.config.n_layer, model.config.n_expert, model.config.n_expert_used)?;
+    writeln!(
+        out,
+        "model:      {} ({}, {} layers × {} experts, top-{})",
+        path.display(),
+        model.config.arch_name,
+        model.config.n_layer,
+        model.config.n_expert,
+        model.config.n_expert_used
+    )?;
     write!(out, "{}", cluster.describe())?;
     let rate = |g: &Generation| g.tokens.len().saturating_sub(1) as f64 / g.gen_time.as_secs_f64().max(1e-9);
-    writeln!(out, "decode:     single node {:.1} tok/s, cluster {:.1} tok/s ({} workers on loopback)", rate(&g1), rate(&g2), a.workers)?;
+    writeln!(
+        out,
+        "decode:     single node {:.1} tok/s, cluster {:.1} tok/s ({} workers on loopback)",
+        rate(&g1),
+        rate(&g2),
+        a.workers
+    )?;
     let m = cluster.metrics();
     let steps = (g2.tokens.len()).max(1) as f64;
-    let (trips, bytes): (u64, u64) = m.iter().fold((0, 0), |(t, b), (_, n)| (t + n.round_trips, b + n.bytes_out + n.bytes_in));
+    let (trips, bytes): (u64, u64) = m.iter().fold((0, 0), |(t, b), (_, n)| {
+        (t + n.round_trips, b + n.bytes_out + n.bytes_in)
+    });
     let exchange: u64 = m.iter().map(|(_, n)| n.exchange_ns).sum();
-    writeln!(out, "network:    {:.1} round trips and {:.1} KiB per token (prompt included), {:.3} ms per round trip", trips as f64 / steps, bytes as f64 / 1024.0 / steps, exchange as f64 / 1e6 / trips.max(1) as f64)?;
+    writeln!(
+        out,
+        "network:    {:.1} round trips and {:.1} KiB per token (prompt included), {:.3} ms per round trip",
+        trips as f64 / steps,
+        bytes as f64 / 1024.0 / steps,
+        exchange as f64 / 1e6 / trips.max(1) as f64
+    )?;
     let d = diff(&t1, &t2, None);
-    let verdict = if d.identical() && text1 == text2 { "IDENTICAL" } else { "DIFFERENT" };
-    writeln!(out, "trace:      {verdict} ({} tensors, {} decisions compared with the single-node run)", d.tensors, d.decisions)?;
+    let verdict = if d.identical() && text1 == text2 {
+        "IDENTICAL"
+    } else {
+        "DIFFERENT"
+    };
+    writeln!(
+        out,
+        "trace:      {verdict} ({} tensors, {} decisions compared with the single-node run)",
+        d.tensors, d.decisions
+    )?;
     if verdict != "IDENTICAL" {
         bail!("the cluster's trace differs from the single-node trace");
     }

@@ -18,7 +18,11 @@ use cluster_args::{ClusterArgs, WorkerArgs};
 use store_args::{default_store, KvPlan, LayoutArg, StreamArgs};
 
 #[derive(Parser)]
-#[command(name = "titan", version, about = "Run mixture-of-experts language models from GGUF files")]
+#[command(
+    name = "titan",
+    version,
+    about = "Run mixture-of-experts language models from GGUF files"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -488,9 +492,15 @@ fn start_pool(threads: Option<usize>) -> Result<()> {
         // More threads than cores only adds contention; thousands take minutes just to start.
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         if n == 0 || n > 4 * cores {
-            bail!("--threads {n} is outside 1..={} (4 × the {cores} cores of this machine)", 4 * cores);
+            bail!(
+                "--threads {n} is outside 1..={} (4 × the {cores} cores of this machine)",
+                4 * cores
+            );
         }
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting up the thread pool")?;
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("setting up the thread pool")?;
     }
     Ok(())
 }
@@ -502,7 +512,8 @@ fn load(a: &ModelArgs, kv: KvPlan) -> Result<Model> {
         eprintln!("warning: {w}");
     }
     if let Some(p) = &a.tokenizer {
-        model.tokenizer = titan_tokenizer::Tokenizer::from_tokenizer_json(p).with_context(|| format!("{}", p.display()))?;
+        model.tokenizer =
+            titan_tokenizer::Tokenizer::from_tokenizer_json(p).with_context(|| format!("{}", p.display()))?;
     }
     a.cluster.attach(&mut model)?;
     Ok(model)
@@ -512,7 +523,13 @@ fn worker(a: WorkerCmdArgs) -> Result<()> {
     match (&a.model, &a.worker.backbone) {
         (Some(m), _) => cluster_args::serve(m, &a.stream.load_options(m, KvPlan::NONE)?, &a.worker),
         (None, Some(_)) => {
-            let budget = a.stream.expert_budget.as_deref().map(store_args::parse_size).transpose()?.unwrap_or(0);
+            let budget = a
+                .stream
+                .expert_budget
+                .as_deref()
+                .map(store_args::parse_size)
+                .transpose()?
+                .unwrap_or(0);
             cluster_args::serve_fetched(budget, &a.worker)
         }
         (None, None) => cluster_args::serve_shards(&a.shard, &a.worker),
@@ -522,14 +539,24 @@ fn worker(a: WorkerCmdArgs) -> Result<()> {
 fn slice(a: SliceArgs) -> Result<()> {
     use titan_cluster::slice::{parse_range, write_shard, SliceSpec};
     let f = std::sync::Arc::new(GgufFile::open(&a.model)?);
-    let spec = SliceSpec { layers: parse_range(&a.layers)?, experts: parse_range(&a.experts)? };
+    let spec = SliceSpec {
+        layers: parse_range(&a.layers)?,
+        experts: parse_range(&a.experts)?,
+    };
     let bar = progress_bar(0, "slicing");
     let bytes = write_shard(&f, &spec, &a.output, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     })?;
     bar.finish_and_clear();
-    eprintln!("wrote {} ({}: layers {}, experts {} of {})", a.output.display(), human(bytes), a.layers, a.experts, a.model.display());
+    eprintln!(
+        "wrote {} ({}: layers {}, experts {} of {})",
+        a.output.display(),
+        human(bytes),
+        a.layers,
+        a.experts,
+        a.model.display()
+    );
     Ok(())
 }
 
@@ -537,14 +564,36 @@ fn serve(a: ServeArgs) -> Result<()> {
     if a.parallel == 0 || a.parallel > 256 {
         bail!("--parallel {} is outside 1..=256", a.parallel);
     }
-    let chat_template = a.chat_template.as_ref().map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))).transpose()?;
-    let model = load(&a.model, KvPlan { sequences: a.parallel, ctx: a.ctx_size, used: None, past_training: a.allow_long_context })?;
+    let chat_template = a
+        .chat_template
+        .as_ref()
+        .map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display())))
+        .transpose()?;
+    let model = load(
+        &a.model,
+        KvPlan {
+            sequences: a.parallel,
+            ctx: a.ctx_size,
+            used: None,
+            past_training: a.allow_long_context,
+        },
+    )?;
     let ctx_size = a.ctx_size.unwrap_or_else(|| store_args::default_ctx(&model.config));
     // Every slot holds a whole context's KV cache from the start.
     let memory = store_args::mem_available().unwrap_or(u64::MAX) / a.parallel as u64;
-    model.check_context(ctx_size, memory, a.allow_long_context).context("--ctx-size (per slot of --parallel)")?;
-    let name = a.alias.clone().unwrap_or_else(|| a.model.model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned()));
-    eprintln!("serving {name}: {} slots of {ctx_size} tokens, steps of up to {} tokens, queue of {}", a.parallel, a.batch_size, a.queue);
+    model
+        .check_context(ctx_size, memory, a.allow_long_context)
+        .context("--ctx-size (per slot of --parallel)")?;
+    let name = a.alias.clone().unwrap_or_else(|| {
+        a.model
+            .model
+            .file_stem()
+            .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+    });
+    eprintln!(
+        "serving {name}: {} slots of {ctx_size} tokens, steps of up to {} tokens, queue of {}",
+        a.parallel, a.batch_size, a.queue
+    );
     titan_server::serve(
         model,
         titan_server::ServeOptions {
@@ -552,7 +601,11 @@ fn serve(a: ServeArgs) -> Result<()> {
             api_key: a.api_key,
             name,
             chat_template,
-            scheduler: titan_server::SchedulerOptions { parallel: a.parallel, ctx_size, step_tokens: a.batch_size.max(1) },
+            scheduler: titan_server::SchedulerOptions {
+                parallel: a.parallel,
+                ctx_size,
+                step_tokens: a.batch_size.max(1),
+            },
             queue_len: a.queue,
             body_limit: a.max_body,
         },
@@ -576,7 +629,11 @@ fn run(a: RunArgs) -> Result<()> {
         rate(g.prompt_tokens, g.prompt_time),
         g.tokens.len(),
         rate(g.tokens.len().saturating_sub(1), g.gen_time),
-        if g.stop == StopReason::EndOfGeneration { " (end of generation)" } else { "" }
+        if g.stop == StopReason::EndOfGeneration {
+            " (end of generation)"
+        } else {
+            ""
+        }
     );
     if let Some(c) = model.experts.cache() {
         let t = c.stats().total;
@@ -602,7 +659,9 @@ fn run(a: RunArgs) -> Result<()> {
 fn logits(a: LogitsArgs) -> Result<()> {
     let model = load(&a.model, KvPlan::positions(a.prompt.tokens_at_most()))?;
     let tokens = a.prompt.tokens(&model)?;
-    model.check_context(tokens.len(), store_args::mem_available().unwrap_or(u64::MAX), false).context("--tokens")?;
+    model
+        .check_context(tokens.len(), store_args::mem_available().unwrap_or(u64::MAX), false)
+        .context("--tokens")?;
     let mut seq = model.new_sequence(tokens.len());
     let logits = model.forward(&tokens, 0, &mut seq, Outputs::All)?;
     let mut f = std::io::BufWriter::new(
@@ -611,7 +670,12 @@ fn logits(a: LogitsArgs) -> Result<()> {
     npy::write_f32(&mut f, &[tokens.len(), model.config.n_vocab], logits)
         .and_then(|_| f.flush())
         .with_context(|| format!("writing {}", a.output.display()))?;
-    eprintln!("wrote {} × {} logits to {}", tokens.len(), model.config.n_vocab, a.output.display());
+    eprintln!(
+        "wrote {} × {} logits to {}",
+        tokens.len(),
+        model.config.n_vocab,
+        a.output.display()
+    );
     Ok(())
 }
 
@@ -620,9 +684,15 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     // As llama-perplexity: special tokens added as the vocabulary asks, control-token text kept as text.
     let tokens = model.tokenizer.encode(&text, true, false);
-    model.check_context(a.ctx_size, store_args::mem_available().unwrap_or(u64::MAX), false).context("--ctx-size")?;
+    model
+        .check_context(a.ctx_size, store_args::mem_available().unwrap_or(u64::MAX), false)
+        .context("--ctx-size")?;
     let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(indicatif::ProgressStyle::with_template("perplexity [{bar:40}] chunk {pos}/{len} eta {eta} {msg}").expect("valid template").progress_chars("=> "));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("perplexity [{bar:40}] chunk {pos}/{len} eta {eta} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
     let t = std::time::Instant::now();
     let p = titan_engine::perplexity::perplexity(&model, &tokens, a.ctx_size, |done, total, running| {
         bar.set_length(total as u64);
@@ -630,9 +700,19 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
         bar.set_message(format!("running {running:.4}"));
     })?;
     bar.finish_and_clear();
-    let chunks: Vec<String> = (1..=p.chunks.len()).map(|i| format!("[{i}]{:.4}", p.after(i))).collect();
+    let chunks: Vec<String> = (1..=p.chunks.len())
+        .map(|i| format!("[{i}]{:.4}", p.after(i)))
+        .collect();
     println!("{}", chunks.join(","));
-    println!("perplexity: {:.4} over {} chunks of {} tokens ({} tokens scored, {} in the file), {:.1} s", p.value(), p.chunks.len(), a.ctx_size, p.chunks.iter().map(|c| c.1).sum::<usize>(), tokens.len(), t.elapsed().as_secs_f64());
+    println!(
+        "perplexity: {:.4} over {} chunks of {} tokens ({} tokens scored, {} in the file), {:.1} s",
+        p.value(),
+        p.chunks.len(),
+        a.ctx_size,
+        p.chunks.iter().map(|c| c.1).sum::<usize>(),
+        tokens.len(),
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -647,22 +727,40 @@ fn tokenize(a: TokenizeArgs) -> Result<()> {
 fn inspect(a: InspectArgs) -> Result<()> {
     let f = GgufFile::open(&a.model)?;
     let c = titan_engine::Config::from_gguf(&f)?;
-    println!("file:          {} (GGUF v{}, {} tensors, {} bytes)", a.model.display(), f.version, f.tensors.len(), f.file_len());
+    println!(
+        "file:          {} (GGUF v{}, {} tensors, {} bytes)",
+        a.model.display(),
+        f.version,
+        f.tensors.len(),
+        f.file_len()
+    );
     if let Some(name) = f.get_str("general.name")? {
         println!("name:          {name}");
     }
     println!("architecture:  {} ({:?})", c.arch_name, c.arch);
     println!("layers:        {}", c.n_layer);
     println!("embedding:     {}", c.n_embd);
-    println!("heads:         {} query, {} key/value, head size {}", c.n_head, c.n_head_kv, c.head_dim);
+    println!(
+        "heads:         {} query, {} key/value, head size {}",
+        c.n_head, c.n_head_kv, c.head_dim
+    );
     if let Some(s) = &c.delta_net {
         let n = c.n_layer - c.n_attention_layers();
-        println!("linear attn:   {n} of {} layers, {} key / {} value heads of {}, {}-tap convolution", c.n_layer, s.n_k_heads, s.n_v_heads, s.head_dim, s.conv_kernel);
+        println!(
+            "linear attn:   {n} of {} layers, {} key / {} value heads of {}, {}-tap convolution",
+            c.n_layer, s.n_k_heads, s.n_v_heads, s.head_dim, s.conv_kernel
+        );
     }
     if c.dense_lead == c.n_layer {
-        println!("experts:       none (a dense feed-forward of {} in every layer)", c.dense_ff);
+        println!(
+            "experts:       none (a dense feed-forward of {} in every layer)",
+            c.dense_ff
+        );
     } else {
-        println!("experts:       {} per layer, {} used per token, expert FFN {}", c.n_expert, c.n_expert_used, c.expert_ff);
+        println!(
+            "experts:       {} per layer, {} used per token, expert FFN {}",
+            c.n_expert, c.n_expert_used, c.expert_ff
+        );
     }
     if c.dense_lead > 0 && c.dense_lead < c.n_layer {
         println!("dense layers:  the first {}, feed-forward {}", c.dense_lead, c.dense_ff);
@@ -670,7 +768,11 @@ fn inspect(a: InspectArgs) -> Result<()> {
     if c.shared_ff > 0 {
         println!("shared expert: FFN {}", c.shared_ff);
     }
-    println!("vocabulary:    {} tokens ({})", c.n_vocab, f.get_str("tokenizer.ggml.model")?.unwrap_or("none"));
+    println!(
+        "vocabulary:    {} tokens ({})",
+        c.n_vocab,
+        f.get_str("tokenizer.ggml.model")?.unwrap_or("none")
+    );
     println!("context:       {} (training)", c.n_ctx_train);
     let mut types: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
     for t in &f.tensors {
@@ -679,11 +781,19 @@ fn inspect(a: InspectArgs) -> Result<()> {
         e.1 += t.size;
     }
     let (dense, expert) = titan_engine::weights::dense_and_expert_bytes(&f);
-    let types: Vec<String> = types.iter().map(|(n, (count, bytes))| format!("{n} ×{count} ({})", human(*bytes))).collect();
+    let types: Vec<String> = types
+        .iter()
+        .map(|(n, (count, bytes))| format!("{n} ×{count} ({})", human(*bytes)))
+        .collect();
     println!("tensor types:  {}", types.join(", "));
     match (c.n_layer - c.dense_lead) * c.n_expert {
         0 => println!("weights:       {} dense, no experts", human(dense)),
-        n => println!("weights:       {} dense, {} experts ({} per expert per layer)", human(dense), human(expert), human(expert / n as u64)),
+        n => println!(
+            "weights:       {} dense, {} experts ({} per expert per layer)",
+            human(dense),
+            human(expert),
+            human(expert / n as u64)
+        ),
     }
     Ok(())
 }
@@ -692,27 +802,56 @@ fn bench(a: BenchArgs) -> Result<()> {
     use titan_engine::bench::{bench, median, BenchOptions};
     // The bench's longest sequence: the prompt's, or the decode's, with one more position.
     let model = load(&a.model, KvPlan::positions(a.n_prompt.max(a.n_gen) + 1))?;
-    let r = bench(&model, &BenchOptions { prompt_tokens: a.n_prompt, gen_tokens: a.n_gen, repetitions: a.repetitions })?;
+    let r = bench(
+        &model,
+        &BenchOptions {
+            prompt_tokens: a.n_prompt,
+            gen_tokens: a.n_gen,
+            repetitions: a.repetitions,
+        },
+    )?;
     let (pp, tg) = (median(&r.prompt_tok_s), median(&r.decode_tok_s));
     let threads = rayon::current_num_threads();
     println!("model:    {} ({})", a.model.model.display(), model.config.arch_name);
     println!("threads:  {threads} ({} kernels)", titan_kernels::isa().name());
-    println!("prompt:   pp{} {pp:8.2} tok/s (median of {})", a.n_prompt, r.prompt_tok_s.len());
-    println!("decode:   tg{} {tg:8.2} tok/s (median of {})", a.n_gen, r.decode_tok_s.len());
+    println!(
+        "prompt:   pp{} {pp:8.2} tok/s (median of {})",
+        a.n_prompt,
+        r.prompt_tok_s.len()
+    );
+    println!(
+        "decode:   tg{} {tg:8.2} tok/s (median of {})",
+        a.n_gen,
+        r.decode_tok_s.len()
+    );
     let steady = median(&r.decode_steady_tok_s);
     if let Some(c) = &r.steady_cache {
         let per_token = c.bytes_read / r.steady_tokens.max(1) as u64;
         println!("steady:   second half of each decode {steady:8.2} tok/s, expert hit rate {:.3}, {} read from disk per token", c.hit_rate(), human(per_token));
     }
-    println!("weights:  {} read per decoded token", human(r.decode_bytes_per_token as u64));
-    let shares = |p: &[(&str, f64)]| p.iter().map(|(n, s)| format!("{n} {:.0}%", s * 100.0)).collect::<Vec<_>>().join(", ");
-    println!("phases:   decode {}; prompt {}", shares(&r.decode_phases), shares(&r.prompt_phases));
+    println!(
+        "weights:  {} read per decoded token",
+        human(r.decode_bytes_per_token as u64)
+    );
+    let shares = |p: &[(&str, f64)]| {
+        p.iter()
+            .map(|(n, s)| format!("{n} {:.0}%", s * 100.0))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "phases:   decode {}; prompt {}",
+        shares(&r.decode_phases),
+        shares(&r.prompt_phases)
+    );
     println!("peak RSS: {}", human(r.peak_rss_bytes));
     if let Some(r) = model.experts.report() {
         eprint!("{r}");
     }
     if a.json {
-        let to_map = |p: &[(&str, f64)]| -> serde_json::Map<String, serde_json::Value> { p.iter().map(|(n, s)| (n.to_string(), (*s).into())).collect() };
+        let to_map = |p: &[(&str, f64)]| -> serde_json::Map<String, serde_json::Value> {
+            p.iter().map(|(n, s)| (n.to_string(), (*s).into())).collect()
+        };
         let j = serde_json::json!({
             "model": a.model.model.display().to_string(),
             "threads": threads,
@@ -763,9 +902,20 @@ fn synth(a: SynthArgs) -> Result<()> {
         bar.set_position(done);
     })?;
     bar.finish_and_clear();
-    eprintln!("wrote {} ({}, {} {}, {} tensors) in {:.1} s", a.output.display(), human(info.bytes), preset.name, ty, info.tensors, info.elapsed.as_secs_f64());
+    eprintln!(
+        "wrote {} ({}, {} {}, {} tensors) in {:.1} s",
+        a.output.display(),
+        human(info.bytes),
+        preset.name,
+        ty,
+        info.tensors,
+        info.elapsed.as_secs_f64()
+    );
     if a.routing_tokens > 0 {
-        eprintln!("routing check: sampling {} tokens with TITAN on the written file…", a.routing_tokens);
+        eprintln!(
+            "routing check: sampling {} tokens with TITAN on the written file…",
+            a.routing_tokens
+        );
         print!("{}", titan_synth::routing_report(&a.output, a.routing_tokens, a.seed)?);
     }
     Ok(())
@@ -775,22 +925,47 @@ fn convert_store(a: ConvertArgs) -> Result<()> {
     let f = GgufFile::open(&a.model)?;
     let layout = a.layout.into();
     let out = a.output.clone().unwrap_or_else(|| default_store(&a.model, layout));
-    let bar = progress_bar(0, if layout == Layout::Copy { "converting" } else { "indexing" });
+    let bar = progress_bar(
+        0,
+        if layout == Layout::Copy {
+            "converting"
+        } else {
+            "indexing"
+        },
+    );
     let mut progress = |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     };
     match layout {
         Layout::Copy => {
-            let m = convert(&f, &out, &ConvertOptions { alignment: a.alignment, force: a.force }, &mut progress)?;
+            let m = convert(
+                &f,
+                &out,
+                &ConvertOptions {
+                    alignment: a.alignment,
+                    force: a.force,
+                },
+                &mut progress,
+            )?;
             bar.finish_and_clear();
             let bytes: u64 = m.records.iter().map(|r| r.length).sum();
-            eprintln!("wrote {} ({} expert records, {}) from {}", out.display(), m.records.len(), human(bytes), a.model.display());
+            eprintln!(
+                "wrote {} ({} expert records, {}) from {}",
+                out.display(),
+                m.records.len(),
+                human(bytes),
+                a.model.display()
+            );
         }
         Layout::InPlace => {
             let index = write_index(&f, &out, a.force, &mut progress)?;
             bar.finish_and_clear();
-            let bytes: u64 = index.layers.iter().map(|l| l.record_length() * index.n_expert as u64).sum();
+            let bytes: u64 = index
+                .layers
+                .iter()
+                .map(|l| l.record_length() * index.n_expert as u64)
+                .sum();
             let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
             eprintln!(
                 "wrote {} ({}: where {} experts, {}, are in {}, and their digests; no copy)",
@@ -827,7 +1002,12 @@ fn verify_store(a: VerifyArgs) -> Result<()> {
         eprintln!("error: {e}");
     }
     if !r.is_ok() {
-        bail!("{}: {} of {} records failed verification", a.store.display(), r.bad.len(), r.records);
+        bail!(
+            "{}: {} of {} records failed verification",
+            a.store.display(),
+            r.bad.len(),
+            r.records
+        );
     }
     if let Some(gguf) = &model {
         let bad = store.source_mismatches(gguf, true)?;
@@ -839,7 +1019,12 @@ fn verify_store(a: VerifyArgs) -> Result<()> {
                 bad.len()
             );
         }
-        println!("OK: {} records, {} verified{whence}, every expert equal to {}'s", r.records, human(r.bytes), gguf.path().display());
+        println!(
+            "OK: {} records, {} verified{whence}, every expert equal to {}'s",
+            r.records,
+            human(r.bytes),
+            gguf.path().display()
+        );
         return Ok(());
     }
     println!("OK: {} records, {} verified{whence}", r.records, human(r.bytes));
@@ -858,7 +1043,13 @@ fn profile(a: ProfileArgs) -> Result<()> {
     // Per layer, every token's chosen experts in order (prompt rows, then each generated token).
     let mut per_layer: Vec<Vec<u32>> = vec![Vec::new(); n_layer];
     for r in t.records.iter().filter(|r| r.name.ends_with(".topk_ids")) {
-        let layer: usize = r.name.split('.').nth(1).and_then(|l| l.strip_prefix('l')).and_then(|l| l.parse().ok()).expect("trace names carry the layer");
+        let layer: usize = r
+            .name
+            .split('.')
+            .nth(1)
+            .and_then(|l| l.strip_prefix('l'))
+            .and_then(|l| l.parse().ok())
+            .expect("trace names carry the layer");
         let ids: Vec<u32> = r.u32s().collect();
         p.record(layer, &ids);
         per_layer[layer].extend(ids);
@@ -876,11 +1067,24 @@ fn profile(a: ProfileArgs) -> Result<()> {
         let used = counts.iter().filter(|&&c| c > 0).count();
         let hottest = *counts.iter().max().unwrap_or(&0) as f64 / ids.len().max(1) as f64;
         let rows: Vec<&[u32]> = ids.chunks_exact(k).collect();
-        let overlap = rows.windows(2).map(|w| w[1].iter().filter(|e| w[0].contains(e)).count() as f64 / k as f64).sum::<f64>() / rows.len().saturating_sub(1).max(1) as f64;
-        println!("{l:>5}  {used:>5} of {n_expert:<5}  {:>21.1}%  {overlap:>29.2}", hottest * 100.0);
+        let overlap = rows
+            .windows(2)
+            .map(|w| w[1].iter().filter(|e| w[0].contains(e)).count() as f64 / k as f64)
+            .sum::<f64>()
+            / rows.len().saturating_sub(1).max(1) as f64;
+        println!(
+            "{l:>5}  {used:>5} of {n_expert:<5}  {:>21.1}%  {overlap:>29.2}",
+            hottest * 100.0
+        );
         (used_sum, overlap_sum) = (used_sum + used as f64, overlap_sum + overlap);
     }
-    println!("mean   {:>5.1} of {n_expert:<5}  {:>22}  {:>29.2} (independent uniform choice: {:.2})", used_sum / n_layer as f64, "", overlap_sum / n_layer as f64, k as f64 / n_expert as f64);
+    println!(
+        "mean   {:>5.1} of {n_expert:<5}  {:>22}  {:>29.2} (independent uniform choice: {:.2})",
+        used_sum / n_layer as f64,
+        "",
+        overlap_sum / n_layer as f64,
+        k as f64 / n_expert as f64
+    );
     Ok(())
 }
 
@@ -889,7 +1093,9 @@ fn trace(a: TraceArgs) -> Result<()> {
     let prompt = a.prompt.tokens(&model)?;
     let opts = a.sampling.options(&model, prompt.len())?;
     let f = &model.weights.file;
-    let header = f.bytes(0, f.data_offset as usize).expect("the header lies inside the file");
+    let header = f
+        .bytes(0, f.data_offset as usize)
+        .expect("the header lies inside the file");
     let identity = serde_json::json!({
         "file": a.model.model.file_name().map(|n| n.to_string_lossy().into_owned()),
         "bytes": f.file_len(),
@@ -911,7 +1117,13 @@ fn trace(a: TraceArgs) -> Result<()> {
     let mut t = titan_engine::trace::Trace::new(identity, options);
     let g = model.generate_traced(&prompt, &opts, Some(&mut t), |_| {})?;
     t.write(&a.output)?;
-    eprintln!("wrote {} records ({} steps, {} generated tokens) to {}", t.records.len(), g.tokens.len() + 1, g.tokens.len(), a.output.display());
+    eprintln!(
+        "wrote {} records ({} steps, {} generated tokens) to {}",
+        t.records.len(),
+        g.tokens.len() + 1,
+        g.tokens.len(),
+        a.output.display()
+    );
     Ok(())
 }
 
@@ -926,10 +1138,16 @@ fn trace_diff(a: TraceDiffArgs) -> i32 {
         }
     };
     if ta.model != tb.model {
-        println!("note: the traces come from different model files ({} vs {})", ta.model, tb.model);
+        println!(
+            "note: the traces come from different model files ({} vs {})",
+            ta.model, tb.model
+        );
     }
     let r = diff(&ta, &tb, a.tolerance);
-    let counts = format!("{} tensors, {} elements, {} decisions", r.tensors, r.elements, r.decisions);
+    let counts = format!(
+        "{} tensors, {} elements, {} decisions",
+        r.tensors, r.elements, r.decisions
+    );
     if r.identical() {
         let how = a.tolerance.map(|t| format!(" (within {t:e})")).unwrap_or_default();
         println!("IDENTICAL{how}: {counts}");
@@ -978,5 +1196,9 @@ pub(crate) fn human(bytes: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{bytes} B") } else { format!("{v:.2} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
 }

@@ -5,7 +5,11 @@ use std::io::{self, Write};
 pub fn write_f32(w: &mut impl Write, shape: &[usize], data: &[f32]) -> io::Result<()> {
     assert_eq!(shape.iter().product::<usize>(), data.len(), "shape does not match data");
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-    let shape = if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
+    let shape = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
     let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
     // magic (6) + version (2) + length (2) + header + '\n' is padded to a multiple of 64 bytes.
     let total = 10 + header.len() + 1;

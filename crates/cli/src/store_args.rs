@@ -80,7 +80,10 @@ pub fn default_store(model: &Path, layout: Layout) -> PathBuf {
 /// The store beside `model` that streaming uses when none is named: a copy if one was made (asked for
 /// with `--layout copy`, so wanted), else the in-place index.
 fn find_store(model: &Path) -> Result<PathBuf> {
-    let (copy, index) = (default_store(model, Layout::Copy), default_store(model, Layout::InPlace));
+    let (copy, index) = (
+        default_store(model, Layout::Copy),
+        default_store(model, Layout::InPlace),
+    );
     if copy.join(titan_store::MANIFEST_FILE).exists() {
         return Ok(copy);
     }
@@ -111,16 +114,29 @@ pub struct KvPlan {
 }
 
 impl KvPlan {
-    pub const NONE: KvPlan = KvPlan { sequences: 0, ctx: Some(0), used: None, past_training: false };
+    pub const NONE: KvPlan = KvPlan {
+        sequences: 0,
+        ctx: Some(0),
+        used: None,
+        past_training: false,
+    };
 
     /// One sequence of `positions`.
     pub fn positions(positions: usize) -> KvPlan {
-        KvPlan { sequences: 1, ctx: Some(positions), used: None, past_training: false }
+        KvPlan {
+            sequences: 1,
+            ctx: Some(positions),
+            used: None,
+            past_training: false,
+        }
     }
 
     fn positions_of(&self, c: &Config) -> usize {
         let most = if self.past_training { usize::MAX } else { c.n_ctx_train };
-        self.ctx.unwrap_or_else(|| default_ctx(c)).min(self.used.unwrap_or(usize::MAX)).min(most)
+        self.ctx
+            .unwrap_or_else(|| default_ctx(c))
+            .min(self.used.unwrap_or(usize::MAX))
+            .min(most)
     }
 
     fn bytes(&self, c: &Config) -> u64 {
@@ -191,7 +207,11 @@ impl MemoryPlan {
             1 => format!(", {} positions of KV cache ({})", self.positions, h(self.kv)),
             n => format!(", {n} × {} positions of KV cache ({})", self.positions, h(self.kv)),
         };
-        format!("the dense weights ({}){kv} and {} for the rest", h(self.dense), h(MARGIN))
+        format!(
+            "the dense weights ({}){kv} and {} for the rest",
+            h(self.dense),
+            h(MARGIN)
+        )
     }
 }
 
@@ -204,7 +224,11 @@ fn fits(model: &Path, plan: Option<&MemoryPlan>) -> Result<bool> {
     }
     let h = crate::human;
     if plan.reserved() > plan.available {
-        let less = if plan.kv > 0 { "; a smaller --ctx-size (or --parallel) needs less" } else { "" };
+        let less = if plan.kv > 0 {
+            "; a smaller --ctx-size (or --parallel) needs less"
+        } else {
+            ""
+        };
         bail!(
             "{}: {} do not fit in the {} of memory available, so not even its experts can stream (--resident tries anyway{less})",
             model.display(),
@@ -229,7 +253,11 @@ fn fits(model: &Path, plan: Option<&MemoryPlan>) -> Result<bool> {
 /// of the experts.
 fn index_beside(model: &Path) -> Result<PathBuf> {
     let out = default_store(model, Layout::InPlace);
-    eprintln!("indexing the experts of {} into {} (once; no copy of them is made)", model.display(), out.display());
+    eprintln!(
+        "indexing the experts of {} into {} (once; no copy of them is made)",
+        model.display(),
+        out.display()
+    );
     let bar = crate::progress_bar(0, "indexing");
     let gguf = titan_gguf::GgufFile::open(model)?;
     titan_store::write_index(&gguf, &out, false, &mut |done, total| {
@@ -246,7 +274,9 @@ pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().with_context(|| format!("{s:?} is not a size (examples: 4GiB, 512MiB, auto)"))?;
+    let n: f64 = num
+        .parse()
+        .with_context(|| format!("{s:?} is not a size (examples: 4GiB, 512MiB, auto)"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -286,18 +316,32 @@ fn cgroup_headroom(sys: &Path, own: &str) -> Option<u64> {
     let mut least: Option<u64> = None;
     for line in own.lines() {
         let mut parts = line.splitn(3, ':');
-        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
         let (root, limit, usage, inactive) = match controllers {
             "" => (sys.to_path_buf(), "memory.max", "memory.current", "inactive_file"),
-            c if c.split(',').any(|c| c == "memory") => (sys.join("memory"), "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+            c if c.split(',').any(|c| c == "memory") => (
+                sys.join("memory"),
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+                "total_inactive_file",
+            ),
             _ => continue,
         };
         let mut dir = root.join(path.trim().trim_start_matches('/'));
         loop {
-            let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok().and_then(|v| v.trim().parse::<u64>().ok());
+            let read = |f: &str| {
+                std::fs::read_to_string(dir.join(f))
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
             if let (Some(max), Some(current)) = (read(limit), read(usage)) {
                 let stat = std::fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
-                let cache = stat.lines().find_map(|l| l.strip_prefix(inactive)?.strip_prefix(' ')?.trim().parse::<u64>().ok()).unwrap_or(0);
+                let cache = stat
+                    .lines()
+                    .find_map(|l| l.strip_prefix(inactive)?.strip_prefix(' ')?.trim().parse::<u64>().ok())
+                    .unwrap_or(0);
                 let left = max.saturating_sub(current.saturating_sub(cache));
                 least = Some(least.map_or(left, |l| l.min(left)));
             }
@@ -328,7 +372,11 @@ impl StreamArgs {
         }
         let store = match &self.store {
             Some(s) if !s.is_file() && !s.join(titan_store::MANIFEST_FILE).exists() => {
-                bail!("{}: no expert store there (create it with `titan convert {}`)", s.display(), model.display())
+                bail!(
+                    "{}: no expert store there (create it with `titan convert {}`)",
+                    s.display(),
+                    model.display()
+                )
             }
             Some(s) => s.clone(),
             None if automatic => find_store(model).or_else(|_| index_beside(model))?,
@@ -394,27 +442,68 @@ mod tests {
         let available = dense + experts + MARGIN + 4 * kv(100);
 
         // Four slots of 100 positions fill the memory exactly: the experts fit, with not a byte to spare.
-        let slots = KvPlan { sequences: 4, ctx: Some(100), used: None, past_training: false };
+        let slots = KvPlan {
+            sequences: 4,
+            ctx: Some(100),
+            used: None,
+            past_training: false,
+        };
         let plan = MemoryPlan::new(&gguf, slots, available);
         assert!(plan.fits());
         assert_eq!(plan.expert_budget(), experts);
         assert!(!MemoryPlan::new(&gguf, slots, available - 1).fits());
 
         // A run that can use only 60 of its 100 positions plans for 60.
-        let run = MemoryPlan::new(&gguf, KvPlan { sequences: 1, ctx: Some(100), used: Some(60), past_training: false }, available);
+        let run = MemoryPlan::new(
+            &gguf,
+            KvPlan {
+                sequences: 1,
+                ctx: Some(100),
+                used: Some(60),
+                past_training: false,
+            },
+            available,
+        );
         assert_eq!(run.expert_budget(), experts + 4 * kv(100) - kv(60));
         // Without --ctx-size, the default context: the training context, at most 4096.
-        let default = MemoryPlan::new(&gguf, KvPlan { sequences: 2, ctx: None, used: None, past_training: false }, available);
+        let default = MemoryPlan::new(
+            &gguf,
+            KvPlan {
+                sequences: 2,
+                ctx: None,
+                used: None,
+                past_training: false,
+            },
+            available,
+        );
         assert_eq!(default.kv, 2 * kv(config.n_ctx_train.min(4096)));
         // A context past the training one is planned only where allowed; elsewhere it is refused later.
-        let long = |past_training| MemoryPlan::new(&gguf, KvPlan { sequences: 1, ctx: Some(1 << 30), used: None, past_training }, available).kv;
+        let long = |past_training| {
+            MemoryPlan::new(
+                &gguf,
+                KvPlan {
+                    sequences: 1,
+                    ctx: Some(1 << 30),
+                    used: None,
+                    past_training,
+                },
+                available,
+            )
+            .kv
+        };
         assert_eq!(long(false), kv(config.n_ctx_train));
         assert_eq!(long(true), kv(1 << 30));
         // A worker holds no KV cache; memory below the dense weights and margin leaves no budget at all.
-        assert_eq!(MemoryPlan::new(&gguf, KvPlan::NONE, available).expert_budget(), experts + 4 * kv(100));
+        assert_eq!(
+            MemoryPlan::new(&gguf, KvPlan::NONE, available).expert_budget(),
+            experts + 4 * kv(100)
+        );
         assert_eq!(MemoryPlan::new(&gguf, KvPlan::NONE, dense).expert_budget(), 0);
         let text = plan.reserved_text();
-        assert!(text.contains("4 × 100 positions of KV cache") && text.contains("512.00 MiB for the rest"), "{text}");
+        assert!(
+            text.contains("4 × 100 positions of KV cache") && text.contains("512.00 MiB for the rest"),
+            "{text}"
+        );
     }
 
     fn write(dir: &Path, files: &[(&str, &str)]) {
@@ -431,13 +520,39 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let sys = t.path();
         // v2: a 6 GiB limit two levels up, 1 GiB used of which 256 MiB is inactive page cache; no limit below.
-        write(&sys.join("box"), &[("memory.max", "6442450944\n"), ("memory.current", "1073741824\n"), ("memory.stat", "anon 1\ninactive_file 268435456\nactive_file 5\n")]);
-        write(&sys.join("box/job"), &[("memory.max", "max\n"), ("memory.current", "5\n")]);
-        assert_eq!(cgroup_headroom(sys, "0::/box/job\n"), Some((6 << 30) - (1 << 30) + (256 << 20)));
+        write(
+            &sys.join("box"),
+            &[
+                ("memory.max", "6442450944\n"),
+                ("memory.current", "1073741824\n"),
+                ("memory.stat", "anon 1\ninactive_file 268435456\nactive_file 5\n"),
+            ],
+        );
+        write(
+            &sys.join("box/job"),
+            &[("memory.max", "max\n"), ("memory.current", "5\n")],
+        );
+        assert_eq!(
+            cgroup_headroom(sys, "0::/box/job\n"),
+            Some((6 << 30) - (1 << 30) + (256 << 20))
+        );
         assert_eq!(cgroup_headroom(sys, "0::/elsewhere\n"), None);
         // v1's memory controller, beside other controllers; its root reports an unlimited limit.
-        write(&sys.join("memory"), &[("memory.limit_in_bytes", "9223372036854771712\n"), ("memory.usage_in_bytes", "1000\n")]);
-        write(&sys.join("memory/bench"), &[("memory.limit_in_bytes", "10737418240\n"), ("memory.usage_in_bytes", "2147483648\n"), ("memory.stat", "cache 5\ntotal_inactive_file 1073741824\n")]);
+        write(
+            &sys.join("memory"),
+            &[
+                ("memory.limit_in_bytes", "9223372036854771712\n"),
+                ("memory.usage_in_bytes", "1000\n"),
+            ],
+        );
+        write(
+            &sys.join("memory/bench"),
+            &[
+                ("memory.limit_in_bytes", "10737418240\n"),
+                ("memory.usage_in_bytes", "2147483648\n"),
+                ("memory.stat", "cache 5\ntotal_inactive_file 1073741824\n"),
+            ],
+        );
         let own = "5:cpu,cpuacct:/\n4:memory:/bench\n0::/\n";
         assert_eq!(cgroup_headroom(sys, own), Some((10 << 30) - (1 << 30)));
     }

@@ -8,11 +8,16 @@ use titan_gguf::{GgufWriter, Value};
 use titan_kernels::GgmlType;
 
 fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(rel)
 }
 
 fn titan(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_titan")).args(args).output().expect("titan runs")
+    Command::new(env!("CARGO_BIN_EXE_titan"))
+        .args(args)
+        .output()
+        .expect("titan runs")
 }
 
 fn stderr(o: &Output) -> String {
@@ -26,7 +31,10 @@ fn assert_clean_error(o: &Output, path: &Path, cause: &str) {
     assert_eq!(o.status.code(), Some(1), "stderr: {err}");
     assert!(!err.contains("panicked"), "panic: {err}");
     assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
-    assert!(err.contains(&path.display().to_string()), "does not name the file: {err}");
+    assert!(
+        err.contains(&path.display().to_string()),
+        "does not name the file: {err}"
+    );
     assert!(err.contains(cause), "does not say {cause:?}: {err}");
 }
 
@@ -35,13 +43,38 @@ const MODEL: &str = "qwen3moe/q8_0.gguf";
 #[test]
 fn run_streams_text_and_reports_speed() {
     let m = fixture(MODEL);
-    let o = titan(&["run", "-m", m.to_str().unwrap(), "-p", "The quick brown fox", "-n", "12", "--temp", "0", "--threads", "2"]);
+    let o = titan(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The quick brown fox",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "--threads",
+        "2",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!o.stdout.is_empty());
     let err = stderr(&o);
-    assert!(err.contains("prompt:") && err.contains("tok/s") && err.contains("generation:"), "{err}");
+    assert!(
+        err.contains("prompt:") && err.contains("tok/s") && err.contains("generation:"),
+        "{err}"
+    );
     // greedy is deterministic
-    let again = titan(&["run", "-m", m.to_str().unwrap(), "-p", "The quick brown fox", "-n", "12", "--temp", "0"]);
+    let again = titan(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The quick brown fox",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+    ]);
     assert_eq!(o.stdout, again.stdout);
 }
 
@@ -50,13 +83,29 @@ fn logits_writes_an_npy_of_positions_by_vocab() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("l.npy");
     let m = fixture(MODEL);
-    let o = titan(&["logits", "-m", m.to_str().unwrap(), "--tokens", "1,2,3,4", "-o", out.to_str().unwrap()]);
+    let o = titan(&[
+        "logits",
+        "-m",
+        m.to_str().unwrap(),
+        "--tokens",
+        "1,2,3,4",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let b = std::fs::read(&out).unwrap();
     let hlen = u16::from_le_bytes([b[8], b[9]]) as usize;
     let header = std::str::from_utf8(&b[10..10 + hlen]).unwrap();
     assert!(header.contains("'shape': (4, "), "{header}");
-    let vocab: usize = header.split("(4, ").nth(1).unwrap().split(')').next().unwrap().parse().unwrap();
+    let vocab: usize = header
+        .split("(4, ")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(b.len(), 10 + hlen + 4 * 4 * vocab);
 }
 
@@ -66,7 +115,10 @@ fn tokenize_prints_a_json_array() {
     let o = titan(&["tokenize", "-m", m.to_str().unwrap(), "hello world"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let s = String::from_utf8(o.stdout).unwrap();
-    assert!(s.trim().starts_with('[') && s.trim().ends_with(']') && s.len() > 3, "{s}");
+    assert!(
+        s.trim().starts_with('[') && s.trim().ends_with(']') && s.len() > 3,
+        "{s}"
+    );
 }
 
 #[test]
@@ -94,7 +146,10 @@ fn truncated_file() {
         let p = write(dir.path(), "cut.gguf", &full[..cut]);
         let o = titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]);
         let err = stderr(&o);
-        let cause = ["truncated", "past the end", "cannot fit"].into_iter().find(|c| err.contains(c)).unwrap_or("truncated");
+        let cause = ["truncated", "past the end", "cannot fit"]
+            .into_iter()
+            .find(|c| err.contains(c))
+            .unwrap_or("truncated");
         assert_clean_error(&o, &p, cause);
     }
 }
@@ -114,7 +169,11 @@ fn metadata_count_that_would_overflow() {
     let mut b = std::fs::read(fixture(MODEL)).unwrap();
     b[16..24].copy_from_slice(&(u64::MAX / 3).to_le_bytes());
     let p = write(dir.path(), "count.gguf", &b);
-    assert_clean_error(&titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]), &p, "metadata count");
+    assert_clean_error(
+        &titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]),
+        &p,
+        "metadata count",
+    );
 }
 
 /// A small file written by our own writer, then damaged.
@@ -143,7 +202,11 @@ fn unsupported_architecture() {
     let mut b = Vec::new();
     w.write_all(&[&[0u8; 512]], &mut b).unwrap();
     let p = write(dir.path(), "arch.gguf", &b);
-    assert_clean_error(&titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]), &p, "unsupported architecture \"gpt2\"");
+    assert_clean_error(
+        &titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]),
+        &p,
+        "unsupported architecture \"gpt2\"",
+    );
 }
 
 #[test]
@@ -176,7 +239,21 @@ fn missing_file() {
 fn trace_file(dir: &Path, name: &str, threads: &str) -> PathBuf {
     let out = dir.join(name);
     let m = fixture(MODEL);
-    let o = titan(&["trace", "-m", m.to_str().unwrap(), "-p", "Hello world", "-n", "4", "--temp", "0", "--threads", threads, "-o", out.to_str().unwrap()]);
+    let o = titan(&[
+        "trace",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "Hello world",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--threads",
+        threads,
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     out
 }
@@ -200,7 +277,11 @@ fn trace_diff_finds_one_flipped_bit() {
     // Perturb one element of one tensor by one bit (the lowest of the mantissa), re-digested so the file is valid.
     let mut t = Trace::read(&a).unwrap();
     let target = "s0002.l001.moe_out";
-    let r = t.records.iter_mut().find(|r| r.name == target).expect("the trace has the record");
+    let r = t
+        .records
+        .iter_mut()
+        .find(|r| r.name == target)
+        .expect("the trace has the record");
     r.data[4 * 5] ^= 1;
     let b = dir.path().join("b.trace");
     t.write(&b).unwrap();
@@ -208,12 +289,19 @@ fn trace_diff_finds_one_flipped_bit() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(1), "{out}");
     assert!(
-        out.contains("first divergence: s0002.l001.moe_out (step 2, layer 1, moe_out): 1 of ") && out.contains("max 1 ULP"),
+        out.contains("first divergence: s0002.l001.moe_out (step 2, layer 1, moe_out): 1 of ")
+            && out.contains("max 1 ULP"),
         "{out}"
     );
     assert!(out.contains("decisions: all"), "{out}");
     // within a tolerance the two agree
-    let o = titan(&["trace-diff", "--tolerance", "1e-3", a.to_str().unwrap(), b.to_str().unwrap()]);
+    let o = titan(&[
+        "trace-diff",
+        "--tolerance",
+        "1e-3",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
 }
 
@@ -240,14 +328,31 @@ fn streamed_run_equals_resident_run_and_reports_the_cache() {
     let dir = tempfile::tempdir().unwrap();
     let (m, store) = model_with_store(dir.path());
     let verify = titan(&["verify", store.to_str().unwrap()]);
-    assert!(verify.status.success() && String::from_utf8_lossy(&verify.stdout).starts_with("OK: "), "{}", stderr(&verify));
-    let args = ["run", "-m", m.to_str().unwrap(), "-p", "The quick brown fox", "-n", "16", "--temp", "0"];
+    assert!(
+        verify.status.success() && String::from_utf8_lossy(&verify.stdout).starts_with("OK: "),
+        "{}",
+        stderr(&verify)
+    );
+    let args = [
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The quick brown fox",
+        "-n",
+        "16",
+        "--temp",
+        "0",
+    ];
     let resident = titan(&args);
     let streamed = titan(&[&args[..], &["--expert-budget", "1"]].concat());
     assert!(streamed.status.success(), "{}", stderr(&streamed));
     assert_eq!(resident.stdout, streamed.stdout);
     let err = stderr(&streamed);
-    assert!(err.contains("raised to") && err.contains("hit rate") && err.contains("misses"), "{err}");
+    assert!(
+        err.contains("raised to") && err.contains("hit rate") && err.contains("misses"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -255,17 +360,36 @@ fn a_corrupt_expert_record_is_named_and_never_used() {
     let dir = tempfile::tempdir().unwrap();
     let (m, store) = model_with_store(dir.path());
     let bin = store.join("experts.bin");
-    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(store.join("manifest.json")).unwrap()).unwrap();
-    let rec = manifest["records"].as_array().unwrap().iter().find(|r| r["layer"] == 0 && r["expert"] == 2).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(store.join("manifest.json")).unwrap()).unwrap();
+    let rec = manifest["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["layer"] == 0 && r["expert"] == 2)
+        .unwrap();
     let offset = rec["offset"].as_u64().unwrap();
     let mut b = std::fs::read(&bin).unwrap();
     b[offset as usize + 7] ^= 0x10;
     std::fs::write(&bin, &b).unwrap();
-    let o = titan(&["run", "-m", m.to_str().unwrap(), "-p", "The quick brown fox jumps", "-n", "8", "--expert-budget", "1"]);
+    let o = titan(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The quick brown fox jumps",
+        "-n",
+        "8",
+        "--expert-budget",
+        "1",
+    ]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     let at = format!("offset {offset:#x}");
-    assert!(err.contains("expert 2 of layer 0 failed its digest check") && err.contains("experts.bin") && err.contains(&at), "{err}");
+    assert!(
+        err.contains("expert 2 of layer 0 failed its digest check") && err.contains("experts.bin") && err.contains(&at),
+        "{err}"
+    );
     assert!(!err.contains("panicked"));
     let v = titan(&["verify", store.to_str().unwrap()]);
     assert_eq!(v.status.code(), Some(1));
@@ -280,14 +404,26 @@ fn a_store_of_another_model_or_a_damaged_store_is_refused() {
     // another model's store
     let other = dir.path().join("other.gguf");
     std::fs::copy(fixture("qwen3moe/q4_0.gguf"), &other).unwrap();
-    assert!(titan(&["convert", other.to_str().unwrap(), "--layout", "copy"]).status.success());
-    let o = run(&["--expert-budget", "1GiB", "--store", dir.path().join("other.titan").to_str().unwrap()]);
+    assert!(titan(&["convert", other.to_str().unwrap(), "--layout", "copy"])
+        .status
+        .success());
+    let o = run(&[
+        "--expert-budget",
+        "1GiB",
+        "--store",
+        dir.path().join("other.titan").to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("other.gguf"), "{}", stderr(&o));
     // truncated records file
     let bin = store.join("experts.bin");
     let len = std::fs::metadata(&bin).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&bin).unwrap().set_len(len - 4096).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&bin)
+        .unwrap()
+        .set_len(len - 4096)
+        .unwrap();
     let o = run(&["--expert-budget", "1GiB"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("truncated"), "{}", stderr(&o));
@@ -297,7 +433,17 @@ fn a_store_of_another_model_or_a_damaged_store_is_refused() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("manifest.json"), "{}", stderr(&o));
     // no store at all
-    let o = titan(&["run", "-m", other.to_str().unwrap(), "-p", "hi", "--expert-budget", "1GiB", "--store", "/nonexistent.titan"]);
+    let o = titan(&[
+        "run",
+        "-m",
+        other.to_str().unwrap(),
+        "-p",
+        "hi",
+        "--expert-budget",
+        "1GiB",
+        "--store",
+        "/nonexistent.titan",
+    ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("titan convert"), "{}", stderr(&o));
 }
@@ -307,20 +453,44 @@ fn a_store_of_another_model_or_a_damaged_store_is_refused() {
 #[test]
 fn every_simd_path_traces_identically_to_scalar() {
     let dir = tempfile::tempdir().unwrap();
-    for model in ["qwen3moe/q4_0.gguf", "olmoe/q8_0.gguf", "qwen2moe/f16.gguf", "mixtral/q4_0.gguf", "qwen3moe-k/q4_k_m.gguf", "qwen3moe-k/q5_k_m.gguf"] {
+    for model in [
+        "qwen3moe/q4_0.gguf",
+        "olmoe/q8_0.gguf",
+        "qwen2moe/f16.gguf",
+        "mixtral/q4_0.gguf",
+        "qwen3moe-k/q4_k_m.gguf",
+        "qwen3moe-k/q5_k_m.gguf",
+    ] {
         let m = fixture(model);
         let trace = |isa: &str| {
             let out = dir.path().join(format!("{}-{isa}.trace", model.replace('/', "_")));
             let o = Command::new(env!("CARGO_BIN_EXE_titan"))
                 .env("TITAN_ISA", isa)
-                .args(["trace", "-m", m.to_str().unwrap(), "-p", "Hello SIMD world, 日本語", "-n", "6", "--temp", "0.8", "--threads", "2", "-o", out.to_str().unwrap()])
+                .args([
+                    "trace",
+                    "-m",
+                    m.to_str().unwrap(),
+                    "-p",
+                    "Hello SIMD world, 日本語",
+                    "-n",
+                    "6",
+                    "--temp",
+                    "0.8",
+                    "--threads",
+                    "2",
+                    "-o",
+                    out.to_str().unwrap(),
+                ])
                 .output()
                 .unwrap();
             assert!(o.status.success(), "{}", stderr(&o));
             out
         };
         let scalar = trace("scalar");
-        for isa in titan_kernels::available_isas().into_iter().filter(|&i| i != titan_kernels::Isa::Scalar) {
+        for isa in titan_kernels::available_isas()
+            .into_iter()
+            .filter(|&i| i != titan_kernels::Isa::Scalar)
+        {
             let other = trace(isa.name());
             let o = titan(&["trace-diff", scalar.to_str().unwrap(), other.to_str().unwrap()]);
             let out = String::from_utf8_lossy(&o.stdout);
@@ -335,14 +505,47 @@ fn a_routing_profile_pins_hot_experts_without_changing_the_output() {
     let dir = tempfile::tempdir().unwrap();
     let (m, _store) = model_with_store(dir.path());
     let profile = dir.path().join("profile.json");
-    let o = titan(&["profile", "-m", m.to_str().unwrap(), "-p", "The quick brown fox", "-n", "16", "-o", profile.to_str().unwrap()]);
+    let o = titan(&[
+        "profile",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The quick brown fox",
+        "-n",
+        "16",
+        "-o",
+        profile.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let p: serde_json::Value = serde_json::from_slice(&std::fs::read(&profile).unwrap()).unwrap();
-    let counts: u64 = p["counts"].as_array().unwrap().iter().flat_map(|l| l.as_array().unwrap()).map(|c| c.as_u64().unwrap()).sum();
+    let counts: u64 = p["counts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|l| l.as_array().unwrap())
+        .map(|c| c.as_u64().unwrap())
+        .sum();
     assert!(counts > 0, "{p}");
-    let args = ["run", "-m", m.to_str().unwrap(), "-p", "Pinned experts", "-n", "12", "--temp", "0"];
+    let args = [
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "Pinned experts",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+    ];
     let resident = titan(&args);
-    let pinned = ["--expert-budget", "64KiB", "--pin", profile.to_str().unwrap(), "--cache-policy", "lfu"];
+    let pinned = [
+        "--expert-budget",
+        "64KiB",
+        "--pin",
+        profile.to_str().unwrap(),
+        "--cache-policy",
+        "lfu",
+    ];
     for prefetch in [&[][..], &["--no-prefetch"]] {
         let o = titan(&[&args[..], &pinned, prefetch].concat());
         assert!(o.status.success(), "{}", stderr(&o));
@@ -354,40 +557,91 @@ fn a_routing_profile_pins_hot_experts_without_changing_the_output() {
 fn a_token_outside_the_vocabulary_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let m = fixture(MODEL);
-    let o = titan(&["logits", "-m", m.to_str().unwrap(), "--tokens", "1,999999", "-o", dir.path().join("x.npy").to_str().unwrap()]);
+    let o = titan(&[
+        "logits",
+        "-m",
+        m.to_str().unwrap(),
+        "--tokens",
+        "1,999999",
+        "-o",
+        dir.path().join("x.npy").to_str().unwrap(),
+    ]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("token id 999999 is outside the vocabulary") && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("token id 999999 is outside the vocabulary") && !err.contains("panicked"),
+        "{err}"
+    );
     assert!(!dir.path().join("x.npy").exists());
 }
 
 #[test]
 fn exceeding_the_context_is_an_error_not_a_crash() {
     let m = fixture(MODEL);
-    let o = titan(&["run", "-m", m.to_str().unwrap(), "-p", "The quick brown fox jumps", "-n", "50", "--temp", "0", "-c", "12"]);
+    let o = titan(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The quick brown fox jumps",
+        "-n",
+        "50",
+        "--temp",
+        "0",
+        "-c",
+        "12",
+    ]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("context of 12 tokens exceeded") && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("context of 12 tokens exceeded") && !err.contains("panicked"),
+        "{err}"
+    );
 }
 
 #[test]
 fn perplexity_of_the_demo_model_is_llama_cpps() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
     let m = root.join("demo-q8_0.gguf");
-    let o = titan(&["perplexity", "-m", m.to_str().unwrap(), "-f", root.join("heldout.txt").to_str().unwrap(), "-c", "128"]);
+    let o = titan(&[
+        "perplexity",
+        "-m",
+        m.to_str().unwrap(),
+        "-f",
+        root.join("heldout.txt").to_str().unwrap(),
+        "-c",
+        "128",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8(o.stdout).unwrap();
-    let reference: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root.join("reference.json")).unwrap()).unwrap();
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("reference.json")).unwrap()).unwrap();
     let theirs = reference["perplexity"]["ppl"].as_f64().unwrap();
-    let ours: f64 = out.lines().find_map(|l| l.strip_prefix("perplexity: ")?.split(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("{out}"));
-    assert!(((ours - theirs) / theirs).abs() < 1e-3, "TITAN {ours} vs llama-perplexity {theirs}");
+    let ours: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("perplexity: ")?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        ((ours - theirs) / theirs).abs() < 1e-3,
+        "TITAN {ours} vs llama-perplexity {theirs}"
+    );
     assert!(out.starts_with("[1]") && out.contains(",[15]"), "{out}");
 }
 
 #[test]
 fn the_demo_model_writes_english() {
     let m = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/demo/demo-q8_0.gguf");
-    let o = titan(&["run", "-m", m.to_str().unwrap(), "-p", "KING HENRY.\nNow, lords,", "-n", "24", "--temp", "0"]);
+    let o = titan(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "KING HENRY.\nNow, lords,",
+        "-n",
+        "24",
+        "--temp",
+        "0",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8(o.stdout).unwrap();
     // llama.cpp's greedy continuation of this prompt starts so (models/demo/reference.json).
@@ -413,7 +667,10 @@ fn with_metadata(dir: &Path, name: &str, edit: impl FnOnce(&mut Vec<(String, Val
 }
 
 fn set(meta: &mut [(String, Value)], key: &str, value: Value) {
-    meta.iter_mut().find(|(k, _)| k == key).unwrap_or_else(|| panic!("the fixture has {key}")).1 = value;
+    meta.iter_mut()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("the fixture has {key}"))
+        .1 = value;
 }
 
 /// A block count the tensors do not back (4294967295 once asked for 2.4 TB and aborted) is refused before
@@ -422,9 +679,15 @@ fn set(meta: &mut [(String, Value)], key: &str, value: Value) {
 fn a_block_count_the_tensors_do_not_back_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     for n in [u32::MAX, 1 << 26, 3, 1] {
-        let p = with_metadata(dir.path(), "blocks.gguf", |m| set(m, "qwen3moe.block_count", Value::U32(n)));
+        let p = with_metadata(dir.path(), "blocks.gguf", |m| {
+            set(m, "qwen3moe.block_count", Value::U32(n))
+        });
         let want = format!("qwen3moe.block_count is {n}, but the file holds tensors for 2 blocks");
-        assert_clean_error(&titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]), &p, &want);
+        assert_clean_error(
+            &titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]),
+            &p,
+            &want,
+        );
     }
 }
 
@@ -432,15 +695,35 @@ fn a_block_count_the_tensors_do_not_back_is_refused() {
 fn non_finite_or_out_of_range_hyper_parameters_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
-        ("qwen3moe.attention.layer_norm_rms_epsilon", f32::NAN, "is NaN; it must be a finite number between 0 and 1"),
-        ("qwen3moe.attention.layer_norm_rms_epsilon", -1e-6, "is -0.000001; it must be a finite number between 0 and 1"),
+        (
+            "qwen3moe.attention.layer_norm_rms_epsilon",
+            f32::NAN,
+            "is NaN; it must be a finite number between 0 and 1",
+        ),
+        (
+            "qwen3moe.attention.layer_norm_rms_epsilon",
+            -1e-6,
+            "is -0.000001; it must be a finite number between 0 and 1",
+        ),
         ("qwen3moe.attention.layer_norm_rms_epsilon", 0.0, "is 0; it must be"),
-        ("qwen3moe.rope.freq_base", f32::INFINITY, "is inf; it must be a finite number greater than 1"),
-        ("qwen3moe.rope.freq_base", -10000.0, "is -10000; it must be a finite number greater than 1"),
+        (
+            "qwen3moe.rope.freq_base",
+            f32::INFINITY,
+            "is inf; it must be a finite number greater than 1",
+        ),
+        (
+            "qwen3moe.rope.freq_base",
+            -10000.0,
+            "is -10000; it must be a finite number greater than 1",
+        ),
     ];
     for (key, value, cause) in cases {
         let p = with_metadata(dir.path(), "hp.gguf", |m| set(m, key, Value::F32(value)));
-        assert_clean_error(&titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]), &p, &format!("{key} {cause}"));
+        assert_clean_error(
+            &titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]),
+            &p,
+            &format!("{key} {cause}"),
+        );
     }
 }
 
@@ -450,14 +733,21 @@ fn non_finite_or_out_of_range_hyper_parameters_are_refused() {
 fn tensors_whose_bytes_overlap_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let f = titan_gguf::GgufFile::open(fixture(MODEL)).unwrap();
-    let (victim, target) = (f.tensor("blk.0.ffn_gate_exps.weight").unwrap(), f.tensor("token_embd.weight").unwrap());
+    let (victim, target) = (
+        f.tensor("blk.0.ffn_gate_exps.weight").unwrap(),
+        f.tensor("token_embd.weight").unwrap(),
+    );
     let mut b = std::fs::read(fixture(MODEL)).unwrap();
     let name: Vec<u8> = [&(victim.name.len() as u64).to_le_bytes()[..], victim.name.as_bytes()].concat();
     let at = b.windows(name.len()).position(|w| w == name).unwrap() + name.len() + 4 + 8 * victim.dims.len() + 4;
     assert_eq!(b[at..at + 8], victim.offset.to_le_bytes());
     b[at..at + 8].copy_from_slice(&target.offset.to_le_bytes());
     let p = write(dir.path(), "overlap.gguf", &b);
-    assert_clean_error(&titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]), &p, "overlap");
+    assert_clean_error(
+        &titan(&["run", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]),
+        &p,
+        "overlap",
+    );
 }
 
 /// Sizes and sampler values from the command line are checked before anything is allocated or run.
@@ -465,21 +755,30 @@ fn tensors_whose_bytes_overlap_are_refused() {
 fn out_of_range_options_are_refused() {
     let m = fixture(MODEL);
     let cases: [(&[&str], &str); 8] = [
-        (&["-n", "1000000000000", "--ctx-size", "1000000000"], "--ctx-size: a context of 1000000000 tokens is outside 1..=512, the model's training context"),
+        (
+            &["-n", "1000000000000", "--ctx-size", "1000000000"],
+            "--ctx-size: a context of 1000000000 tokens is outside 1..=512, the model's training context",
+        ),
         (&["--ctx-size", "0"], "a context of 0 tokens is outside 1..=512"),
         (&["--threads", "10000"], "--threads 10000 is outside 1..="),
         (&["--threads", "0"], "--threads 0 is outside 1..="),
         (&["--temp", "nan"], "temperature is NaN"),
         (&["--top-p", "2"], "top_p is 2; it must be in (0, 1]"),
         (&["--min-p", "5"], "min_p is 5; it must be in [0, 1]"),
-        (&["--repeat-penalty", "0"], "repeat_penalty is 0; it must be greater than 0"),
+        (
+            &["--repeat-penalty", "0"],
+            "repeat_penalty is 0; it must be greater than 0",
+        ),
     ];
     for (extra, cause) in cases {
         let o = titan(&[&["run", "-m", m.to_str().unwrap(), "-p", "hi"][..], extra].concat());
         let err = stderr(&o);
         println!("{extra:?}: {}", err.trim_end());
         assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
-        assert!(err.contains(cause) && !err.contains("panicked") && err.trim_end().lines().count() == 1, "{extra:?}: {err}");
+        assert!(
+            err.contains(cause) && !err.contains("panicked") && err.trim_end().lines().count() == 1,
+            "{extra:?}: {err}"
+        );
     }
 }
 
@@ -505,7 +804,19 @@ fn a_store_binds_to_the_expert_bytes_it_was_cut_from() {
     let store_arg = store.to_str().unwrap();
     // Same size and header, another expert 0 in layer 0: refused at open, by run and by verify.
     let t0 = twin(0);
-    let o = titan(&["run", "-m", t0.to_str().unwrap(), "-p", "hi", "-n", "2", "--expert-budget", "1", "--store", store_arg]);
+    let o = titan(&[
+        "run",
+        "-m",
+        t0.to_str().unwrap(),
+        "-p",
+        "hi",
+        "-n",
+        "2",
+        "--expert-budget",
+        "1",
+        "--store",
+        store_arg,
+    ]);
     assert_clean_error(&o, &t0, "was not made from");
     assert!(stderr(&o).contains("expert 0 of layer 0 differs"), "{}", stderr(&o));
     // Another expert 5 only: the open's sample does not cover it, verify -m does.
@@ -513,5 +824,9 @@ fn a_store_binds_to_the_expert_bytes_it_was_cut_from() {
     let o = titan(&["verify", store_arg, "-m", t5.to_str().unwrap()]);
     assert_clean_error(&o, &t5, "1 experts differ, the first expert 5 of layer 0");
     let o = titan(&["verify", store_arg, "-m", m.to_str().unwrap()]);
-    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("every expert equal to"), "{}", stderr(&o));
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("every expert equal to"),
+        "{}",
+        stderr(&o)
+    );
 }

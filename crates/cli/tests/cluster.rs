@@ -14,24 +14,59 @@ use common::*;
 
 #[test]
 fn any_node_count_and_placement_gives_the_single_node_trace() {
-    for model in ["qwen3moe/q8_0.gguf", "olmoe/q4_0.gguf", "qwen3moe-k/q4_k_m.gguf", "qwen2moe/q8_0.gguf", "qwen3next/q8_0.gguf", "qwen35moe-k/q4_k_m.gguf", "deepseek3/q8_0.gguf", "gpt-oss/mxfp4_moe.gguf"] {
+    for model in [
+        "qwen3moe/q8_0.gguf",
+        "olmoe/q4_0.gguf",
+        "qwen3moe-k/q4_k_m.gguf",
+        "qwen2moe/q8_0.gguf",
+        "qwen3next/q8_0.gguf",
+        "qwen35moe-k/q4_k_m.gguf",
+        "deepseek3/q8_0.gguf",
+        "gpt-oss/mxfp4_moe.gguf",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let m = fixture(model);
         let single = dir.path().join("single.trace");
         trace(&m, &single, &[]);
-        let workers: Vec<Worker> = (0..4).map(|i| Worker::start(&m, dir.path(), &format!("w{i}"), "127.0.0.1:0")).collect();
+        let workers: Vec<Worker> = (0..4)
+            .map(|i| Worker::start(&m, dir.path(), &format!("w{i}"), "127.0.0.1:0"))
+            .collect();
         let token = token_file(dir.path());
         // A routing profile, for the placement that gives the hottest experts a second node.
         let profile = dir.path().join("profile.json");
-        let o = titan().args(["profile", "-p", "Hello world, this is a longer text to route", "-n", "8", "--temp", "0", "-m"]).arg(&m).arg("-o").arg(&profile).output().unwrap();
+        let o = titan()
+            .args([
+                "profile",
+                "-p",
+                "Hello world, this is a longer text to route",
+                "-n",
+                "8",
+                "--temp",
+                "0",
+                "-m",
+            ])
+            .arg(&m)
+            .arg("-o")
+            .arg(&profile)
+            .output()
+            .unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
         for n in 1..=4 {
-            let nodes = workers[..n].iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
+            let nodes = workers[..n]
+                .iter()
+                .map(|w| w.addr.as_str())
+                .collect::<Vec<_>>()
+                .join(",");
             let replicas = n.min(2).to_string();
             let placements = [
                 ["--placement", "contiguous", "--replicas", "1"],
                 ["--placement", "interleaved", "--replicas", replicas.as_str()],
-                ["--placement", "contiguous", "--replicate-hot", profile.to_str().unwrap()],
+                [
+                    "--placement",
+                    "contiguous",
+                    "--replicate-hot",
+                    profile.to_str().unwrap(),
+                ],
             ];
             for (p, placement) in placements.into_iter().enumerate() {
                 let out = dir.path().join(format!("n{n}-{p}.trace"));
@@ -40,7 +75,10 @@ fn any_node_count_and_placement_gives_the_single_node_trace() {
                 let o = trace(&m, &out, &args);
                 assert!(stderr(&o).contains("cluster plan"), "{}", stderr(&o));
                 let verdict = trace_diff(&single, &out);
-                assert!(verdict.starts_with("IDENTICAL"), "{model}, {n} workers, {placement:?}: {verdict}");
+                assert!(
+                    verdict.starts_with("IDENTICAL"),
+                    "{model}, {n} workers, {placement:?}: {verdict}"
+                );
             }
         }
         // Every worker computed experts (the backbone did not quietly compute everything itself).
@@ -67,10 +105,17 @@ fn a_worker_killed_mid_generation_changes_no_byte_and_is_used_again_when_back() 
     let o = run.wait_with_output().unwrap();
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
-    assert_eq!(String::from_utf8_lossy(&text), String::from_utf8_lossy(&single), "the cluster's text differs after a node died");
+    assert_eq!(
+        String::from_utf8_lossy(&text),
+        String::from_utf8_lossy(&single),
+        "the cluster's text differs after a node died"
+    );
     assert!(err.contains(&format!("node 1 ({addr}) is down")), "{err}");
     assert!(err.contains(&format!("node 1 ({addr}) is back")), "{err}");
-    let line = err.lines().find(|l| l.trim_start().starts_with(&addr)).unwrap_or_else(|| panic!("no report for {addr}: {err}"));
+    let line = err
+        .lines()
+        .find(|l| l.trim_start().starts_with(&addr))
+        .unwrap_or_else(|| panic!("no report for {addr}: {err}"));
     assert!(!line.contains(" 0 failovers"), "the kill came after the run: {line}");
 }
 
@@ -81,7 +126,22 @@ fn a_wrong_token_is_refused_and_the_node_keeps_serving() {
     let w = Worker::start(&m, dir.path(), "w", "127.0.0.1:0");
     let wrong = dir.path().join("wrong.token");
     std::fs::write(&wrong, "not-the-token-0123456789").unwrap();
-    let o = titan().args(["run", "-p", "Hi", "-n", "2", "--nodes", &w.addr, "--token-file", wrong.to_str().unwrap(), "-m"]).arg(&m).output().unwrap();
+    let o = titan()
+        .args([
+            "run",
+            "-p",
+            "Hi",
+            "-n",
+            "2",
+            "--nodes",
+            &w.addr,
+            "--token-file",
+            wrong.to_str().unwrap(),
+            "-m",
+        ])
+        .arg(&m)
+        .output()
+        .unwrap();
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("wrong node token") && !err.contains("panicked"), "{err}");
@@ -90,7 +150,16 @@ fn a_wrong_token_is_refused_and_the_node_keeps_serving() {
     let single = dir.path().join("single.trace");
     trace(&m, &single, &[]);
     let out = dir.path().join("cluster.trace");
-    trace(&m, &out, &["--nodes", &w.addr, "--token-file", token_file(dir.path()).to_str().unwrap()]);
+    trace(
+        &m,
+        &out,
+        &[
+            "--nodes",
+            &w.addr,
+            "--token-file",
+            token_file(dir.path()).to_str().unwrap(),
+        ],
+    );
     assert!(trace_diff(&single, &out).starts_with("IDENTICAL"));
 }
 
@@ -128,25 +197,46 @@ fn oversized_and_malformed_frames_close_only_their_connection() {
 
     // A frame declaring 2 GiB (the worker's limit is 1 MiB): refused before anything is allocated.
     let mut s = hello(&w.addr, &m);
-    let mut head = titan_net::frame::encode_header(&titan_net::FrameHeader { kind: Kind::Compute, id: 1, len: 0 });
+    let mut head = titan_net::frame::encode_header(&titan_net::FrameHeader {
+        kind: Kind::Compute,
+        id: 1,
+        len: 0,
+    });
     head[16..20].copy_from_slice(&(2u32 << 30).to_le_bytes());
     s.write_all(&head).unwrap();
-    assert!(closed_within(&mut s, Duration::from_secs(10)), "oversized frame: connection left open");
+    assert!(
+        closed_within(&mut s, Duration::from_secs(10)),
+        "oversized frame: connection left open"
+    );
 
     // Garbage instead of a hello.
     let mut s = TcpStream::connect(&w.addr).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    assert!(closed_within(&mut s, Duration::from_secs(10)), "garbage: connection left open");
+    assert!(
+        closed_within(&mut s, Duration::from_secs(10)),
+        "garbage: connection left open"
+    );
 
     // A well-framed compute request naming an expert that does not exist.
     let mut s = hello(&w.addr, &m);
     let mut body = Vec::new();
-    titan_net::PayloadWriter(&mut body).u32(0).u32(8).u32(64).u32(0).u32(1).u32(99).u32(0);
+    titan_net::PayloadWriter(&mut body)
+        .u32(0)
+        .u32(8)
+        .u32(64)
+        .u32(0)
+        .u32(1)
+        .u32(99)
+        .u32(0);
     write_frame(&mut s, Kind::Compute, 2, &body, &mut Vec::new()).unwrap();
     let mut reply = Vec::new();
     let h = read_frame(&mut s, 1 << 20, &mut reply).unwrap();
     assert_eq!(h.kind, Kind::Error);
-    assert!(String::from_utf8_lossy(&reply).contains("expert 99"), "{}", String::from_utf8_lossy(&reply));
+    assert!(
+        String::from_utf8_lossy(&reply).contains("expert 99"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
 
     // Each reason is in the worker's log, and the worker still serves a real backbone.
     for needle in ["exceeds the limit", "not a TITAN frame", "expert 99"] {
@@ -156,7 +246,16 @@ fn oversized_and_malformed_frames_close_only_their_connection() {
     let single = dir.path().join("single.trace");
     trace(&m, &single, &[]);
     let out = dir.path().join("cluster.trace");
-    trace(&m, &out, &["--nodes", &w.addr, "--token-file", token_file(dir.path()).to_str().unwrap()]);
+    trace(
+        &m,
+        &out,
+        &[
+            "--nodes",
+            &w.addr,
+            "--token-file",
+            token_file(dir.path()).to_str().unwrap(),
+        ],
+    );
     assert!(trace_diff(&single, &out).starts_with("IDENTICAL"));
     assert!(!w.log().contains("panicked"), "{}", w.log());
 }
@@ -164,14 +263,25 @@ fn oversized_and_malformed_frames_close_only_their_connection() {
 /// Writes the shard of `layers` × `experts` of `model` into `dir`.
 fn slice(model: &Path, layers: &str, experts: &str, dir: &Path) -> PathBuf {
     let out = dir.join(format!("shard-{layers}-{experts}.gguf"));
-    let o = titan().arg("slice").arg(model).args(["--layers", layers, "--experts", experts, "-o"]).arg(&out).output().unwrap();
+    let o = titan()
+        .arg("slice")
+        .arg(model)
+        .args(["--layers", layers, "--experts", experts, "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     out
 }
 
 #[test]
 fn workers_serving_shards_give_the_single_node_trace() {
-    for model in ["qwen3moe/q8_0.gguf", "olmoe/q4_0.gguf", "qwen35moe/q4_0.gguf", "deepseek3/q4_0.gguf"] {
+    for model in [
+        "qwen3moe/q8_0.gguf",
+        "olmoe/q4_0.gguf",
+        "qwen35moe/q4_0.gguf",
+        "deepseek3/q4_0.gguf",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let m = fixture(model);
         let single = dir.path().join("single.trace");
@@ -181,20 +291,59 @@ fn workers_serving_shards_give_the_single_node_trace() {
         // layer is dense), or the first or second half of them.
         let c = titan_engine::Config::from_gguf(&titan_gguf::GgufFile::open(&m).unwrap()).unwrap();
         let (lo, n) = (c.dense_lead, c.n_layer - c.dense_lead);
-        let span = |a: usize, b: usize| if a == b { (lo + a).to_string() } else { format!("{}-{}", lo + a, lo + b) };
+        let span = |a: usize, b: usize| {
+            if a == b {
+                (lo + a).to_string()
+            } else {
+                format!("{}-{}", lo + a, lo + b)
+            }
+        };
         let (all, first, second) = (span(0, n - 1), span(0, n / 2 - 1), span(n / 2, n - 1));
         let cuts = [(&all, "0-2"), (&first, "3-7"), (&second, "3-5"), (&second, "6-7")];
-        let workers: Vec<Worker> = cuts.iter().enumerate().map(|(i, (l, e))| Worker::start_with("--shard", &slice(&m, l, e, dir.path()), dir.path(), &format!("w{i}"), "127.0.0.1:0")).collect();
+        let workers: Vec<Worker> = cuts
+            .iter()
+            .enumerate()
+            .map(|(i, (l, e))| {
+                Worker::start_with(
+                    "--shard",
+                    &slice(&m, l, e, dir.path()),
+                    dir.path(),
+                    &format!("w{i}"),
+                    "127.0.0.1:0",
+                )
+            })
+            .collect();
         let nodes = workers.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
         let out = dir.path().join("shards.trace");
         let o = trace(&m, &out, &["--nodes", &nodes, "--token-file", token.to_str().unwrap()]);
-        assert!(stderr(&o).contains("each node serves the experts of its shard"), "{}", stderr(&o));
-        assert_eq!(trace_diff(&single, &out).split(':').next(), Some("IDENTICAL"), "{model}: {}", trace_diff(&single, &out));
+        assert!(
+            stderr(&o).contains("each node serves the experts of its shard"),
+            "{}",
+            stderr(&o)
+        );
+        assert_eq!(
+            trace_diff(&single, &out).split(':').next(),
+            Some("IDENTICAL"),
+            "{model}: {}",
+            trace_diff(&single, &out)
+        );
         // Experts no shard holds are computed by the backbone.
         let out = dir.path().join("partial.trace");
-        let o = trace(&m, &out, &["--nodes", &workers[0].addr, "--token-file", token.to_str().unwrap()]);
-        assert!(stderr(&o).contains(&format!("backbone: {} layer-experts no node holds", 5 * n)), "{}", stderr(&o));
-        assert!(trace_diff(&single, &out).starts_with("IDENTICAL"), "{model}: {}", trace_diff(&single, &out));
+        let o = trace(
+            &m,
+            &out,
+            &["--nodes", &workers[0].addr, "--token-file", token.to_str().unwrap()],
+        );
+        assert!(
+            stderr(&o).contains(&format!("backbone: {} layer-experts no node holds", 5 * n)),
+            "{}",
+            stderr(&o)
+        );
+        assert!(
+            trace_diff(&single, &out).starts_with("IDENTICAL"),
+            "{model}: {}",
+            trace_diff(&single, &out)
+        );
         // Every worker was connected; together they computed (a shard whose experts no token chose
         // serves nothing, rightly).
         let served: u64 = workers.iter().map(|w| requests_served(&w.log_with("requests)"))).sum();
@@ -210,15 +359,34 @@ fn a_damaged_shard_is_refused_naming_the_expert() {
     let n = bytes.len();
     bytes[n - 40] ^= 0x10; // inside the last tensor: layer 1's down projection of expert 7
     std::fs::write(&shard, &bytes).unwrap();
-    let o = titan().args(["worker", "--listen", "127.0.0.1:0", "--token-file"]).arg(token_file(dir.path())).arg("--shard").arg(&shard).output().unwrap();
+    let o = titan()
+        .args(["worker", "--listen", "127.0.0.1:0", "--token-file"])
+        .arg(token_file(dir.path()))
+        .arg("--shard")
+        .arg(&shard)
+        .output()
+        .unwrap();
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("expert 7 of layer 1 failed its digest check") && err.contains(&shard.display().to_string()), "{err}");
+    assert!(
+        err.contains("expert 7 of layer 1 failed its digest check") && err.contains(&shard.display().to_string()),
+        "{err}"
+    );
     // Cut short: a clean error too.
     std::fs::write(&shard, &bytes[..n / 2]).unwrap();
-    let o = titan().args(["worker", "--listen", "127.0.0.1:0", "--token-file"]).arg(token_file(dir.path())).arg("--shard").arg(&shard).output().unwrap();
+    let o = titan()
+        .args(["worker", "--listen", "127.0.0.1:0", "--token-file"])
+        .arg(token_file(dir.path()))
+        .arg("--shard")
+        .arg(&shard)
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(stderr(&o).contains("past the end of the file") && !stderr(&o).contains("panicked"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("past the end of the file") && !stderr(&o).contains("panicked"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// llama.cpp's own GGUF reader (gguf-py) must read a shard, and find it byte-equal to the model's slice.
@@ -227,17 +395,29 @@ fn a_damaged_shard_is_refused_naming_the_expert() {
 #[test]
 fn shards_load_in_gguf_py() {
     let Ok(python) = std::env::var("TITAN_PYTHON") else {
-        assert!(std::env::var("CI").is_err(), "CI must set TITAN_PYTHON to a python with the gguf package");
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must set TITAN_PYTHON to a python with the gguf package"
+        );
         eprintln!("skipped: TITAN_PYTHON (a python with the gguf package) is not set");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let check = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/check_shard.py");
-    for (model, layers, experts) in [("qwen3moe/q8_0.gguf", "0-1", "2-5"), ("qwen3moe-k/q4_k_m.gguf", "0", "0-7"), ("mixtral/q4_0.gguf", "1", "7")] {
+    for (model, layers, experts) in [
+        ("qwen3moe/q8_0.gguf", "0-1", "2-5"),
+        ("qwen3moe-k/q4_k_m.gguf", "0", "0-7"),
+        ("mixtral/q4_0.gguf", "1", "7"),
+    ] {
         let m = fixture(model);
         let shard = slice(&m, layers, experts, dir.path());
         let o = Command::new(&python).arg(&check).arg(&shard).arg(&m).output().unwrap();
-        assert!(o.status.success(), "{model}: {}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+        assert!(
+            o.status.success(),
+            "{model}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            stderr(&o)
+        );
     }
 }
 
@@ -259,14 +439,21 @@ fn workers_download_exactly_their_slices_resume_and_refetch_damage() {
         wait_listening(&mut w);
         w
     });
-    assert!(trace_diff(&single, &out).starts_with("IDENTICAL"), "{}", trace_diff(&single, &out));
+    assert!(
+        trace_diff(&single, &out).starts_with("IDENTICAL"),
+        "{}",
+        trace_diff(&single, &out)
+    );
     let model_bytes = std::fs::metadata(&m).unwrap().len();
     let mut total = 0;
     for (w, cache) in workers.iter().zip(&caches) {
         assert_eq!(downloaded(w), dir_bytes(cache), "{}", w.log());
         total += downloaded(w);
     }
-    assert!(total < model_bytes, "the workers together downloaded {total} bytes of a {model_bytes}-byte model");
+    assert!(
+        total < model_bytes,
+        "the workers together downloaded {total} bytes of a {model_bytes}-byte model"
+    );
     drop(workers);
 
     // Full caches download nothing; a flipped byte is found and only that shard fetched again; a partial
@@ -290,13 +477,30 @@ fn workers_download_exactly_their_slices_resume_and_refetch_damage() {
         wait_listening(&mut early);
         early
     });
-    assert!(trace_diff(&single, &out).starts_with("IDENTICAL"), "{}", trace_diff(&single, &out));
+    assert!(
+        trace_diff(&single, &out).starts_with("IDENTICAL"),
+        "{}",
+        trace_diff(&single, &out)
+    );
     assert_eq!(downloaded(&workers[0]), 0, "{}", workers[0].log());
-    assert!(workers[1].log().contains("cached shard is damaged"), "{}", workers[1].log());
+    assert!(
+        workers[1].log().contains("cached shard is damaged"),
+        "{}",
+        workers[1].log()
+    );
     assert_eq!(downloaded(&workers[1]), n as u64, "{}", workers[1].log());
-    assert_eq!(downloaded(&workers[2]), (full.len() - full.len() / 2) as u64, "{}", workers[2].log());
+    assert_eq!(
+        downloaded(&workers[2]),
+        (full.len() - full.len() / 2) as u64,
+        "{}",
+        workers[2].log()
+    );
     assert_eq!(std::fs::read(&whole).unwrap(), full, "the resumed shard differs");
-    assert!(workers[0].log().contains("joining the backbone"), "the worker did not wait for the backbone: {}", workers[0].log());
+    assert!(
+        workers[0].log().contains("joining the backbone"),
+        "the worker did not wait for the backbone: {}",
+        workers[0].log()
+    );
 }
 
 #[test]
@@ -308,7 +512,14 @@ fn the_slice_endpoint_refuses_without_the_token_and_outside_the_assignment() {
     let mut backbone = titan()
         .args(["run", "-p", "Hi", "-n", "2", "--join-timeout", "60", "-m"])
         .arg(&m)
-        .args(["--nodes", &node, "--token-file", token.to_str().unwrap(), "--serve-slices", &slices])
+        .args([
+            "--nodes",
+            &node,
+            "--token-file",
+            token.to_str().unwrap(),
+            "--serve-slices",
+            &slices,
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -322,7 +533,10 @@ fn the_slice_endpoint_refuses_without_the_token_and_outside_the_assignment() {
     };
     // Wait for the endpoint.
     while agent.get(url("/v1/slice")).call().is_err() {
-        assert!(start.elapsed() < Duration::from_secs(20), "the slice endpoint did not come up");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the slice endpoint did not come up"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let q = format!("/v1/slice?node={node}&layers=0-1&experts=0-7");
@@ -336,22 +550,57 @@ fn the_slice_endpoint_refuses_without_the_token_and_outside_the_assignment() {
         assert!(body.len() < 200 && !body.contains("GGUF"), "{body}");
     }
     let bearer = format!("Bearer {TOKEN}");
-    let (code, body) = status(agent.post(url("/v1/join")).header("Authorization", "Bearer nope-nope-nope-nope").content_type("application/json").send(&b"{}"[..]));
+    let (code, body) = status(
+        agent
+            .post(url("/v1/join"))
+            .header("Authorization", "Bearer nope-nope-nope-nope")
+            .content_type("application/json")
+            .send(&b"{}"[..]),
+    );
     assert_eq!(code, 401, "{body}");
-    let (code, body) = status(agent.post(url("/v1/join")).header("Authorization", &bearer).content_type("application/json").send(&b"{\"node\": \"127.0.0.1:1\", \"budget\": 1}"[..]));
+    let (code, body) = status(
+        agent
+            .post(url("/v1/join"))
+            .header("Authorization", &bearer)
+            .content_type("application/json")
+            .send(&b"{\"node\": \"127.0.0.1:1\", \"budget\": 1}"[..]),
+    );
     assert_eq!(code, 403, "{body}");
-    let (code, _) = status(agent.post(url("/v1/join")).header("Authorization", &bearer).content_type("application/json").send(&[b'x'; 20_000][..]));
+    let (code, _) = status(
+        agent
+            .post(url("/v1/join"))
+            .header("Authorization", &bearer)
+            .content_type("application/json")
+            .send(&[b'x'; 20_000][..]),
+    );
     assert_eq!(code, 413, "a 20 kB body was accepted");
     let (code, body) = status(agent.get(url(&q)).header("Authorization", &bearer).call());
     assert_eq!(code, 409, "before the plan: {body}");
     // The one node joins: it is assigned everything; a range outside the model is refused.
     let join = format!("{{\"node\": \"{node}\", \"budget\": 1}}");
-    let (code, body) = status(agent.post(url("/v1/join")).header("Authorization", &bearer).content_type("application/json").send(join.as_bytes()));
+    let (code, body) = status(
+        agent
+            .post(url("/v1/join"))
+            .header("Authorization", &bearer)
+            .content_type("application/json")
+            .send(join.as_bytes()),
+    );
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"shards\":[[[0,1],[0,7]]]"), "{body}");
-    let (code, body) = status(agent.get(url(&format!("/v1/slice?node={node}&layers=0-9&experts=0-7"))).header("Authorization", &bearer).call());
+    let (code, body) = status(
+        agent
+            .get(url(&format!("/v1/slice?node={node}&layers=0-9&experts=0-7")))
+            .header("Authorization", &bearer)
+            .call(),
+    );
     assert_eq!(code, 400, "{body}");
-    let (code, _) = status(agent.get(url(&format!("/v1/slice?node={node}&layers=0-1&experts=0-7"))).header("Authorization", &bearer).header("Range", "bytes=10-19").call());
+    let (code, _) = status(
+        agent
+            .get(url(&format!("/v1/slice?node={node}&layers=0-1&experts=0-7")))
+            .header("Authorization", &bearer)
+            .header("Range", "bytes=10-19")
+            .call(),
+    );
     assert_eq!(code, 206);
     let _ = backbone.kill();
     let _ = backbone.wait();
@@ -363,16 +612,48 @@ fn the_slice_endpoint_refuses_without_the_token_and_outside_the_assignment() {
 fn shards_of_real_dimensions_give_the_single_node_trace() {
     let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("olmoe-1l.gguf");
-    let o = titan().args(["synth", "--preset", "olmoe-1b-7b", "--type", "q4_0", "--layers", "1", "--routing-tokens", "0", "-o"]).arg(&m).output().unwrap();
+    let o = titan()
+        .args([
+            "synth",
+            "--preset",
+            "olmoe-1b-7b",
+            "--type",
+            "q4_0",
+            "--layers",
+            "1",
+            "--routing-tokens",
+            "0",
+            "-o",
+        ])
+        .arg(&m)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let single = dir.path().join("single.trace");
     trace(&m, &single, &[]);
     let shards = [slice(&m, "0", "0-20", dir.path()), slice(&m, "0", "21-63", dir.path())];
-    let workers: Vec<Worker> = shards.iter().enumerate().map(|(i, s)| Worker::start_with("--shard", s, dir.path(), &format!("w{i}"), "127.0.0.1:0")).collect();
+    let workers: Vec<Worker> = shards
+        .iter()
+        .enumerate()
+        .map(|(i, s)| Worker::start_with("--shard", s, dir.path(), &format!("w{i}"), "127.0.0.1:0"))
+        .collect();
     let nodes = workers.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
     let out = dir.path().join("cluster.trace");
-    trace(&m, &out, &["--nodes", &nodes, "--token-file", token_file(dir.path()).to_str().unwrap()]);
-    assert!(trace_diff(&single, &out).starts_with("IDENTICAL"), "{}", trace_diff(&single, &out));
+    trace(
+        &m,
+        &out,
+        &[
+            "--nodes",
+            &nodes,
+            "--token-file",
+            token_file(dir.path()).to_str().unwrap(),
+        ],
+    );
+    assert!(
+        trace_diff(&single, &out).starts_with("IDENTICAL"),
+        "{}",
+        trace_diff(&single, &out)
+    );
 }
 
 /// A worker that streams its experts from an expert store through a small budget, and a backbone whose own
@@ -389,7 +670,16 @@ fn streaming_workers_and_backbone_give_the_single_node_trace() {
     let token = token_file(dir.path());
     let log = dir.path().join("w.log");
     let mut child = titan()
-        .args(["worker", "--listen", "127.0.0.1:0", "--threads", "1", "--expert-budget", "1", "--token-file"])
+        .args([
+            "worker",
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--expert-budget",
+            "1",
+            "--token-file",
+        ])
         .arg(&token)
         .arg("-m")
         .arg(&m)
@@ -400,13 +690,32 @@ fn streaming_workers_and_backbone_give_the_single_node_trace() {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let w = Worker { child, addr: line.trim().trim_start_matches("listening on ").to_string(), log };
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let w = Worker {
+        child,
+        addr: line.trim().trim_start_matches("listening on ").to_string(),
+        log,
+    };
     let out = dir.path().join("cluster.trace");
-    let args = ["--nodes", &w.addr, "--token-file", token.to_str().unwrap(), "--store", store.to_str().unwrap(), "--expert-budget", "1"];
+    let args = [
+        "--nodes",
+        &w.addr,
+        "--token-file",
+        token.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--expert-budget",
+        "1",
+    ];
     let o = trace(&m, &out, &args);
     assert!(stderr(&o).contains("cluster plan"), "{}", stderr(&o));
-    assert!(trace_diff(&single, &out).starts_with("IDENTICAL"), "{}", trace_diff(&single, &out));
+    assert!(
+        trace_diff(&single, &out).starts_with("IDENTICAL"),
+        "{}",
+        trace_diff(&single, &out)
+    );
     assert!(w.log_with("requests)").contains("requests)"), "{}", w.log());
     assert!(requests_served(&w.log()) > 0, "{}", w.log());
 }
@@ -428,9 +737,19 @@ fn a_hung_worker_misses_the_deadline_and_changes_no_byte() {
     unsafe { libc::kill(workers[1].child.id() as i32, libc::SIGCONT) };
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
-    assert_eq!(String::from_utf8_lossy(&text), String::from_utf8_lossy(&single), "the text differs after a node hung");
-    assert!(err.contains(&format!("node 1 ({}) is down", workers[1].addr)) && err.contains("no answer within the deadline"), "{err}");
-    assert!(took < Duration::from_secs(60), "the run took {took:?}: the hung node stalled it");
+    assert_eq!(
+        String::from_utf8_lossy(&text),
+        String::from_utf8_lossy(&single),
+        "the text differs after a node hung"
+    );
+    assert!(
+        err.contains(&format!("node 1 ({}) is down", workers[1].addr)) && err.contains("no answer within the deadline"),
+        "{err}"
+    );
+    assert!(
+        took < Duration::from_secs(60),
+        "the run took {took:?}: the hung node stalled it"
+    );
 }
 
 /// Models whose experts carry biases (gpt-oss) cannot be cut into shards yet: `titan slice` says why and
@@ -439,10 +758,26 @@ fn a_hung_worker_misses_the_deadline_and_changes_no_byte() {
 fn shards_of_unsupported_layers_and_models_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("shard.gguf");
-    let o = titan().arg("slice").arg(fixture("gpt-oss/q8_0.gguf")).args(["--layers", "0-1", "--experts", "0-3", "-o"]).arg(&out).output().unwrap();
+    let o = titan()
+        .arg("slice")
+        .arg(fixture("gpt-oss/q8_0.gguf"))
+        .args(["--layers", "0-1", "--experts", "0-3", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
     assert!(!o.status.success() && !out.exists());
     assert!(stderr(&o).contains("gpt-oss experts carry biases and a clamped activation that shards do not hold yet: give the node the whole model"), "{}", stderr(&o));
-    let o = titan().arg("slice").arg(fixture("deepseek3/q8_0.gguf")).args(["--layers", "0-2", "--experts", "0-3", "-o"]).arg(&out).output().unwrap();
+    let o = titan()
+        .arg("slice")
+        .arg(fixture("deepseek3/q8_0.gguf"))
+        .args(["--layers", "0-2", "--experts", "0-3", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
     assert!(!o.status.success() && !out.exists());
-    assert!(stderr(&o).contains("the model's first 1 layers are dense and have no experts; start the layers at 1"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the model's first 1 layers are dense and have no experts; start the layers at 1"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -32,7 +32,10 @@ fn kill_points(seed: u64, lo: usize, hi: usize) -> Vec<usize> {
 fn workers_killed_at_random_moments_change_no_byte() {
     let dir = tempfile::tempdir().unwrap();
     let m = fixture("qwen3moe/q8_0.gguf");
-    let seed = std::env::var("TITAN_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64);
+    let seed = std::env::var("TITAN_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64);
     let points = kill_points(seed, 16, 1500);
     println!("seed {seed} (TITAN_FAULT_SEED): killing workers 0, 1, 2 after {points:?} bytes of output");
     let (single, mut workers, mut run) = long_run_on_workers(&m, dir.path(), 3, "4000", &[]);
@@ -49,9 +52,16 @@ fn workers_killed_at_random_moments_change_no_byte() {
     let o = run.wait_with_output().unwrap();
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
-    assert_eq!(String::from_utf8_lossy(&text), String::from_utf8_lossy(&single), "seed {seed}: the text differs after the kills");
+    assert_eq!(
+        String::from_utf8_lossy(&text),
+        String::from_utf8_lossy(&single),
+        "seed {seed}: the text differs after the kills"
+    );
     for (node, w) in workers.iter().enumerate() {
-        assert!(err.contains(&format!("node {node} ({}) is down", w.addr)), "seed {seed}: {err}");
+        assert!(
+            err.contains(&format!("node {node} ({}) is down", w.addr)),
+            "seed {seed}: {err}"
+        );
     }
 }
 
@@ -63,15 +73,40 @@ fn connections_cut_mid_frame_change_no_byte() {
     let m = fixture("qwen3moe/q8_0.gguf");
     let single = dir.path().join("single.trace");
     trace(&m, &single, &[]);
-    let workers: Vec<Worker> = (0..2).map(|i| Worker::start(&m, dir.path(), &format!("w{i}"), "127.0.0.1:0")).collect();
+    let workers: Vec<Worker> = (0..2)
+        .map(|i| Worker::start(&m, dir.path(), &format!("w{i}"), "127.0.0.1:0"))
+        .collect();
     // Towards node 0: 30 bytes into its first compute request. From node 1: 30 bytes into its first reply.
     let cutters = [
-        Cutter::start(&workers[0].addr, Cut::MidFrame { replies: false, kind: Kind::Compute, into: 30 }),
-        Cutter::start(&workers[1].addr, Cut::MidFrame { replies: true, kind: Kind::Output, into: 30 }),
+        Cutter::start(
+            &workers[0].addr,
+            Cut::MidFrame {
+                replies: false,
+                kind: Kind::Compute,
+                into: 30,
+            },
+        ),
+        Cutter::start(
+            &workers[1].addr,
+            Cut::MidFrame {
+                replies: true,
+                kind: Kind::Output,
+                into: 30,
+            },
+        ),
     ];
     let nodes = cutters.iter().map(|c| c.addr.as_str()).collect::<Vec<_>>().join(",");
     let out = dir.path().join("cut.trace");
-    let o = trace(&m, &out, &["--nodes", &nodes, "--token-file", token_file(dir.path()).to_str().unwrap()]);
+    let o = trace(
+        &m,
+        &out,
+        &[
+            "--nodes",
+            &nodes,
+            "--token-file",
+            token_file(dir.path()).to_str().unwrap(),
+        ],
+    );
     let err = stderr(&o);
     assert!(cutters.iter().all(Cutter::has_cut), "a connection was not cut: {err}");
     for (node, c) in cutters.iter().enumerate() {
@@ -99,12 +134,23 @@ fn a_slice_download_cut_mid_body_resumes_and_is_verified() {
     let cache = dir.path().join("cache");
     let out = dir.path().join("cluster.trace");
     let nodes = [node];
-    let (_, workers) = trace_serving_slices(&m, &out, &nodes, &slices, dir.path(), || fetching_workers(&url, std::slice::from_ref(&cache), &nodes, dir.path(), "w"));
+    let (_, workers) = trace_serving_slices(&m, &out, &nodes, &slices, dir.path(), || {
+        fetching_workers(&url, std::slice::from_ref(&cache), &nodes, dir.path(), "w")
+    });
     let log = workers[0].log();
     assert!(cutter.has_cut(), "the download was not cut: {log}");
     assert!(log.contains("download cut at byte"), "{log}");
-    assert_eq!(downloaded(&workers[0]), dir_bytes(&cache), "the resumed download fetched bytes twice or lost some: {log}");
-    assert!(std::fs::read_dir(&cache).unwrap().all(|e| e.unwrap().path().extension().is_some_and(|x| x == "gguf")), "a partial file was left in the cache");
+    assert_eq!(
+        downloaded(&workers[0]),
+        dir_bytes(&cache),
+        "the resumed download fetched bytes twice or lost some: {log}"
+    );
+    assert!(
+        std::fs::read_dir(&cache)
+            .unwrap()
+            .all(|e| e.unwrap().path().extension().is_some_and(|x| x == "gguf")),
+        "a partial file was left in the cache"
+    );
     let diff = trace_diff(&single, &out);
     assert!(diff.starts_with("IDENTICAL"), "{diff}");
 }
@@ -128,7 +174,16 @@ fn a_backbone_killed_and_restarted_while_workers_run_changes_no_byte() {
     trace(&m, &single, &[]);
     let nodes = workers.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
     let out = dir.path().join("again.trace");
-    trace(&m, &out, &["--nodes", &nodes, "--token-file", token_file(dir.path()).to_str().unwrap()]);
+    trace(
+        &m,
+        &out,
+        &[
+            "--nodes",
+            &nodes,
+            "--token-file",
+            token_file(dir.path()).to_str().unwrap(),
+        ],
+    );
     let diff = trace_diff(&single, &out);
     assert!(diff.starts_with("IDENTICAL"), "{diff}");
     for w in &workers {

@@ -20,7 +20,16 @@ impl Server {
     fn start(model: &Path, extra: &[&str]) -> Server {
         let template = fixture("templates/qwen3.jinja");
         let mut child = titan()
-            .args(["serve", "--listen", "127.0.0.1:0", "--threads", "2", "--api-key", KEY, "--chat-template"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--threads",
+                "2",
+                "--api-key",
+                KEY,
+                "--chat-template",
+            ])
             .arg(&template)
             .arg("-m")
             .arg(model)
@@ -30,9 +39,18 @@ impl Server {
             .spawn()
             .expect("titan serve starts");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("server said {line:?}")).to_string();
-        Server { child, url: format!("http://{addr}") }
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("server said {line:?}"))
+            .to_string();
+        Server {
+            child,
+            url: format!("http://{addr}"),
+        }
     }
 }
 
@@ -50,22 +68,36 @@ fn get(server: &Server, path: &str) -> String {
     write!(s, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").unwrap();
     let mut response = String::new();
     s.read_to_string(&mut response).unwrap();
-    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default()
 }
 
 /// Runs the client script in `mode` against `server` and returns what it printed, or None when it cannot
 /// run here (no python with `openai`).
 fn client(server: &Server, model: &str, mode: &str) -> Option<String> {
     let Ok(python) = std::env::var("TITAN_PYTHON") else {
-        assert!(std::env::var("CI").is_err(), "CI must set TITAN_PYTHON to a python with the openai package");
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must set TITAN_PYTHON to a python with the openai package"
+        );
         eprintln!("skipped: TITAN_PYTHON (a python with the openai package) is not set");
         return None;
     };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
-    let o = Command::new(python).arg(script).args([&server.url, model, KEY, mode]).output().unwrap();
+    let o = Command::new(python)
+        .arg(script)
+        .args([&server.url, model, KEY, mode])
+        .output()
+        .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     println!("{out}");
-    assert!(o.status.success() && (mode == "texts" || out.contains("all checks passed")), "{out}{}", stderr(&o));
+    assert!(
+        o.status.success() && (mode == "texts" || out.contains("all checks passed")),
+        "{out}{}",
+        stderr(&o)
+    );
     Some(out.into_owned())
 }
 
@@ -77,7 +109,10 @@ fn the_openai_client_gets_completions_chat_streams_and_errors() {
 
 #[test]
 fn a_client_that_disconnects_frees_its_slot_and_a_full_queue_is_429() {
-    let server = Server::start(&fixture("qwen3moe/q8_0.gguf"), &["--parallel", "1", "--queue", "1", "-c", "8192", "--allow-long-context"]);
+    let server = Server::start(
+        &fixture("qwen3moe/q8_0.gguf"),
+        &["--parallel", "1", "--queue", "1", "-c", "8192", "--allow-long-context"],
+    );
     client(&server, "q8_0", "slots");
 }
 
@@ -87,20 +122,38 @@ fn a_client_that_disconnects_frees_its_slot_and_a_full_queue_is_429() {
 fn a_server_over_a_cluster_answers_as_on_one_machine() {
     let dir = tempfile::tempdir().unwrap();
     let m = fixture("qwen3moe/q8_0.gguf");
-    let workers: Vec<Worker> = (0..2).map(|i| Worker::start(&m, dir.path(), &format!("w{i}"), "127.0.0.1:0")).collect();
+    let workers: Vec<Worker> = (0..2)
+        .map(|i| Worker::start(&m, dir.path(), &format!("w{i}"), "127.0.0.1:0"))
+        .collect();
     let nodes = workers.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
     let single = Server::start(&m, &[]);
-    let Some(alone) = client(&single, "q8_0", "texts") else { return };
-    let cluster = Server::start(&m, &["--nodes", &nodes, "--token-file", token_file(dir.path()).to_str().unwrap()]);
+    let Some(alone) = client(&single, "q8_0", "texts") else {
+        return;
+    };
+    let cluster = Server::start(
+        &m,
+        &[
+            "--nodes",
+            &nodes,
+            "--token-file",
+            token_file(dir.path()).to_str().unwrap(),
+        ],
+    );
     let spread = client(&cluster, "q8_0", "texts").unwrap();
     assert_eq!(spread, alone, "the cluster's texts differ from one machine's");
     // /metrics has each node's exchanges.
     let metrics = get(&cluster, "/metrics");
     for w in &workers {
-        let line = metrics.lines().find(|l| l.starts_with(&format!("titan_node_exchanges_total{{node=\"{}\"}}", w.addr))).unwrap_or_else(|| panic!("no exchanges of {} in\n{metrics}", w.addr));
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("titan_node_exchanges_total{{node=\"{}\"}}", w.addr)))
+            .unwrap_or_else(|| panic!("no exchanges of {} in\n{metrics}", w.addr));
         let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
         assert!(n > 0.0, "{line}");
-        assert!(metrics.contains(&format!("titan_node_exchange_seconds_total{{node=\"{}\"}}", w.addr)), "{metrics}");
+        assert!(
+            metrics.contains(&format!("titan_node_exchange_seconds_total{{node=\"{}\"}}", w.addr)),
+            "{metrics}"
+        );
     }
     let served: Vec<String> = workers.iter().map(Worker::log).collect();
     drop(cluster);

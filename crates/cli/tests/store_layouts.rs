@@ -34,9 +34,22 @@ fn an_in_place_index_streams_the_resident_output_and_a_copy_takes_precedence() {
     let (m, index) = model_with_index(dir.path());
     let v = titan(&["verify", index.to_str().unwrap()]);
     let out = String::from_utf8_lossy(&v.stdout);
-    assert!(v.status.success() && out.starts_with("OK: ") && out.contains("in place in"), "{out}");
+    assert!(
+        v.status.success() && out.starts_with("OK: ") && out.contains("in place in"),
+        "{out}"
+    );
 
-    let args = ["run", "-m", m.to_str().unwrap(), "-p", "The quick brown fox", "-n", "16", "--temp", "0"];
+    let args = [
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The quick brown fox",
+        "-n",
+        "16",
+        "--temp",
+        "0",
+    ];
     let resident = titan(&args);
     assert!(resident.status.success(), "{}", stderr(&resident));
     for extra in [&["--expert-budget", "1"][..], &["--expert-budget", "1", "--direct-io"]] {
@@ -76,7 +89,10 @@ fn an_in_place_index_streams_the_resident_output_and_a_copy_takes_precedence() {
     let o = titan(&[&args[..], &["--expert-budget", "1"]].concat());
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("no expert store beside") && err.contains("--layout copy"), "{err}");
+    assert!(
+        err.contains("no expert store beside") && err.contains("--layout copy"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -95,11 +111,27 @@ fn a_flipped_model_byte_is_named_by_verify_and_by_the_run_that_reads_it() {
     let v = titan(&["verify", index.to_str().unwrap()]);
     let err = stderr(&v);
     assert_eq!(v.status.code(), Some(1), "{err}");
-    let named = format!("expert 2 of layer 0 failed its digest check in {} (offset {gate:#x})", m.display());
-    assert!(err.contains(&named) && err.contains("the model changed or is damaged"), "{err}");
+    let named = format!(
+        "expert 2 of layer 0 failed its digest check in {} (offset {gate:#x})",
+        m.display()
+    );
+    assert!(
+        err.contains(&named) && err.contains("the model changed or is damaged"),
+        "{err}"
+    );
     assert!(err.contains("1 of 16 records failed verification"), "{err}");
 
-    let o = titan(&["run", "-m", m.to_str().unwrap(), "-p", "The quick brown fox jumps", "-n", "8", "--expert-budget", "1"]);
+    let o = titan(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The quick brown fox jumps",
+        "-n",
+        "8",
+        "--expert-budget",
+        "1",
+    ]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains(&named) && !err.contains("panicked"), "{err}");
@@ -116,34 +148,102 @@ fn a_model_that_does_not_fit_streams_from_an_index_made_on_first_use() {
     // Room for the dense weights, the 512 MiB margin and half the experts (the KV cache of this run's 43
     // positions at most takes a few KiB of them).
     let memory = (dense + (512 << 20) + experts / 2).to_string();
-    let args = ["run", "-m", m.to_str().unwrap(), "-p", "The quick brown fox", "-n", "16", "--temp", "0"];
+    let args = [
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The quick brown fox",
+        "-n",
+        "16",
+        "--temp",
+        "0",
+    ];
     let resident = titan(&args);
-    assert!(resident.status.success() && !dir.path().join("m.titan-index").exists(), "{}", stderr(&resident));
+    assert!(
+        resident.status.success() && !dir.path().join("m.titan-index").exists(),
+        "{}",
+        stderr(&resident)
+    );
 
-    let streamed = common::titan().args(args).env("TITAN_MEMORY_AVAILABLE", &memory).output().unwrap();
+    let streamed = common::titan()
+        .args(args)
+        .env("TITAN_MEMORY_AVAILABLE", &memory)
+        .output()
+        .unwrap();
     let err = stderr(&streamed);
     assert!(streamed.status.success(), "{err}");
-    assert!(err.contains("of weights do not fit in the") && err.contains("indexing the experts of") && err.contains("hit rate"), "{err}");
+    assert!(
+        err.contains("of weights do not fit in the")
+            && err.contains("indexing the experts of")
+            && err.contains("hit rate"),
+        "{err}"
+    );
     assert!(err.contains("43 positions of KV cache"), "{err}");
     assert!(dir.path().join("m.titan-index").is_file() && !dir.path().join("m.titan").exists());
-    assert_eq!(streamed.stdout, resident.stdout, "streamed output differs from resident");
+    assert_eq!(
+        streamed.stdout, resident.stdout,
+        "streamed output differs from resident"
+    );
 
     // Second run: the index is there already; --resident loads everything.
-    let again = common::titan().args(args).env("TITAN_MEMORY_AVAILABLE", &memory).output().unwrap();
-    assert!(again.status.success() && !stderr(&again).contains("indexing"), "{}", stderr(&again));
-    let forced = common::titan().args(args).arg("--resident").env("TITAN_MEMORY_AVAILABLE", &memory).output().unwrap();
-    assert!(forced.status.success() && !stderr(&forced).contains("hit rate"), "{}", stderr(&forced));
+    let again = common::titan()
+        .args(args)
+        .env("TITAN_MEMORY_AVAILABLE", &memory)
+        .output()
+        .unwrap();
+    assert!(
+        again.status.success() && !stderr(&again).contains("indexing"),
+        "{}",
+        stderr(&again)
+    );
+    let forced = common::titan()
+        .args(args)
+        .arg("--resident")
+        .env("TITAN_MEMORY_AVAILABLE", &memory)
+        .output()
+        .unwrap();
+    assert!(
+        forced.status.success() && !stderr(&forced).contains("hit rate"),
+        "{}",
+        stderr(&forced)
+    );
     assert_eq!(forced.stdout, resident.stdout);
 
     // Not even the dense weights fit: an error that says so.
-    let none = common::titan().args(args).env("TITAN_MEMORY_AVAILABLE", "100MiB").output().unwrap();
-    assert!(!none.status.success() && stderr(&none).contains("do not fit in the 100.00 MiB of memory available"), "{}", stderr(&none));
+    let none = common::titan()
+        .args(args)
+        .env("TITAN_MEMORY_AVAILABLE", "100MiB")
+        .output()
+        .unwrap();
+    assert!(
+        !none.status.success() && stderr(&none).contains("do not fit in the 100.00 MiB of memory available"),
+        "{}",
+        stderr(&none)
+    );
 
     // A server's slots each hold a whole context: 256 of them do not fit beside the weights, and it says so
     // before it listens.
-    let serve = ["serve", "-m", m.to_str().unwrap(), "--listen", "127.0.0.1:0", "--parallel", "256", "--ctx-size", "512"];
-    let slots = common::titan().args(serve).env("TITAN_MEMORY_AVAILABLE", &memory).output().unwrap();
+    let serve = [
+        "serve",
+        "-m",
+        m.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--parallel",
+        "256",
+        "--ctx-size",
+        "512",
+    ];
+    let slots = common::titan()
+        .args(serve)
+        .env("TITAN_MEMORY_AVAILABLE", &memory)
+        .output()
+        .unwrap();
     let err = stderr(&slots);
     assert_eq!(slots.status.code(), Some(1), "{err}");
-    assert!(err.contains("256 × 512 positions of KV cache") && err.contains("a smaller --ctx-size"), "{err}");
+    assert!(
+        err.contains("256 × 512 positions of KV cache") && err.contains("a smaller --ctx-size"),
+        "{err}"
+    );
 }

@@ -33,7 +33,12 @@ pub struct Fetched {
 }
 
 fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder().http_status_as_error(false).timeout_connect(Some(Duration::from_secs(5))).timeout_recv_body(Some(Duration::from_secs(60))).build().into()
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_connect(Some(Duration::from_secs(5)))
+        .timeout_recv_body(Some(Duration::from_secs(60)))
+        .build()
+        .into()
 }
 
 /// `f` again while it fails with something worth retrying (unreachable, or not ready), until `patience`.
@@ -44,7 +49,9 @@ fn retrying<T>(patience: Duration, what: &str, mut f: impl FnMut() -> Result<T, 
         match f() {
             Ok(v) => return Ok(v),
             Err(Retry::Fatal(e)) => return Err(e),
-            Err(Retry::Again(e)) if start.elapsed() >= patience => return Err(e.context(format!("{what}: gave up after {:?}", patience))),
+            Err(Retry::Again(e)) if start.elapsed() >= patience => {
+                return Err(e.context(format!("{what}: gave up after {:?}", patience)))
+            }
             Err(Retry::Again(e)) => {
                 eprintln!("worker: {what}: {e:#}; retrying in {wait:?}");
                 std::thread::sleep(wait);
@@ -62,16 +69,28 @@ enum Retry {
 /// A response's status and text: 401/403/400 are final, 5xx and 409 are worth another try.
 fn classify(status: u16, body: &str) -> Retry {
     let e = anyhow::anyhow!("the backbone answered {status}: {}", body.trim());
-    if status >= 500 || status == 409 { Retry::Again(e) } else { Retry::Fatal(e) }
+    if status >= 500 || status == 409 {
+        Retry::Again(e)
+    } else {
+        Retry::Fatal(e)
+    }
 }
 
 /// Joins the backbone and brings `cache_dir` to the node's assignment; `progress(done, total)` in bytes.
 pub fn fetch(o: &FetchOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<Fetched> {
     let agent = agent();
     let auth = format!("Bearer {}", String::from_utf8_lossy(&o.token));
-    let join = serde_json::to_vec(&Join { node: o.node.clone(), budget: o.budget })?;
+    let join = serde_json::to_vec(&Join {
+        node: o.node.clone(),
+        budget: o.budget,
+    })?;
     let assignment: Assignment = retrying(o.patience, "joining the backbone", || {
-        let mut r = agent.post(format!("{}/v1/join", o.backbone)).header("Authorization", &auth).content_type("application/json").send(&join[..]).map_err(|e| Retry::Again(e.into()))?;
+        let mut r = agent
+            .post(format!("{}/v1/join", o.backbone))
+            .header("Authorization", &auth)
+            .content_type("application/json")
+            .send(&join[..])
+            .map_err(|e| Retry::Again(e.into()))?;
         let status = r.status().as_u16();
         let body = r.body_mut().read_to_string().map_err(|e| Retry::Again(e.into()))?;
         if status != 200 {
@@ -82,7 +101,14 @@ pub fn fetch(o: &FetchOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<Fet
 
     std::fs::create_dir_all(&o.cache_dir).with_context(|| format!("creating {}", o.cache_dir.display()))?;
     let prefix = blake3::hash(assignment.model.as_bytes()).to_hex()[..16].to_string();
-    let wanted: Vec<SliceSpec> = assignment.shards.iter().map(|&((l0, l1), (e0, e1))| SliceSpec { layers: l0..=l1, experts: e0..=e1 }).collect();
+    let wanted: Vec<SliceSpec> = assignment
+        .shards
+        .iter()
+        .map(|&((l0, l1), (e0, e1))| SliceSpec {
+            layers: l0..=l1,
+            experts: e0..=e1,
+        })
+        .collect();
     let want = |l: usize, e: usize| wanted.iter().any(|s| s.contains(l, e));
 
     // What the cache already holds, whole and verified; a damaged file is removed and fetched again.
@@ -95,7 +121,11 @@ pub fn fetch(o: &FetchOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<Fet
         }
         match ShardExperts::open(&path, true) {
             Ok(s) if s.model == assignment.model => {
-                let useful = s.spec.layers.clone().any(|l| s.spec.experts.clone().any(|e| want(l, e)));
+                let useful = s
+                    .spec
+                    .layers
+                    .clone()
+                    .any(|l| s.spec.experts.clone().any(|e| want(l, e)));
                 if useful {
                     keep.push((path, s.spec.clone()));
                 }
@@ -107,26 +137,52 @@ pub fn fetch(o: &FetchOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<Fet
             }
         }
     }
-    let (n_layer, n_expert) = wanted.iter().fold((0, 0), |(l, e), s| (l.max(s.layers.end() + 1), e.max(s.experts.end() + 1)));
-    let missing = cover(n_layer, n_expert, |l, e| want(l, e) && !keep.iter().any(|(_, s)| s.contains(l, e)));
+    let (n_layer, n_expert) = wanted.iter().fold((0, 0), |(l, e), s| {
+        (l.max(s.layers.end() + 1), e.max(s.experts.end() + 1))
+    });
+    let missing = cover(n_layer, n_expert, |l, e| {
+        want(l, e) && !keep.iter().any(|(_, s)| s.contains(l, e))
+    });
 
     let mut downloaded = 0;
     for spec in &missing {
-        let name = format!("{prefix}-L{}-{}-E{}-{}.gguf", spec.layers.start(), spec.layers.end(), spec.experts.start(), spec.experts.end());
+        let name = format!(
+            "{prefix}-L{}-{}-E{}-{}.gguf",
+            spec.layers.start(),
+            spec.layers.end(),
+            spec.experts.start(),
+            spec.experts.end()
+        );
         let path = o.cache_dir.join(name);
         downloaded += download(&agent, o, &auth, spec, &path, &assignment.model, progress)?;
         keep.push((path, spec.clone()));
     }
-    Ok(Fetched { shards: keep.into_iter().map(|(p, _)| p).collect(), downloaded })
+    Ok(Fetched {
+        shards: keep.into_iter().map(|(p, _)| p).collect(),
+        downloaded,
+    })
 }
 
 /// Downloads the shard `spec` into `path` (via `path.part`, resumed if present), verifies it, and renames
 /// it into place. Returns the bytes received.
-fn download(agent: &ureq::Agent, o: &FetchOptions, auth: &str, spec: &SliceSpec, path: &Path, model: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
+fn download(
+    agent: &ureq::Agent,
+    o: &FetchOptions,
+    auth: &str,
+    spec: &SliceSpec,
+    path: &Path,
+    model: &str,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<u64> {
     let part = path.with_extension("part");
     let url = format!(
         "{}/v1/slice?node={}&layers={}-{}&experts={}-{}",
-        o.backbone, o.node, spec.layers.start(), spec.layers.end(), spec.experts.start(), spec.experts.end()
+        o.backbone,
+        o.node,
+        spec.layers.start(),
+        spec.layers.end(),
+        spec.experts.start(),
+        spec.experts.end()
     );
     let mut received = 0u64;
     for attempt in 0..2 {
@@ -140,17 +196,37 @@ fn download(agent: &ureq::Agent, o: &FetchOptions, auth: &str, spec: &SliceSpec,
             let status = r.status().as_u16();
             let (mut file, total, start) = match status {
                 200 => {
-                    let total = r.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
+                    let total = r
+                        .headers()
+                        .get("content-length")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
                     (File::create(&part).map_err(|e| Retry::Fatal(e.into()))?, total, 0)
                 }
                 206 => {
-                    let total = r.headers().get("content-range").and_then(|v| v.to_str().ok()).and_then(|v| v.rsplit('/').next()).and_then(|v| v.parse().ok()).unwrap_or(0);
-                    (OpenOptions::new().append(true).open(&part).map_err(|e| Retry::Fatal(e.into()))?, total, have)
+                    let total = r
+                        .headers()
+                        .get("content-range")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.rsplit('/').next())
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    (
+                        OpenOptions::new()
+                            .append(true)
+                            .open(&part)
+                            .map_err(|e| Retry::Fatal(e.into()))?,
+                        total,
+                        have,
+                    )
                 }
                 416 => {
                     // The partial file is already whole (or longer than the shard): start over.
                     let _ = std::fs::remove_file(&part);
-                    return Err(Retry::Again(anyhow::anyhow!("partial download did not fit the shard; starting over")));
+                    return Err(Retry::Again(anyhow::anyhow!(
+                        "partial download did not fit the shard; starting over"
+                    )));
                 }
                 _ => return Err(classify(status, &r.body_mut().read_to_string().unwrap_or_default())),
             };
@@ -158,7 +234,9 @@ fn download(agent: &ureq::Agent, o: &FetchOptions, auth: &str, spec: &SliceSpec,
             let mut buf = vec![0u8; 1 << 20];
             let mut at = start;
             loop {
-                let n = reader.read(&mut buf).map_err(|e| Retry::Again(anyhow::Error::from(e).context(format!("download cut at byte {at}"))))?;
+                let n = reader
+                    .read(&mut buf)
+                    .map_err(|e| Retry::Again(anyhow::Error::from(e).context(format!("download cut at byte {at}"))))?;
                 if n == 0 {
                     break;
                 }
@@ -175,7 +253,10 @@ fn download(agent: &ureq::Agent, o: &FetchOptions, auth: &str, spec: &SliceSpec,
                 std::fs::rename(&part, path).with_context(|| format!("renaming {} into place", part.display()))?;
                 return Ok(received);
             }
-            Ok(_) => bail!("{}: the backbone sent a shard of another model or range", part.display()),
+            Ok(_) => bail!(
+                "{}: the backbone sent a shard of another model or range",
+                part.display()
+            ),
             Err(e) if attempt == 0 => {
                 eprintln!("worker: downloaded shard failed its check, fetching it again: {e:#}");
                 std::fs::remove_file(&part)?;

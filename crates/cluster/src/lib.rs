@@ -10,9 +10,9 @@
 //! worker: a backbone talks to a handful of nodes with one request in flight to each, so an async
 //! runtime would add a hand-off per message and buy nothing.
 
+pub mod fetch;
 pub mod plan;
 pub mod proto;
-pub mod fetch;
 pub mod remote;
 pub mod slice;
 pub mod slice_http;
@@ -32,7 +32,11 @@ pub fn read_token(path: &Path) -> Result<Vec<u8>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading the node token {}", path.display()))?;
     let token = text.lines().next().unwrap_or("").trim();
     if token.len() < 16 {
-        bail!("{}: the node token must be at least 16 characters on the first line (e.g. `openssl rand -hex 32 > {}`)", path.display(), path.display());
+        bail!(
+            "{}: the node token must be at least 16 characters on the first line (e.g. `openssl rand -hex 32 > {}`)",
+            path.display(),
+            path.display()
+        );
     }
     Ok(token.as_bytes().to_vec())
 }
@@ -40,6 +44,8 @@ pub fn read_token(path: &Path) -> Result<Vec<u8>> {
 /// What identifies a model file between machines: its size and the BLAKE3 of its header (metadata and
 /// tensor table), as a trace records it.
 pub fn model_identity(f: &titan_gguf::GgufFile) -> String {
-    let header = f.bytes(0, f.data_offset as usize).expect("the header lies inside the file");
+    let header = f
+        .bytes(0, f.data_offset as usize)
+        .expect("the header lies inside the file");
     format!("{} bytes, header {}", f.file_len(), titan_engine::trace::digest(header))
 }

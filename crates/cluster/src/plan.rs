@@ -39,7 +39,14 @@ pub struct Plan {
 impl Plan {
     /// Places `n_expert` experts of each of the layers dense..n_layer on nodes of the given budgets, each
     /// expert on `replicas` distinct nodes (the primary, then the next nodes in order).
-    pub fn new(n_layer: usize, dense: usize, n_expert: usize, budgets: &[u64], placement: Placement, replicas: usize) -> Result<Plan> {
+    pub fn new(
+        n_layer: usize,
+        dense: usize,
+        n_expert: usize,
+        budgets: &[u64],
+        placement: Placement,
+        replicas: usize,
+    ) -> Result<Plan> {
         let n = budgets.len();
         if n == 0 {
             bail!("a plan needs at least one node");
@@ -60,13 +67,25 @@ impl Plan {
                     acc += w;
                     ends.push((acc * n_expert as u128 / total) as usize);
                 }
-                (0..n_expert).map(|e| ends.iter().position(|&end| e < end).unwrap_or(n - 1)).collect()
+                (0..n_expert)
+                    .map(|e| ends.iter().position(|&end| e < end).unwrap_or(n - 1))
+                    .collect()
             }
         };
-        let per_layer: Vec<Vec<usize>> = primary.iter().map(|&p| (0..replicas).map(|r| (p + r) % n).collect()).collect();
+        let per_layer: Vec<Vec<usize>> = primary
+            .iter()
+            .map(|&p| (0..replicas).map(|r| (p + r) % n).collect())
+            .collect();
         let none = vec![Vec::new(); n_expert];
-        let owners = (0..n_layer).flat_map(|l| if l < dense { none.clone() } else { per_layer.clone() }).collect();
-        Ok(Plan { n_layer, dense, n_expert, owners })
+        let owners = (0..n_layer)
+            .flat_map(|l| if l < dense { none.clone() } else { per_layer.clone() })
+            .collect();
+        Ok(Plan {
+            n_layer,
+            dense,
+            n_expert,
+            owners,
+        })
     }
 
     /// The plan of nodes that hold fixed shards: each expert on the nodes whose shard holds it, in node
@@ -76,14 +95,21 @@ impl Plan {
         let mut owners = Vec::with_capacity(n_layer * n_expert);
         for l in 0..n_layer {
             for e in 0..n_expert {
-                let mut o: Vec<usize> = (0..holdings.len()).filter(|&n| holdings[n].as_ref().is_some_and(|h| h.iter().any(|s| s.contains(l, e)))).collect();
+                let mut o: Vec<usize> = (0..holdings.len())
+                    .filter(|&n| holdings[n].as_ref().is_some_and(|h| h.iter().any(|s| s.contains(l, e))))
+                    .collect();
                 if o.is_empty() && !whole.is_empty() && l >= dense {
                     o.push(whole[e % whole.len()]);
                 }
                 owners.push(o);
             }
         }
-        Plan { n_layer, dense, n_expert, owners }
+        Plan {
+            n_layer,
+            dense,
+            n_expert,
+            owners,
+        }
     }
 
     /// Gives each of `hot` (layer, expert) a second copy, on the next node after its primary: the experts a
@@ -95,7 +121,10 @@ impl Plan {
             }
             let owners = &mut self.owners[l * self.n_expert + e];
             let Some(&primary) = owners.first() else { continue };
-            if let Some(next) = (1..n_nodes).map(|d| (primary + d) % n_nodes).find(|n| !owners.contains(n)) {
+            if let Some(next) = (1..n_nodes)
+                .map(|d| (primary + d) % n_nodes)
+                .find(|n| !owners.contains(n))
+            {
                 owners.push(next);
             }
         }
@@ -111,12 +140,17 @@ impl Plan {
     pub fn describe(&self, nodes: &[String]) -> String {
         let mut out = String::new();
         for (i, name) in nodes.iter().enumerate() {
-            let held = |l: usize| -> Vec<usize> { (0..self.n_expert).filter(|&e| self.owners(l, e).contains(&i)).collect() };
+            let held =
+                |l: usize| -> Vec<usize> { (0..self.n_expert).filter(|&e| self.owners(l, e).contains(&i)).collect() };
             let mut parts = Vec::new();
             let mut first = self.dense;
             for l in self.dense + 1..=self.n_layer {
                 if l == self.n_layer || held(l) != held(first) {
-                    let which = if first == 0 && l == self.n_layer { format!("each of {} layers", self.n_layer) } else { format!("layers {}", ranges(&(first..l).collect::<Vec<_>>())) };
+                    let which = if first == 0 && l == self.n_layer {
+                        format!("each of {} layers", self.n_layer)
+                    } else {
+                        format!("layers {}", ranges(&(first..l).collect::<Vec<_>>()))
+                    };
                     let h = held(first);
                     if !h.is_empty() {
                         parts.push(format!("experts {} of {which}", ranges(&h)));
@@ -124,10 +158,24 @@ impl Plan {
                     first = l;
                 }
             }
-            let primary = (0..self.n_layer).flat_map(|l| (0..self.n_expert).map(move |e| (l, e))).filter(|&(l, e)| self.owners(l, e).first() == Some(&i)).count();
-            let _ = writeln!(out, "  node {i} {name}: {} ({primary} layer-experts as primary)", if parts.is_empty() { "nothing".into() } else { parts.join("; ") });
+            let primary = (0..self.n_layer)
+                .flat_map(|l| (0..self.n_expert).map(move |e| (l, e)))
+                .filter(|&(l, e)| self.owners(l, e).first() == Some(&i))
+                .count();
+            let _ = writeln!(
+                out,
+                "  node {i} {name}: {} ({primary} layer-experts as primary)",
+                if parts.is_empty() {
+                    "nothing".into()
+                } else {
+                    parts.join("; ")
+                }
+            );
         }
-        let orphans = self.owners[self.dense * self.n_expert..].iter().filter(|o| o.is_empty()).count();
+        let orphans = self.owners[self.dense * self.n_expert..]
+            .iter()
+            .filter(|o| o.is_empty())
+            .count();
         if orphans > 0 {
             let _ = writeln!(out, "  backbone: {orphans} layer-experts no node holds");
         }
@@ -144,10 +192,18 @@ fn ranges(ids: &[usize]) -> String {
         while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
             j += 1;
         }
-        parts.push(if i == j { ids[i].to_string() } else { format!("{}-{}", ids[i], ids[j]) });
+        parts.push(if i == j {
+            ids[i].to_string()
+        } else {
+            format!("{}-{}", ids[i], ids[j])
+        });
         i = j + 1;
     }
-    if parts.is_empty() { "none".into() } else { parts.join(", ") }
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 #[cfg(test)]
@@ -160,7 +216,10 @@ mod tests {
         let primaries: Vec<usize> = (0..8).map(|e| p.owners(1, e)[0]).collect();
         assert_eq!(primaries, [0, 0, 1, 1, 2, 2, 2, 2]);
         let even = Plan::new(1, 0, 8, &[0, 0, 0], Placement::Contiguous, 1).unwrap();
-        assert_eq!((0..8).map(|e| even.owners(0, e)[0]).collect::<Vec<_>>(), [0, 0, 1, 1, 1, 2, 2, 2]);
+        assert_eq!(
+            (0..8).map(|e| even.owners(0, e)[0]).collect::<Vec<_>>(),
+            [0, 0, 1, 1, 1, 2, 2, 2]
+        );
     }
 
     #[test]
@@ -168,7 +227,9 @@ mod tests {
         let p = Plan::new(1, 0, 5, &[1, 1], Placement::Interleaved, 2).unwrap();
         assert_eq!(p.owners(0, 0), [0, 1]);
         assert_eq!(p.owners(0, 3), [1, 0]);
-        assert!(p.describe(&["a".into(), "b".into()]).contains("experts 0-4 of each of 1 layers"));
+        assert!(p
+            .describe(&["a".into(), "b".into()])
+            .contains("experts 0-4 of each of 1 layers"));
         assert!(Plan::new(1, 0, 5, &[1, 1], Placement::Interleaved, 3).is_err());
     }
 
@@ -211,6 +272,9 @@ mod tests {
         assert!((0..4).all(|e| p.owners(0, e).is_empty()));
         assert_eq!((p.owners(1, 0), p.owners(2, 3)), (&[0][..], &[1][..]));
         let text = p.describe(&["a".into(), "b".into()]);
-        assert!(text.contains("a: experts 0-1 of layers 1-2 (4 layer-experts as primary)") && !text.contains("backbone"), "{text}");
+        assert!(
+            text.contains("a: experts 0-1 of layers 1-2 (4 layer-experts as primary)") && !text.contains("backbone"),
+            "{text}"
+        );
     }
 }

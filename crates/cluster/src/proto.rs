@@ -61,7 +61,13 @@ pub struct Compute {
 
 impl Compute {
     pub fn job(&self) -> ExpertJob<'_> {
-        ExpertJob { layer: self.layer, input: &self.input, ids: &self.ids, rows: &self.rows, starts: &self.starts }
+        ExpertJob {
+            layer: self.layer,
+            input: &self.input,
+            ids: &self.ids,
+            rows: &self.rows,
+            starts: &self.starts,
+        }
     }
 
     /// Decodes `body`, checking every field against `shape`: a request that names a layer, an expert
@@ -74,15 +80,22 @@ impl Compute {
             return Err(r.error(format!("layer {layer} of a {}-layer model", shape.n_layer)));
         }
         let ty = r.u32()?;
-        let act_ty = GgmlType::from_id(ty).filter(|t| t.is_act_type()).ok_or_else(|| r.error(format!("type {ty} is not an activation format")))?;
+        let act_ty = GgmlType::from_id(ty)
+            .filter(|t| t.is_act_type())
+            .ok_or_else(|| r.error(format!("type {ty} is not an activation format")))?;
         let cols = r.u32()? as usize;
         if cols != shape.n_embd {
             return Err(r.error(format!("rows of {cols} elements, the model's are {}", shape.n_embd)));
         }
-        let row_bytes = act_ty.row_bytes(cols).filter(|&b| b > 0).ok_or_else(|| r.error(format!("{cols} is not a whole number of {} blocks", act_ty.name())))?;
+        let row_bytes = act_ty
+            .row_bytes(cols)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| r.error(format!("{cols} is not a whole number of {} blocks", act_ty.name())))?;
         let n_rows = r.count(row_bytes)?;
         let data = r.bytes(n_rows * row_bytes)?;
-        self.input.set_encoded(act_ty, cols, n_rows, data).map_err(|e| r.error(e.to_string()))?;
+        self.input
+            .set_encoded(act_ty, cols, n_rows, data)
+            .map_err(|e| r.error(e.to_string()))?;
         let n_experts = r.count(8)?;
         if n_experts > shape.n_expert {
             return Err(r.error(format!("{n_experts} experts of a layer of {}", shape.n_expert)));
@@ -94,7 +107,10 @@ impl Compute {
         for _ in 0..n_experts {
             let id = r.u32()?;
             if id as usize >= shape.n_expert || self.ids.last().is_some_and(|&last| id <= last) {
-                return Err(r.error(format!("expert {id} out of range or order (layer of {} experts, ids ascending)", shape.n_expert)));
+                return Err(r.error(format!(
+                    "expert {id} out of range or order (layer of {} experts, ids ascending)",
+                    shape.n_expert
+                )));
             }
             let n = r.count(4)?;
             for _ in 0..n {
@@ -114,10 +130,19 @@ impl Compute {
 
 /// Encodes a Compute request into `body`: rows `rows` of `input` (in that order) and, per expert, its
 /// id and its rows as indices into that list.
-pub fn encode_compute<'a>(body: &mut Vec<u8>, layer: usize, input: &Activations, rows: &[usize], experts: impl ExactSizeIterator<Item = (u32, &'a [u32])>) {
+pub fn encode_compute<'a>(
+    body: &mut Vec<u8>,
+    layer: usize,
+    input: &Activations,
+    rows: &[usize],
+    experts: impl ExactSizeIterator<Item = (u32, &'a [u32])>,
+) {
     body.clear();
     let mut w = PayloadWriter(body);
-    w.u32(layer as u32).u32(input.act_type().id()).u32(input.cols() as u32).u32(rows.len() as u32);
+    w.u32(layer as u32)
+        .u32(input.act_type().id())
+        .u32(input.cols() as u32)
+        .u32(rows.len() as u32);
     for &r in rows {
         w.bytes(input.row(r));
     }
@@ -148,17 +173,28 @@ pub fn write_output(body: &mut [u8], cols: usize, first_row: usize, y: &[f32]) {
 
 /// Decodes an Output body that must answer `counts[i]` rows for each expert `i`, into `out` (all rows,
 /// expert after expert).
-pub fn decode_output(body: &[u8], counts: impl Iterator<Item = usize> + Clone, cols: usize, out: &mut Vec<f32>) -> Result<(), PayloadError> {
+pub fn decode_output(
+    body: &[u8],
+    counts: impl Iterator<Item = usize> + Clone,
+    cols: usize,
+    out: &mut Vec<f32>,
+) -> Result<(), PayloadError> {
     let mut r = PayloadReader::new("expert output", body);
     let (experts, got_cols) = (r.u32()? as usize, r.u32()? as usize);
     let total: usize = counts.clone().sum();
     if experts != counts.count() || got_cols != cols {
-        return Err(r.error(format!("{experts} experts of {got_cols} columns, asked for {} of {cols}", experts)));
+        return Err(r.error(format!(
+            "{experts} experts of {got_cols} columns, asked for {} of {cols}",
+            experts
+        )));
     }
     let data = r.bytes(total * cols * 4)?;
     r.finish()?;
     out.clear();
-    out.extend(data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))));
+    out.extend(
+        data.chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))),
+    );
     Ok(())
 }
 
@@ -167,7 +203,11 @@ mod tests {
     use super::*;
 
     fn shape() -> Shape {
-        Shape { n_layer: 2, n_expert: 8, n_embd: 64 }
+        Shape {
+            n_layer: 2,
+            n_expert: 8,
+            n_embd: 64,
+        }
     }
 
     fn request() -> (Activations, Vec<u8>) {
@@ -175,7 +215,13 @@ mod tests {
         let mut input = Activations::new();
         input.quantize(GgmlType::Q8_0, &x, 3, 64).unwrap();
         let mut body = Vec::new();
-        encode_compute(&mut body, 1, &input, &[2, 0], [(3u32, &[0u32, 1][..]), (6, &[1][..])].into_iter());
+        encode_compute(
+            &mut body,
+            1,
+            &input,
+            &[2, 0],
+            [(3u32, &[0u32, 1][..]), (6, &[1][..])].into_iter(),
+        );
         (input, body)
     }
 
@@ -184,7 +230,10 @@ mod tests {
         let (input, body) = request();
         let mut c = Compute::default();
         c.decode(&body, shape()).unwrap();
-        assert_eq!((c.layer, &c.ids[..], &c.rows[..], &c.starts[..]), (1, &[3, 6][..], &[0, 1, 1][..], &[0, 2, 3][..]));
+        assert_eq!(
+            (c.layer, &c.ids[..], &c.rows[..], &c.starts[..]),
+            (1, &[3, 6][..], &[0, 1, 1][..], &[0, 2, 3][..])
+        );
         assert_eq!(c.input.row(0), input.row(2));
         assert_eq!(c.input.row(1), input.row(0));
     }
@@ -198,8 +247,17 @@ mod tests {
         }
         let mut longer = body.clone();
         longer.push(0);
-        assert!(c.decode(&longer, shape()).unwrap_err().to_string().contains("left over"));
-        for (field, value, why) in [(0, 2, "layer 2"), (4, 2, "not an activation format"), (8, 32, "rows of 32"), (12, 1000, "declares 1000")] {
+        assert!(c
+            .decode(&longer, shape())
+            .unwrap_err()
+            .to_string()
+            .contains("left over"));
+        for (field, value, why) in [
+            (0, 2, "layer 2"),
+            (4, 2, "not an activation format"),
+            (8, 32, "rows of 32"),
+            (12, 1000, "declares 1000"),
+        ] {
             let mut b = body.clone();
             b[field..field + 4].copy_from_slice(&(value as u32).to_le_bytes());
             let e = c.decode(&b, Shape { ..shape() }).unwrap_err().to_string();

@@ -118,37 +118,98 @@ impl Cluster {
     /// Connects to every node (each must be up, hold the same model and accept the token), plans the
     /// placement from their budgets, and returns the source; `local` computes what no live node does.
     /// Layers 0..dense have no experts.
-    pub fn connect(local: Box<dyn Experts>, n_layer: usize, dense: usize, n_expert: usize, opts: ClusterOptions) -> Result<Cluster> {
+    pub fn connect(
+        local: Box<dyn Experts>,
+        n_layer: usize,
+        dense: usize,
+        n_expert: usize,
+        opts: ClusterOptions,
+    ) -> Result<Cluster> {
         let mut nodes = Vec::new();
         let mut budgets = Vec::new();
         let mut holdings = Vec::new();
         for addr in &opts.nodes {
             let (mut conn, welcome) = handshake(addr, &opts).with_context(|| format!("node {addr}"))?;
             if (welcome.n_layer, welcome.n_expert) != (n_layer, n_expert) {
-                bail!("node {addr}: has {} layers of {} experts, the model {n_layer} of {n_expert}", welcome.n_layer, welcome.n_expert);
+                bail!(
+                    "node {addr}: has {} layers of {} experts, the model {n_layer} of {n_expert}",
+                    welcome.n_layer,
+                    welcome.n_expert
+                );
             }
             budgets.push(welcome.budget);
-            holdings.push(welcome.holds.map(|h| h.into_iter().map(|((l0, l1), (e0, e1))| SliceSpec { layers: l0..=l1, experts: e0..=e1 }).collect()));
+            holdings.push(welcome.holds.map(|h| {
+                h.into_iter()
+                    .map(|((l0, l1), (e0, e1))| SliceSpec {
+                        layers: l0..=l1,
+                        experts: e0..=e1,
+                    })
+                    .collect()
+            }));
             let ping_ns = ping(&mut conn, 21).with_context(|| format!("node {addr}: ping"))?;
-            nodes.push(Node { conn: Some(conn), metrics: NodeMetrics { ping_ns, ..Default::default() }, assigned: Vec::new(), rows: Vec::new(), local_rows: Vec::new(), pending: None });
+            nodes.push(Node {
+                conn: Some(conn),
+                metrics: NodeMetrics {
+                    ping_ns,
+                    ..Default::default()
+                },
+                assigned: Vec::new(),
+                rows: Vec::new(),
+                local_rows: Vec::new(),
+                pending: None,
+            });
         }
         let (plan, plan_kind) = if holdings.iter().any(Option::is_some) {
             // Shards decide: each node computes what it holds.
-            (Plan::from_holdings(n_layer, dense, n_expert, &holdings), "each node serves the experts of its shard".to_string())
+            (
+                Plan::from_holdings(n_layer, dense, n_expert, &holdings),
+                "each node serves the experts of its shard".to_string(),
+            )
         } else {
-            let copies = if opts.replicas == 1 { "1 copy".into() } else { format!("{} copies", opts.replicas) };
+            let copies = if opts.replicas == 1 {
+                "1 copy".into()
+            } else {
+                format!("{} copies", opts.replicas)
+            };
             let mut plan = Plan::new(n_layer, dense, n_expert, &budgets, opts.placement, opts.replicas)?;
             plan.replicate(&opts.hot, budgets.len());
-            let hot = if opts.hot.is_empty() { String::new() } else { format!(", {} hot layer-experts on a second node", opts.hot.len()) };
-            (plan, format!("{:?} placement, {copies} of each expert{hot}", opts.placement).to_lowercase())
+            let hot = if opts.hot.is_empty() {
+                String::new()
+            } else {
+                format!(", {} hot layer-experts on a second node", opts.hot.len())
+            };
+            (
+                plan,
+                format!("{:?} placement, {copies} of each expert{hot}", opts.placement).to_lowercase(),
+            )
         };
-        let state = State { nodes, next_id: 1, local: Vec::new(), sub_ids: Vec::new(), sub_rows: Vec::new(), sub_starts: Vec::new(), body: Vec::new(), frame: Vec::new(), floats: Vec::new(), row_map: Vec::new() };
+        let state = State {
+            nodes,
+            next_id: 1,
+            local: Vec::new(),
+            sub_ids: Vec::new(),
+            sub_rows: Vec::new(),
+            sub_starts: Vec::new(),
+            body: Vec::new(),
+            frame: Vec::new(),
+            floats: Vec::new(),
+            row_map: Vec::new(),
+        };
         let redial = Arc::new(Redial {
             revived: Mutex::new((0..opts.nodes.len()).map(|_| None).collect()),
             dialing: (0..opts.nodes.len()).map(|_| AtomicBool::new(false)).collect(),
             closing: AtomicBool::new(false),
         });
-        Ok(Cluster { local, plan, plan_kind, names: opts.nodes.clone(), opts: Arc::new(opts), state: Mutex::new(state), redial, slices: None })
+        Ok(Cluster {
+            local,
+            plan,
+            plan_kind,
+            names: opts.nodes.clone(),
+            opts: Arc::new(opts),
+            state: Mutex::new(state),
+            redial,
+            slices: None,
+        })
     }
 
     /// Keeps `server` running for as long as the cluster.
@@ -158,19 +219,33 @@ impl Cluster {
 
     /// The plan: how it was made, then one line per node.
     pub fn describe(&self) -> String {
-        format!("cluster plan ({}):\n{}", self.plan_kind, self.plan.describe(&self.names))
+        format!(
+            "cluster plan ({}):\n{}",
+            self.plan_kind,
+            self.plan.describe(&self.names)
+        )
     }
 
     /// Each node's counters, in `--nodes` order.
     pub fn metrics(&self) -> Vec<(String, NodeMetrics)> {
         let st = self.lock();
-        self.names.iter().cloned().zip(st.nodes.iter().map(|n| n.metrics.clone())).collect()
+        self.names
+            .iter()
+            .cloned()
+            .zip(st.nodes.iter().map(|n| n.metrics.clone()))
+            .collect()
     }
 
     /// Each live node's own counters (`WorkerMetrics`, over every backbone it serves), asked for now.
     pub fn node_metrics(&self) -> Vec<Option<serde_json::Value>> {
         let mut st = self.lock();
-        let State { nodes, next_id, body, frame, .. } = &mut *st;
+        let State {
+            nodes,
+            next_id,
+            body,
+            frame,
+            ..
+        } = &mut *st;
         nodes
             .iter_mut()
             .map(|n| {
@@ -178,7 +253,9 @@ impl Cluster {
                 *next_id += 1;
                 write_frame(&mut conn.w, Kind::MetricsRequest, *next_id, &[], frame).ok()?;
                 let h = read_frame(&mut conn.r, 1 << 20, body).ok()?;
-                (h.kind == Kind::Metrics && h.id == *next_id).then(|| serde_json::from_slice(body).ok()).flatten()
+                (h.kind == Kind::Metrics && h.id == *next_id)
+                    .then(|| serde_json::from_slice(body).ok())
+                    .flatten()
             })
             .collect()
     }
@@ -191,13 +268,28 @@ impl Cluster {
 
 /// Connects to `addr`, says hello with the token and the model, and reads the node's welcome.
 fn handshake(addr: &str, opts: &ClusterOptions) -> Result<(Conn, Welcome)> {
-    let sock = addr.to_socket_addrs()?.next().ok_or_else(|| anyhow!("{addr} resolves to no address"))?;
+    let sock = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| anyhow!("{addr} resolves to no address"))?;
     let stream = TcpStream::connect_timeout(&sock, CONNECT_TIMEOUT)?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(opts.timeout.max(CONNECT_TIMEOUT)))?;
-    let mut conn = Conn { w: stream.try_clone()?, r: BufReader::with_capacity(1 << 16, stream) };
-    let hello = Hello { token: String::from_utf8_lossy(&opts.token).into_owned(), model: opts.model.clone() };
-    write_frame(&mut conn.w, Kind::Hello, 0, &serde_json::to_vec(&hello)?, &mut Vec::new())?;
+    let mut conn = Conn {
+        w: stream.try_clone()?,
+        r: BufReader::with_capacity(1 << 16, stream),
+    };
+    let hello = Hello {
+        token: String::from_utf8_lossy(&opts.token).into_owned(),
+        model: opts.model.clone(),
+    };
+    write_frame(
+        &mut conn.w,
+        Kind::Hello,
+        0,
+        &serde_json::to_vec(&hello)?,
+        &mut Vec::new(),
+    )?;
     let mut body = Vec::new();
     let h = read_frame(&mut conn.r, 1 << 16, &mut body)?;
     match h.kind {
@@ -229,7 +321,13 @@ fn ping(conn: &mut Conn, n: usize) -> Result<u64> {
 }
 
 impl Experts for Cluster {
-    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<(), EngineError>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
+    fn apply(
+        &self,
+        job: &ExpertJob,
+        s: &mut ExpertScratch,
+        meanwhile: &mut dyn FnMut() -> Result<(), EngineError>,
+        deliver: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), EngineError> {
         let mut guard = self.lock();
         let st = &mut *guard;
         if job.layer == 0 {
@@ -242,7 +340,12 @@ impl Experts for Cluster {
             n.assigned.clear();
         }
         for (i, &e) in job.ids.iter().enumerate() {
-            match self.plan.owners(job.layer, e as usize).iter().find(|&&n| st.nodes[n].conn.is_some()) {
+            match self
+                .plan
+                .owners(job.layer, e as usize)
+                .iter()
+                .find(|&&n| st.nodes[n].conn.is_some())
+            {
                 Some(&n) => st.nodes[n].assigned.push(i),
                 None => st.local.push(i),
             }
@@ -299,7 +402,15 @@ impl Experts for Cluster {
     fn exchanges(&self) -> Vec<titan_engine::experts::NodeExchange> {
         self.metrics()
             .into_iter()
-            .map(|(node, m)| titan_engine::experts::NodeExchange { node, exchanges: m.round_trips, exchange_ns: m.exchange_ns, wait_ns: m.wait_ns, bytes_out: m.bytes_out, bytes_in: m.bytes_in, failovers: m.failovers })
+            .map(|(node, m)| titan_engine::experts::NodeExchange {
+                node,
+                exchanges: m.round_trips,
+                exchange_ns: m.exchange_ns,
+                wait_ns: m.wait_ns,
+                bytes_out: m.bytes_out,
+                bytes_in: m.bytes_in,
+                failovers: m.failovers,
+            })
             .collect()
     }
 
@@ -307,14 +418,20 @@ impl Experts for Cluster {
         let mut out = String::from("cluster (per node: layer exchanges, experts and rows computed, bytes, ms per exchange against an empty round trip, failovers):\n");
         for ((name, m), node) in self.metrics().into_iter().zip(self.node_metrics()) {
             let per = m.exchange_ns as f64 / 1e6 / m.round_trips.max(1) as f64;
-            let (ping, wait) = (m.ping_ns as f64 / 1e6, m.wait_ns as f64 / 1e6 / m.round_trips.max(1) as f64);
+            let (ping, wait) = (
+                m.ping_ns as f64 / 1e6,
+                m.wait_ns as f64 / 1e6 / m.round_trips.max(1) as f64,
+            );
             out += &format!(
                 "  {name}: {} round trips, {} experts, {} rows, {} B out, {} B in, {per:.3} ms per exchange (ping {ping:.3} ms, waited {wait:.3} ms), {} failovers\n",
                 m.round_trips, m.experts, m.rows, m.bytes_out, m.bytes_in, m.failovers
             );
             let seen = node.map_or("down".to_string(), |j| {
                 let ms = j["compute_ns"].as_u64().unwrap_or(0) as f64 / 1e6;
-                format!("{} requests, {} experts, {} rows, {ms:.1} ms computing, {} connections", j["requests"], j["experts"], j["rows"], j["connections"])
+                format!(
+                    "{} requests, {} experts, {} rows, {ms:.1} ms computing, {} connections",
+                    j["requests"], j["experts"], j["rows"], j["connections"]
+                )
             });
             out += &format!("    as the node counts it, since it started: {seen}\n");
         }
@@ -328,7 +445,10 @@ impl Cluster {
         let node = &mut st.nodes[n];
         if node.conn.take().is_some() {
             node.metrics.downs += 1;
-            eprintln!("cluster: node {} ({}) is down, its experts are computed elsewhere: {why}", n, self.names[n]);
+            eprintln!(
+                "cluster: node {} ({}) is down, its experts are computed elsewhere: {why}",
+                n, self.names[n]
+            );
         }
         if self.redial.dialing[n].swap(true, Ordering::SeqCst) {
             return;
@@ -367,7 +487,13 @@ impl Drop for Cluster {
 
 /// Sends node `n` the rows and ids of its assigned experts.
 fn send(st: &mut State, n: usize, id: u64, job: &ExpertJob) -> std::io::Result<()> {
-    let State { nodes, body, frame, row_map, .. } = st;
+    let State {
+        nodes,
+        body,
+        frame,
+        row_map,
+        ..
+    } = st;
     let node = &mut nodes[n];
     // The union of the node's rows, in first-use order, and each expert's rows as indices into it.
     row_map.clear();
@@ -405,10 +531,18 @@ fn send(st: &mut State, n: usize, id: u64, job: &ExpertJob) -> std::io::Result<(
 
 /// Reads node `n`'s answer to this layer and delivers each expert's rows.
 fn receive(st: &mut State, n: usize, job: &ExpertJob, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
-    let State { nodes, body, floats, .. } = st;
+    let State {
+        nodes, body, floats, ..
+    } = st;
     let node = &mut nodes[n];
     let conn = node.conn.as_mut().ok_or_else(|| anyhow!("not connected"))?;
-    let h = read_frame(&mut conn.r, DEFAULT_MAX_FRAME, body).map_err(|e| if e.is_timeout() { anyhow!("no answer within the deadline") } else { anyhow!(e) })?;
+    let h = read_frame(&mut conn.r, DEFAULT_MAX_FRAME, body).map_err(|e| {
+        if e.is_timeout() {
+            anyhow!("no answer within the deadline")
+        } else {
+            anyhow!(e)
+        }
+    })?;
     let (id, sent) = node.pending.expect("only nodes with a request in flight are read");
     if h.id != id {
         bail!("answered request {} while request {id} was pending", h.id);
@@ -433,11 +567,23 @@ fn receive(st: &mut State, n: usize, job: &ExpertJob, deliver: &mut dyn FnMut(us
 }
 
 /// Computes experts `which` (indices into the job's ids, ascending) with the backbone's own source.
-fn compute_here(local: &dyn Experts, job: &ExpertJob, which: &[usize], st: &mut State, s: &mut ExpertScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
+fn compute_here(
+    local: &dyn Experts,
+    job: &ExpertJob,
+    which: &[usize],
+    st: &mut State,
+    s: &mut ExpertScratch,
+    deliver: &mut dyn FnMut(usize, &[f32]),
+) -> Result<(), EngineError> {
     if which.is_empty() {
         return Ok(());
     }
-    let State { sub_ids, sub_rows, sub_starts, .. } = st;
+    let State {
+        sub_ids,
+        sub_rows,
+        sub_starts,
+        ..
+    } = st;
     sub_ids.clear();
     sub_rows.clear();
     sub_starts.clear();
@@ -447,6 +593,12 @@ fn compute_here(local: &dyn Experts, job: &ExpertJob, which: &[usize], st: &mut 
         sub_rows.extend_from_slice(job.rows_of(i));
         sub_starts.push(sub_rows.len());
     }
-    let sub = ExpertJob { layer: job.layer, input: job.input, ids: sub_ids, rows: sub_rows, starts: sub_starts };
+    let sub = ExpertJob {
+        layer: job.layer,
+        input: job.input,
+        ids: sub_ids,
+        rows: sub_rows,
+        starts: sub_starts,
+    };
     local.apply(&sub, s, &mut || Ok(()), &mut |j, y| deliver(which[j], y))
 }

@@ -44,7 +44,14 @@ impl SliceSpec {
 /// "3-7" or "5" -> 3..=7 / 5..=5.
 pub fn parse_range(s: &str) -> Result<RangeInclusive<usize>> {
     let (a, b) = s.split_once('-').unwrap_or((s, s));
-    let (a, b): (usize, usize) = (a.trim().parse().with_context(|| format!("{s:?} is not a range like 0-31"))?, b.trim().parse().with_context(|| format!("{s:?} is not a range like 0-31"))?);
+    let (a, b): (usize, usize) = (
+        a.trim()
+            .parse()
+            .with_context(|| format!("{s:?} is not a range like 0-31"))?,
+        b.trim()
+            .parse()
+            .with_context(|| format!("{s:?} is not a range like 0-31"))?,
+    );
     if a > b {
         bail!("range {s:?} runs backwards");
     }
@@ -73,10 +80,20 @@ fn expert_digest(src: &GgufFile, layer: usize, expert: usize) -> Result<String> 
 }
 
 /// The tensor holding `part` of `layer`, and expert `expert`'s byte range in the file.
-fn expert_range<'f>(src: &'f GgufFile, layer: usize, part: &str, expert: usize) -> Result<(&'f TensorInfo, usize, usize)> {
+fn expert_range<'f>(
+    src: &'f GgufFile,
+    layer: usize,
+    part: &str,
+    expert: usize,
+) -> Result<(&'f TensorInfo, usize, usize)> {
     let name = format!("blk.{layer}.{part}.weight");
-    let t = src.tensor(&name).with_context(|| format!("{}: no tensor {name}", src.path().display()))?;
-    let n = *t.dims.get(2).with_context(|| format!("{name} is not an expert tensor (shape {:?})", t.dims))? as usize;
+    let t = src
+        .tensor(&name)
+        .with_context(|| format!("{}: no tensor {name}", src.path().display()))?;
+    let n = *t
+        .dims
+        .get(2)
+        .with_context(|| format!("{name} is not an expert tensor (shape {:?})", t.dims))? as usize;
     if expert >= n {
         bail!("{name} holds {n} experts, expert {expert} asked for");
     }
@@ -92,7 +109,10 @@ pub struct Digests {
 
 impl Digests {
     pub fn new(n_layer: usize, n_expert: usize) -> Digests {
-        Digests { n_expert, cells: (0..n_layer * n_expert).map(|_| OnceLock::new()).collect() }
+        Digests {
+            n_expert,
+            cells: (0..n_layer * n_expert).map(|_| OnceLock::new()).collect(),
+        }
     }
 
     fn get(&self, src: &GgufFile, layer: usize, expert: usize) -> Result<String> {
@@ -111,16 +131,34 @@ impl Shard {
     pub fn plan(src: &Arc<GgufFile>, spec: &SliceSpec, digests: &Digests) -> Result<Shard> {
         let config = Config::from_gguf(src)?;
         if *spec.layers.end() >= config.n_layer || *spec.experts.end() >= config.n_expert {
-            bail!("layers {:?} × experts {:?} is outside the model ({} layers of {} experts)", spec.layers, spec.experts, config.n_layer, config.n_expert);
+            bail!(
+                "layers {:?} × experts {:?} is outside the model ({} layers of {} experts)",
+                spec.layers,
+                spec.experts,
+                config.n_layer,
+                config.n_expert
+            );
         }
         if config.expert_act != titan_engine::config::Activation::Silu {
             bail!("{} experts carry biases and a clamped activation that shards do not hold yet: give the node the whole model (--model)", config.arch_name);
         }
         if *spec.layers.start() < config.dense_lead {
-            bail!("layers {:?}: the model's first {} layers are dense and have no experts; start the layers at {}", spec.layers, config.dense_lead, config.dense_lead);
+            bail!(
+                "layers {:?}: the model's first {} layers are dense and have no experts; start the layers at {}",
+                spec.layers,
+                config.dense_lead,
+                config.dense_lead
+            );
         }
-        let keys: Vec<(usize, usize)> = spec.layers.clone().flat_map(|l| spec.experts.clone().map(move |e| (l, e))).collect();
-        let digests = keys.par_iter().map(|&(l, e)| digests.get(src, l, e)).collect::<Result<Vec<_>>>()?;
+        let keys: Vec<(usize, usize)> = spec
+            .layers
+            .clone()
+            .flat_map(|l| spec.experts.clone().map(move |e| (l, e)))
+            .collect();
+        let digests = keys
+            .par_iter()
+            .map(|&(l, e)| digests.get(src, l, e))
+            .collect::<Result<Vec<_>>>()?;
 
         let mut w = GgufWriter::new();
         for (k, v) in &src.metadata {
@@ -129,10 +167,18 @@ impl Shard {
             }
         }
         w.set(KEY_MODEL, Value::String(crate::model_identity(src)));
-        let pair = |r: &RangeInclusive<usize>| Value::Array(ValueType::U32, vec![Value::U32(*r.start() as u32), Value::U32(*r.end() as u32)]);
+        let pair = |r: &RangeInclusive<usize>| {
+            Value::Array(
+                ValueType::U32,
+                vec![Value::U32(*r.start() as u32), Value::U32(*r.end() as u32)],
+            )
+        };
         w.set(KEY_LAYERS, pair(&spec.layers));
         w.set(KEY_EXPERTS, pair(&spec.experts));
-        w.set(KEY_DIGESTS, Value::Array(ValueType::String, digests.iter().cloned().map(Value::String).collect()));
+        w.set(
+            KEY_DIGESTS,
+            Value::Array(ValueType::String, digests.iter().cloned().map(Value::String).collect()),
+        );
         let count = spec.experts.end() - spec.experts.start() + 1;
         let mut sources = Vec::new();
         for l in spec.layers.clone() {
@@ -152,7 +198,13 @@ impl Shard {
             pieces.push((at, start, len));
             at = (at + len).div_ceil(align) * align;
         }
-        Ok(Shard { src: src.clone(), header, pieces, len: at, digests })
+        Ok(Shard {
+            src: src.clone(),
+            header,
+            pieces,
+            len: at,
+            digests,
+        })
     }
 
     pub fn len(&self) -> u64 {
@@ -170,7 +222,8 @@ impl Shard {
         let mut copy = |at: u64, bytes: &[u8]| {
             let (lo, hi) = (at.max(offset), (at + bytes.len() as u64).min(end));
             if lo < hi {
-                buf[(lo - offset) as usize..(hi - offset) as usize].copy_from_slice(&bytes[(lo - at) as usize..(hi - at) as usize]);
+                buf[(lo - offset) as usize..(hi - offset) as usize]
+                    .copy_from_slice(&bytes[(lo - at) as usize..(hi - at) as usize]);
             }
         };
         copy(0, &self.header);
@@ -179,7 +232,10 @@ impl Shard {
             if at >= end {
                 break;
             }
-            copy(at, self.src.bytes(src, len as usize).expect("bounds checked when planned"));
+            copy(
+                at,
+                self.src.bytes(src, len as usize).expect("bounds checked when planned"),
+            );
         }
     }
 
@@ -199,12 +255,21 @@ impl Shard {
 }
 
 /// Writes the shard of `spec` of `src` to `out`, atomically (a temporary file renamed into place).
-pub fn write_shard(src: &Arc<GgufFile>, spec: &SliceSpec, out: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
+pub fn write_shard(
+    src: &Arc<GgufFile>,
+    spec: &SliceSpec,
+    out: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<u64> {
     let config = Config::from_gguf(src)?;
     let shard = Shard::plan(src, spec, &Digests::new(config.n_layer, config.n_expert))?;
     let tmp = out.with_extension("part");
-    let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
-    shard.write_to(&mut f, progress).and_then(|()| f.flush()).with_context(|| format!("writing {}", tmp.display()))?;
+    let mut f =
+        std::io::BufWriter::new(std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
+    shard
+        .write_to(&mut f, progress)
+        .and_then(|()| f.flush())
+        .with_context(|| format!("writing {}", tmp.display()))?;
     f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     std::fs::rename(&tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
     Ok(shard.len())
@@ -229,7 +294,14 @@ impl ShardExperts {
     pub fn open(path: &Path, verify: bool) -> Result<ShardExperts> {
         let file = GgufFile::open(path)?;
         let bad = |what: String| anyhow::anyhow!("{}: {what}", path.display());
-        let model = file.get_str(KEY_MODEL)?.ok_or_else(|| bad(format!("not a TITAN shard (no {KEY_MODEL}; write one with titan slice)")))?.to_string();
+        let model = file
+            .get_str(KEY_MODEL)?
+            .ok_or_else(|| {
+                bad(format!(
+                    "not a TITAN shard (no {KEY_MODEL}; write one with titan slice)"
+                ))
+            })?
+            .to_string();
         let range = |key: &str| -> Result<RangeInclusive<usize>> {
             match file.get_array(key)? {
                 Some([a, b]) => match (a.as_u64(), b.as_u64()) {
@@ -239,35 +311,67 @@ impl ShardExperts {
                 _ => Err(bad(format!("{key} missing or not two numbers"))),
             }
         };
-        let spec = SliceSpec { layers: range(KEY_LAYERS)?, experts: range(KEY_EXPERTS)? };
+        let spec = SliceSpec {
+            layers: range(KEY_LAYERS)?,
+            experts: range(KEY_EXPERTS)?,
+        };
         let config = Config::of_part(&file)?;
         if config.expert_act != titan_engine::config::Activation::Silu {
-            return Err(bad(format!("a {} shard: its experts need biases a shard does not hold", config.arch_name)));
+            return Err(bad(format!(
+                "a {} shard: its experts need biases a shard does not hold",
+                config.arch_name
+            )));
         }
         if *spec.layers.end() >= config.n_layer || *spec.experts.end() >= config.n_expert {
-            return Err(bad(format!("holds layers {:?} × experts {:?} of a model of {} × {}", spec.layers, spec.experts, config.n_layer, config.n_expert)));
+            return Err(bad(format!(
+                "holds layers {:?} × experts {:?} of a model of {} × {}",
+                spec.layers, spec.experts, config.n_layer, config.n_expert
+            )));
         }
         let count = spec.experts.end() - spec.experts.start() + 1;
-        let want = [(config.n_embd, config.expert_ff), (config.n_embd, config.expert_ff), (config.expert_ff, config.n_embd)];
+        let want = [
+            (config.n_embd, config.expert_ff),
+            (config.n_embd, config.expert_ff),
+            (config.expert_ff, config.n_embd),
+        ];
         let mut tensors = Vec::new();
         for l in spec.layers.clone() {
             let mut parts = [(titan_kernels::GgmlType::F32, 0, 0, 0); 3];
             for (i, part) in PARTS.iter().enumerate() {
                 let name = format!("blk.{l}.{part}.weight");
-                let t = file.tensor(&name).ok_or_else(|| bad(format!("missing tensor {name}")))?;
+                let t = file
+                    .tensor(&name)
+                    .ok_or_else(|| bad(format!("missing tensor {name}")))?;
                 let (cols, rows) = want[i];
                 if t.dims != [cols as u64, rows as u64, count as u64] {
-                    return Err(bad(format!("tensor {name} has shape {:?}, expected {:?}", t.dims, [cols, rows, count])));
+                    return Err(bad(format!(
+                        "tensor {name} has shape {:?}, expected {:?}",
+                        t.dims,
+                        [cols, rows, count]
+                    )));
                 }
                 parts[i] = (t.ty, rows, cols, (file.data_offset + t.offset) as usize);
             }
             tensors.push(parts);
         }
-        let digests = file.strings(KEY_DIGESTS)?.ok_or_else(|| bad(format!("no {KEY_DIGESTS}")))?;
+        let digests = file
+            .strings(KEY_DIGESTS)?
+            .ok_or_else(|| bad(format!("no {KEY_DIGESTS}")))?;
         if digests.len() != spec.layers.clone().count() * count {
-            return Err(bad(format!("{} digests for {} experts", digests.len(), spec.layers.clone().count() * count)));
+            return Err(bad(format!(
+                "{} digests for {} experts",
+                digests.len(),
+                spec.layers.clone().count() * count
+            )));
         }
-        let mut shard = ShardExperts { file, spec, model, config, tensors, regrouped: Default::default() };
+        let mut shard = ShardExperts {
+            file,
+            spec,
+            model,
+            config,
+            tensors,
+            regrouped: Default::default(),
+        };
         if verify {
             shard.verify(&digests).map_err(|e| bad(e.to_string()))?;
         }
@@ -283,7 +387,9 @@ impl ShardExperts {
                 if !(weights_regroupable(ty, cols) && regrouped_weights_pay(ty)) {
                     continue;
                 }
-                let len = ty.row_bytes(cols).expect("checked at open") * rows * (self.spec.experts.end() - self.spec.experts.start() + 1);
+                let len = ty.row_bytes(cols).expect("checked at open")
+                    * rows
+                    * (self.spec.experts.end() - self.spec.experts.start() + 1);
                 let src = self.file.bytes(start, len).expect("bounds checked by the reader");
                 let mut buf = vec![0u8; len];
                 if regroup_weights(ty, cols, src, &mut buf) {
@@ -296,14 +402,21 @@ impl ShardExperts {
 
     /// Checks every expert's bytes against its digest; names the first that fails.
     fn verify(&self, digests: &[String]) -> Result<()> {
-        let keys: Vec<(usize, usize)> = self.spec.layers.clone().flat_map(|l| self.spec.experts.clone().map(move |e| (l, e))).collect();
+        let keys: Vec<(usize, usize)> = self
+            .spec
+            .layers
+            .clone()
+            .flat_map(|l| self.spec.experts.clone().map(move |e| (l, e)))
+            .collect();
         keys.par_iter().zip(digests).try_for_each(|(&(l, e), want)| {
             let mut h = blake3::Hasher::new();
             for m in self.views(l, e) {
                 h.update(m.data);
             }
             if h.finalize().to_hex().as_str() != want {
-                bail!("expert {e} of layer {l} failed its digest check: the shard is damaged (fetch or slice it again)");
+                bail!(
+                    "expert {e} of layer {l} failed its digest check: the shard is damaged (fetch or slice it again)"
+                );
             }
             Ok(())
         })
@@ -314,7 +427,13 @@ impl ShardExperts {
         self.spec.contains(l, e).then(|| {
             let [gate, up, down] = self.views(l, e);
             // Shards are refused for models whose experts have biases or another activation (see `plan`).
-            ExpertWeights { gate, up, down, bias: None, act: titan_engine::config::Activation::Silu }
+            ExpertWeights {
+                gate,
+                up,
+                down,
+                bias: None,
+                act: titan_engine::config::Activation::Silu,
+            }
         })
     }
 
@@ -324,9 +443,18 @@ impl ShardExperts {
         self.tensors[l - self.spec.layers.start()].map(|(ty, rows, cols, start)| {
             let bytes = ty.row_bytes(cols).expect("checked at open") * rows;
             match self.regrouped.get(&start) {
-                Some(buf) => WeightView { ty, rows, cols, data: &buf[i * bytes..(i + 1) * bytes], layout: WeightLayout::Regrouped },
+                Some(buf) => WeightView {
+                    ty,
+                    rows,
+                    cols,
+                    data: &buf[i * bytes..(i + 1) * bytes],
+                    layout: WeightLayout::Regrouped,
+                },
                 None => {
-                    let data = self.file.bytes(start + i * bytes, bytes).expect("bounds checked by the reader");
+                    let data = self
+                        .file
+                        .bytes(start + i * bytes, bytes)
+                        .expect("bounds checked by the reader");
                     WeightView::new(ty, rows, cols, data).expect("shape checked at open")
                 }
             }
@@ -335,7 +463,12 @@ impl ShardExperts {
 
     /// Bytes of the experts held.
     pub fn expert_bytes(&self) -> u64 {
-        self.file.tensors.iter().filter(|t| t.name.contains("_exps.")).map(|t| t.size).sum()
+        self.file
+            .tensors
+            .iter()
+            .filter(|t| t.name.contains("_exps."))
+            .map(|t| t.size)
+            .sum()
     }
 }
 
@@ -345,17 +478,35 @@ pub struct Shards(pub Vec<ShardExperts>);
 impl Shards {
     /// What each shard holds: (layers, experts) per shard.
     pub fn holdings(&self) -> Vec<crate::proto::Held> {
-        self.0.iter().map(|s| ((*s.spec.layers.start(), *s.spec.layers.end()), (*s.spec.experts.start(), *s.spec.experts.end()))).collect()
+        self.0
+            .iter()
+            .map(|s| {
+                (
+                    (*s.spec.layers.start(), *s.spec.layers.end()),
+                    (*s.spec.experts.start(), *s.spec.experts.end()),
+                )
+            })
+            .collect()
     }
 }
 
 impl Experts for Shards {
-    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<(), EngineError>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<(), EngineError> {
+    fn apply(
+        &self,
+        job: &ExpertJob,
+        s: &mut ExpertScratch,
+        meanwhile: &mut dyn FnMut() -> Result<(), EngineError>,
+        deliver: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), EngineError> {
         meanwhile()?;
         let mut batch = Vec::with_capacity(job.ids.len());
         for &e in job.ids {
             let w = self.0.iter().find_map(|sh| sh.weights(job.layer, e as usize));
-            batch.push(w.ok_or_else(|| EngineError::Expert { layer: job.layer, expert: e, what: "not in this node's shards".into() })?);
+            batch.push(w.ok_or_else(|| EngineError::Expert {
+                layer: job.layer,
+                expert: e,
+                what: "not in this node's shards".into(),
+            })?);
         }
         let (acts, ffn) = s.batch_buffers();
         let which: Vec<usize> = (0..batch.len()).collect();
@@ -387,9 +538,15 @@ pub fn cover(n_layer: usize, n_expert: usize, wanted: impl Fn(usize, usize) -> b
             match open.iter().position(|s| s.experts == r && *s.layers.end() + 1 == l) {
                 Some(i) => {
                     let s = open.swap_remove(i);
-                    next.push(SliceSpec { layers: *s.layers.start()..=l, experts: r });
+                    next.push(SliceSpec {
+                        layers: *s.layers.start()..=l,
+                        experts: r,
+                    });
                 }
-                None => next.push(SliceSpec { layers: l..=l, experts: r }),
+                None => next.push(SliceSpec {
+                    layers: l..=l,
+                    experts: r,
+                }),
             }
         }
         done.append(&mut open);
@@ -414,19 +571,56 @@ mod tests {
     #[test]
     fn cover_merges_runs_across_layers() {
         let c = cover(3, 8, |l, e| (2..=4).contains(&e) || (l == 2 && e == 7));
-        assert_eq!(c, [SliceSpec { layers: 0..=2, experts: 2..=4 }, SliceSpec { layers: 2..=2, experts: 7..=7 }]);
+        assert_eq!(
+            c,
+            [
+                SliceSpec {
+                    layers: 0..=2,
+                    experts: 2..=4
+                },
+                SliceSpec {
+                    layers: 2..=2,
+                    experts: 7..=7
+                }
+            ]
+        );
         assert!(cover(2, 4, |_, _| false).is_empty());
         let all = cover(2, 4, |_, _| true);
-        assert_eq!(all, [SliceSpec { layers: 0..=1, experts: 0..=3 }]);
+        assert_eq!(
+            all,
+            [SliceSpec {
+                layers: 0..=1,
+                experts: 0..=3
+            }]
+        );
     }
 
     #[test]
     fn any_window_of_a_shard_reads_as_the_whole() {
-        let src = Arc::new(GgufFile::open(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/qwen3moe/q8_0.gguf")).unwrap());
-        let shard = Shard::plan(&src, &SliceSpec { layers: 1..=1, experts: 2..=5 }, &Digests::new(2, 8)).unwrap();
+        let src = Arc::new(
+            GgufFile::open(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../tests/fixtures/qwen3moe/q8_0.gguf"
+            ))
+            .unwrap(),
+        );
+        let shard = Shard::plan(
+            &src,
+            &SliceSpec {
+                layers: 1..=1,
+                experts: 2..=5,
+            },
+            &Digests::new(2, 8),
+        )
+        .unwrap();
         let mut whole = vec![0u8; shard.len() as usize];
         shard.read_at(0, &mut whole);
-        for (off, len) in [(0, 7), (100, 5000), (shard.len() - 33, 33), (shard.header.len() as u64 - 3, 9)] {
+        for (off, len) in [
+            (0, 7),
+            (100, 5000),
+            (shard.len() - 33, 33),
+            (shard.header.len() as u64 - 3, 9),
+        ] {
             let mut part = vec![0u8; len as usize];
             shard.read_at(off, &mut part);
             assert_eq!(part, whole[off as usize..(off + len) as usize], "window at {off}");

@@ -50,7 +50,8 @@ pub struct Join {
 impl Join {
     /// A join's body as the endpoint reads it (public so the fuzz target reads it the same way).
     pub fn parse(body: &[u8]) -> Result<Join, String> {
-        serde_json::from_slice(body).map_err(|e| format!("a join is {{\"node\": \"HOST:PORT\", \"budget\": BYTES}}: {e}"))
+        serde_json::from_slice(body)
+            .map_err(|e| format!("a join is {{\"node\": \"HOST:PORT\", \"budget\": BYTES}}: {e}"))
     }
 }
 
@@ -85,8 +86,13 @@ impl SliceServer {
     /// Starts serving `model`'s slices on `opts.listen`.
     pub fn start(model: Arc<GgufFile>, opts: SliceServerOptions) -> Result<SliceServer> {
         let config = titan_engine::Config::from_gguf(&model)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-        let listener = runtime.block_on(tokio::net::TcpListener::bind(&opts.listen)).with_context(|| format!("listening on {}", opts.listen))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind(&opts.listen))
+            .with_context(|| format!("listening on {}", opts.listen))?;
         let addr = listener.local_addr()?;
         let (tx, rx) = watch::channel(None);
         let n = opts.nodes.len();
@@ -111,14 +117,21 @@ impl SliceServer {
                 eprintln!("slice server: {e}");
             }
         });
-        Ok(SliceServer { addr, plan: rx, runtime })
+        Ok(SliceServer {
+            addr,
+            plan: rx,
+            runtime,
+        })
     }
 
     /// Waits until every expected node has joined and the plan is made.
     pub fn wait_for_plan(&self, timeout: Duration) -> Result<Arc<Plan>> {
         let mut rx = self.plan.clone();
         self.runtime.block_on(async {
-            tokio::time::timeout(timeout, rx.wait_for(Option::is_some)).await.context("the expected nodes did not all join in time")?.context("slice server stopped")?;
+            tokio::time::timeout(timeout, rx.wait_for(Option::is_some))
+                .await
+                .context("the expected nodes did not all join in time")?
+                .context("slice server stopped")?;
             Ok(rx.borrow().clone().expect("waited for it"))
         })
     }
@@ -130,13 +143,30 @@ fn error(status: StatusCode, msg: impl Into<String>) -> Response {
 
 /// The refusal of a request without the node token, if it has none.
 fn unauthorised(s: &Shared, headers: &HeaderMap) -> Option<Response> {
-    let presented = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
-    (!secrets_equal(presented.as_bytes(), &s.opts.token)).then(|| error(StatusCode::UNAUTHORIZED, "a valid node token is required (Authorization: Bearer TOKEN)"))
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    (!secrets_equal(presented.as_bytes(), &s.opts.token)).then(|| {
+        error(
+            StatusCode::UNAUTHORIZED,
+            "a valid node token is required (Authorization: Bearer TOKEN)",
+        )
+    })
 }
 
 /// The index of `node` in `--nodes`, or the refusal of a node this backbone does not expect.
 fn node_index(s: &Shared, node: &str) -> Result<usize, Box<Response>> {
-    s.opts.nodes.iter().position(|n| n == node).ok_or_else(|| Box::new(error(StatusCode::FORBIDDEN, format!("node {node} is not one this backbone expects ({})", s.opts.nodes.join(", ")))))
+    s.opts.nodes.iter().position(|n| n == node).ok_or_else(|| {
+        Box::new(error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "node {node} is not one this backbone expects ({})",
+                s.opts.nodes.join(", ")
+            ),
+        ))
+    })
 }
 
 /// The shards of node `i` under `plan`: the rectangles covering what it serves.
@@ -174,10 +204,27 @@ async fn join(State(s): State<Arc<Shared>>, headers: HeaderMap, body: axum::body
     let mut rx = s.plan.subscribe();
     let plan = match tokio::time::timeout(Duration::from_secs(600), rx.wait_for(Option::is_some)).await {
         Ok(Ok(p)) => p.clone().expect("waited for it"),
-        _ => return error(StatusCode::SERVICE_UNAVAILABLE, "the other nodes have not joined yet: join again"),
+        _ => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the other nodes have not joined yet: join again",
+            )
+        }
     };
-    let shards = assignment(&s, &plan, i).into_iter().map(|r| ((*r.layers.start(), *r.layers.end()), (*r.experts.start(), *r.experts.end()))).collect();
-    Json(Assignment { model: s.identity.clone(), shards }).into_response()
+    let shards = assignment(&s, &plan, i)
+        .into_iter()
+        .map(|r| {
+            (
+                (*r.layers.start(), *r.layers.end()),
+                (*r.experts.start(), *r.experts.end()),
+            )
+        })
+        .collect();
+    Json(Assignment {
+        model: s.identity.clone(),
+        shards,
+    })
+    .into_response()
 }
 
 /// A slice request's query string (`node=HOST:PORT&layers=A-B&experts=X-Y`).
@@ -191,17 +238,26 @@ pub struct SliceQuery {
 impl SliceQuery {
     /// The rectangle asked for; `None` unless both are ranges like 0-47.
     pub fn spec(&self) -> Option<SliceSpec> {
-        Some(SliceSpec { layers: parse_range(&self.layers).ok()?, experts: parse_range(&self.experts).ok()? })
+        Some(SliceSpec {
+            layers: parse_range(&self.layers).ok()?,
+            experts: parse_range(&self.experts).ok()?,
+        })
     }
 }
 
 /// `Range: bytes=A-` or `bytes=A-B` against a body of `len` bytes -> [start, end).
 pub fn byte_range(headers: &HeaderMap, len: u64) -> Result<Option<(u64, u64)>> {
-    let Some(v) = headers.get(header::RANGE) else { return Ok(None) };
+    let Some(v) = headers.get(header::RANGE) else {
+        return Ok(None);
+    };
     let v = v.to_str()?.strip_prefix("bytes=").context("only byte ranges")?;
     let (a, b) = v.split_once('-').context("a range is A-B")?;
     let start: u64 = a.parse()?;
-    let end = if b.is_empty() { len } else { b.parse::<u64>()?.saturating_add(1).min(len) };
+    let end = if b.is_empty() {
+        len
+    } else {
+        b.parse::<u64>()?.saturating_add(1).min(len)
+    };
     if start >= end {
         bail!("empty range");
     }
@@ -216,14 +272,30 @@ async fn slice(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Query
         Ok(i) => i,
         Err(r) => return *r,
     };
-    let Some(plan) = s.plan.borrow().clone() else { return error(StatusCode::CONFLICT, "no plan yet: join first") };
-    let Some(spec) = q.spec() else { return error(StatusCode::BAD_REQUEST, "layers and experts are ranges like 0-47") };
+    let Some(plan) = s.plan.borrow().clone() else {
+        return error(StatusCode::CONFLICT, "no plan yet: join first");
+    };
+    let Some(spec) = q.spec() else {
+        return error(StatusCode::BAD_REQUEST, "layers and experts are ranges like 0-47");
+    };
     if *spec.layers.end() >= s.n_layer || *spec.experts.end() >= s.n_expert {
-        return error(StatusCode::BAD_REQUEST, format!("the model has {} layers of {} experts", s.n_layer, s.n_expert));
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("the model has {} layers of {} experts", s.n_layer, s.n_expert),
+        );
     }
-    let inside = spec.layers.clone().all(|l| spec.experts.clone().all(|e| plan.owners(l, e).contains(&i)));
+    let inside = spec
+        .layers
+        .clone()
+        .all(|l| spec.experts.clone().all(|e| plan.owners(l, e).contains(&i)));
     if !inside {
-        return error(StatusCode::FORBIDDEN, format!("layers {} × experts {} are not all assigned to {}", q.layers, q.experts, q.node));
+        return error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "layers {} × experts {} are not all assigned to {}",
+                q.layers, q.experts, q.node
+            ),
+        );
     }
     // Planning reads the experts' bytes for their digests (the first time): off the async threads.
     let (model, s2) = (s.model.clone(), s.clone());
@@ -236,7 +308,14 @@ async fn slice(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Query
     let (start, end, status) = match byte_range(&headers, len) {
         Ok(None) => (0, len, StatusCode::OK),
         Ok(Some((a, b))) => (a, b, StatusCode::PARTIAL_CONTENT),
-        Err(e) => return (StatusCode::RANGE_NOT_SATISFIABLE, [(header::CONTENT_RANGE, format!("bytes */{len}"))], e.to_string()).into_response(),
+        Err(e) => {
+            return (
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                [(header::CONTENT_RANGE, format!("bytes */{len}"))],
+                e.to_string(),
+            )
+                .into_response()
+        }
     };
     let mut resp = Response::builder()
         .status(status)
@@ -246,7 +325,8 @@ async fn slice(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Query
     if status == StatusCode::PARTIAL_CONTENT {
         resp = resp.header(header::CONTENT_RANGE, format!("bytes {start}-{}/{len}", end - 1));
     }
-    resp.body(Body::from_stream(stream_shard(shard, start, end))).unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+    resp.body(Body::from_stream(stream_shard(shard, start, end)))
+        .unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
 }
 
 /// The bytes [start, end) of `shard` in 1 MiB chunks, cut on a blocking thread; the stream ends early
@@ -265,7 +345,9 @@ fn stream_shard(shard: Arc<Shard>, start: u64, end: u64) -> impl futures_util::S
             loop {
                 match tx.try_send(item) {
                     Ok(()) => break,
-                    Err(tokio::sync::mpsc::error::TrySendError::Full(back)) if since.elapsed() < Duration::from_secs(60) => {
+                    Err(tokio::sync::mpsc::error::TrySendError::Full(back))
+                        if since.elapsed() < Duration::from_secs(60) =>
+                    {
                         item = back;
                         std::thread::sleep(Duration::from_millis(5));
                     }

@@ -124,11 +124,16 @@ impl Node {
             Err(FrameError::Closed) => return Ok(None),
             h => h.context("reading the hello")?,
         };
-        let hello: Option<Hello> = (h.kind == Kind::Hello).then(|| serde_json::from_slice(&body).ok()).flatten();
+        let hello: Option<Hello> = (h.kind == Kind::Hello)
+            .then(|| serde_json::from_slice(&body).ok())
+            .flatten();
         let refusal = match &hello {
             None => Some("the first frame must be a hello".to_string()),
             Some(hi) if !secrets_equal(hi.token.as_bytes(), &self.opts.token) => Some("wrong node token".into()),
-            Some(hi) if hi.model != self.welcome.model => Some(format!("this node holds another model ({}), the backbone runs {}", self.welcome.model, hi.model)),
+            Some(hi) if hi.model != self.welcome.model => Some(format!(
+                "this node holds another model ({}), the backbone runs {}",
+                self.welcome.model, hi.model
+            )),
             Some(_) => None,
         };
         if let Some(why) = refusal {
@@ -136,13 +141,23 @@ impl Node {
             let _ = write_frame(&mut w, Kind::Error, h.id, why.as_bytes(), &mut frame);
             anyhow::bail!("refused: {why}");
         }
-        write_frame(&mut w, Kind::Welcome, h.id, &serde_json::to_vec(&self.welcome)?, &mut frame)?;
+        write_frame(
+            &mut w,
+            Kind::Welcome,
+            h.id,
+            &serde_json::to_vec(&self.welcome)?,
+            &mut frame,
+        )?;
         self.metrics.connections.fetch_add(1, Relaxed);
         // A backbone may idle between tokens for as long as its users do.
         r.get_ref().set_read_timeout(None)?;
 
         let m = &self.model;
-        let shape = Shape { n_layer: m.n_layer, n_expert: m.n_expert, n_embd: m.n_embd };
+        let shape = Shape {
+            n_layer: m.n_layer,
+            n_expert: m.n_expert,
+            n_embd: m.n_embd,
+        };
         let (mut req, mut scratch, mut out) = (Compute::default(), ExpertScratch::default(), Vec::new());
         let mut served = 0u64;
         loop {
@@ -151,17 +166,24 @@ impl Node {
                 Err(FrameError::Closed) => return Ok(Some(format!("{served} requests"))),
                 Err(e) => return Err(e.into()),
             };
-            self.metrics.bytes_in.fetch_add((body.len() + titan_net::HEADER_LEN) as u64, Relaxed);
+            self.metrics
+                .bytes_in
+                .fetch_add((body.len() + titan_net::HEADER_LEN) as u64, Relaxed);
             let reply = match h.kind {
                 Kind::Compute => {
                     let t = Instant::now();
-                    let result = req.decode(&body, shape).map_err(anyhow::Error::from).and_then(|()| self.compute(&req, &mut scratch, &mut out));
+                    let result = req
+                        .decode(&body, shape)
+                        .map_err(anyhow::Error::from)
+                        .and_then(|()| self.compute(&req, &mut scratch, &mut out));
                     if let Err(e) = result {
                         let msg = format!("{e:#}");
                         let _ = write_frame(&mut w, Kind::Error, h.id, msg.as_bytes(), &mut frame);
                         anyhow::bail!("request {} failed: {msg}", h.id);
                     }
-                    self.metrics.compute_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+                    self.metrics
+                        .compute_ns
+                        .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
                     served += 1;
                     (Kind::Output, &out[..])
                 }
@@ -177,7 +199,9 @@ impl Node {
                 }
             };
             write_frame(&mut w, reply.0, h.id, reply.1, &mut frame)?;
-            self.metrics.bytes_out.fetch_add((reply.1.len() + titan_net::HEADER_LEN) as u64, Relaxed);
+            self.metrics
+                .bytes_out
+                .fetch_add((reply.1.len() + titan_net::HEADER_LEN) as u64, Relaxed);
         }
     }
 
@@ -186,7 +210,9 @@ impl Node {
         let d = self.model.n_embd;
         let job = req.job();
         start_output(out, job.ids.len(), d, job.rows.len());
-        self.model.experts.apply(&job, scratch, &mut || Ok(()), &mut |i, y| write_output(out, d, job.starts[i], y))?;
+        self.model.experts.apply(&job, scratch, &mut || Ok(()), &mut |i, y| {
+            write_output(out, d, job.starts[i], y)
+        })?;
         self.metrics.requests.fetch_add(1, Relaxed);
         self.metrics.experts.fetch_add(job.ids.len() as u64, Relaxed);
         self.metrics.rows.fetch_add(job.rows.len() as u64, Relaxed);

@@ -23,8 +23,17 @@ impl KvCache {
     /// `values` is false (latent attention reads its values out of the keys).
     pub fn new(attends: &[bool], n_ctx: usize, kv_dim: usize, values: bool) -> KvCache {
         let per_layer = |&a: &bool| if a { touched_zeros(n_ctx * kv_dim) } else { Vec::new() };
-        let v = if values { attends.iter().map(per_layer).collect() } else { vec![Vec::new(); attends.len()] };
-        KvCache { n_ctx, kv_dim, k: attends.iter().map(per_layer).collect(), v }
+        let v = if values {
+            attends.iter().map(per_layer).collect()
+        } else {
+            vec![Vec::new(); attends.len()]
+        };
+        KvCache {
+            n_ctx,
+            kv_dim,
+            k: attends.iter().map(per_layer).collect(),
+            v,
+        }
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -80,7 +89,15 @@ pub struct AttnShape<'a> {
 
 /// `q`: n rows of n_head × head_dim for positions pos0..pos0+n; `out`: same shape; `scores`: working space.
 /// Parallel over (row, head) pairs; each pair is computed by one thread in one fixed order.
-pub fn attend(cache: &KvCache, layer: usize, s: &AttnShape, pos0: usize, q: &[f32], out: &mut [f32], scores: &mut Vec<f32>) {
+pub fn attend(
+    cache: &KvCache,
+    layer: usize,
+    s: &AttnShape,
+    pos0: usize,
+    q: &[f32],
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (s.head_dim as f32).sqrt();
     let (keys, values) = (&cache.k[layer], &cache.v[layer]);
@@ -95,24 +112,36 @@ pub fn attend(cache: &KvCache, layer: usize, s: &AttnShape, pos0: usize, q: &[f3
     scores.resize(tasks * cache.n_ctx, 0.0);
     let chunk = per_task * s.head_dim;
     titan_kernels::stay_warm();
-    out.par_chunks_mut(chunk).zip(q.par_chunks(chunk)).zip(scores.par_chunks_mut(cache.n_ctx)).enumerate().for_each(|(task, ((o, q), scores))| {
-        for (j, (oh, qh)) in o.chunks_exact_mut(s.head_dim).zip(q.chunks_exact(s.head_dim)).enumerate() {
-            let idx = task * per_task + j;
-            let (i, h) = (idx / s.n_head, idx % s.n_head);
-            let kv_off = (h / group) * s.head_dim;
-            let pos = pos0 + i;
-            let first = if s.window > 0 { (pos + 1).saturating_sub(s.window) } else { 0 };
-            let scores = &mut scores[first..=pos];
-            let at = first * cache.kv_dim + kv_off;
-            dot_rows(qh, &keys[at..], cache.kv_dim, scale, scores);
-            match s.sinks {
-                Some(sinks) => softmax_with_sink(scores, sinks[h]),
-                None => softmax(scores),
+    out.par_chunks_mut(chunk)
+        .zip(q.par_chunks(chunk))
+        .zip(scores.par_chunks_mut(cache.n_ctx))
+        .enumerate()
+        .for_each(|(task, ((o, q), scores))| {
+            for (j, (oh, qh)) in o
+                .chunks_exact_mut(s.head_dim)
+                .zip(q.chunks_exact(s.head_dim))
+                .enumerate()
+            {
+                let idx = task * per_task + j;
+                let (i, h) = (idx / s.n_head, idx % s.n_head);
+                let kv_off = (h / group) * s.head_dim;
+                let pos = pos0 + i;
+                let first = if s.window > 0 {
+                    (pos + 1).saturating_sub(s.window)
+                } else {
+                    0
+                };
+                let scores = &mut scores[first..=pos];
+                let at = first * cache.kv_dim + kv_off;
+                dot_rows(qh, &keys[at..], cache.kv_dim, scale, scores);
+                match s.sinks {
+                    Some(sinks) => softmax_with_sink(scores, sinks[h]),
+                    None => softmax(scores),
+                }
+                oh.fill(0.0);
+                add_weighted_rows(oh, scores, &values[at..], cache.kv_dim);
             }
-            oh.fill(0.0);
-            add_weighted_rows(oh, scores, &values[at..], cache.kv_dim);
-        }
-    });
+        });
 }
 
 /// Softmax in place with one more logit, `sink`, in the denominator only: the weights sum to less than

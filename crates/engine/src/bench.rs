@@ -96,7 +96,15 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
             // Each next token is sampled at temperature 1, as in generation, not the argmax: greedy decoding
             // of a synthetic model soon loops over a few tokens, and so over a few experts, which would
             // flatter a streamed model's cache. (llama-bench feeds random tokens, to the same end.)
-            let mut sampler = Sampler::new(SamplerOptions { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, repeat_penalty: 1.0, repeat_last_n: 0, seed: 1 });
+            let mut sampler = Sampler::new(SamplerOptions {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                repeat_penalty: 1.0,
+                repeat_last_n: 0,
+                seed: 1,
+            });
             let half = o.gen_tokens / 2;
             let t = Instant::now();
             let (mut t_half, mut cache_half) = (t, None);
@@ -116,7 +124,10 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
     }
     let shares = |s: &StatsSnapshot| {
         let total: f64 = s.phase.iter().map(|d| d.as_secs_f64()).sum();
-        PHASES.iter().map(|p| (p.name(), s.phase[*p as usize].as_secs_f64() / total.max(1e-12))).collect()
+        PHASES
+            .iter()
+            .map(|p| (p.name(), s.phase[*p as usize].as_secs_f64() / total.max(1e-12)))
+            .collect()
     };
     let decoded = (o.gen_tokens * o.repetitions.max(1)).max(1) as f64;
     Ok(BenchReport {
@@ -136,7 +147,11 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
 pub fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
         .map_or(0, |kb| kb * 1024)
 }
 

@@ -196,7 +196,11 @@ impl Yarn {
     pub fn rope_mscale(&self) -> f32 {
         let f = self.factor;
         if self.log_mul != 0.0 {
-            let m = if self.deepseek && self.log_mul != 1.0 { self.log_mul } else { 1.0 };
+            let m = if self.deepseek && self.log_mul != 1.0 {
+                self.log_mul
+            } else {
+                1.0
+            };
             Yarn::mscale(f, m) / Yarn::mscale(f, self.log_mul)
         } else {
             Yarn::mscale(f, 1.0)
@@ -206,14 +210,25 @@ impl Yarn {
     /// The first and last pair index (fractional, as ggml's `ggml_rope_yarn_corr_dims`) between which
     /// YaRN blends from extrapolation to interpolation, for `dims` rotated dimensions.
     pub fn corr_dims(&self, dims: usize, base: f32) -> (f32, f32) {
-        let corr = |beta: f32| dims as f32 * libm::logf(self.orig_ctx as f32 / (beta * 2.0 * std::f32::consts::PI)) / (2.0 * libm::logf(base));
-        (libm::floorf(corr(self.beta_fast)).max(0.0), libm::ceilf(corr(self.beta_slow)).min(dims as f32 - 1.0))
+        let corr = |beta: f32| {
+            dims as f32 * libm::logf(self.orig_ctx as f32 / (beta * 2.0 * std::f32::consts::PI))
+                / (2.0 * libm::logf(base))
+        };
+        (
+            libm::floorf(corr(self.beta_fast)).max(0.0),
+            libm::ceilf(corr(self.beta_slow)).min(dims as f32 - 1.0),
+        )
     }
 }
 
 /// How many transformer blocks the file has tensors for: one more than the highest `blk.N.` prefix.
 fn blocks_in(f: &GgufFile) -> usize {
-    f.tensors.iter().filter_map(|t| t.name.strip_prefix("blk.")?.split_once('.')?.0.parse::<usize>().ok()).map(|n| n + 1).max().unwrap_or(0)
+    f.tensors
+        .iter()
+        .filter_map(|t| t.name.strip_prefix("blk.")?.split_once('.')?.0.parse::<usize>().ok())
+        .map(|n| n + 1)
+        .max()
+        .unwrap_or(0)
 }
 
 impl Config {
@@ -231,8 +246,14 @@ impl Config {
 
     fn parse(f: &GgufFile, whole: bool) -> Result<Config> {
         let path = f.path().display().to_string();
-        let bad = |what: String| EngineError::Model { path: path.clone(), what };
-        let arch_name = f.get_str("general.architecture")?.ok_or_else(|| bad("metadata has no general.architecture".into()))?.to_string();
+        let bad = |what: String| EngineError::Model {
+            path: path.clone(),
+            what,
+        };
+        let arch_name = f
+            .get_str("general.architecture")?
+            .ok_or_else(|| bad("metadata has no general.architecture".into()))?
+            .to_string();
         let k = |s: &str| format!("{arch_name}.{s}");
         let n_expert = f.get_u64(&k("expert_count"))?.unwrap_or(0) as usize;
         let arch = match arch_name.as_str() {
@@ -257,21 +278,33 @@ impl Config {
         let n_layer = need("block_count")?;
         let blocks = blocks_in(f);
         if n_layer != blocks && (whole || n_layer < blocks) {
-            return Err(bad(format!("{} is {n_layer}, but the file holds tensors for {blocks} blocks", k("block_count"))));
+            return Err(bad(format!(
+                "{} is {n_layer}, but the file holds tensors for {blocks} blocks",
+                k("block_count")
+            )));
         }
         let n_head = need("attention.head_count")?;
-        let n_head_kv = f.get_u64(&k("attention.head_count_kv"))?.map(|v| v as usize).unwrap_or(n_head);
+        let n_head_kv = f
+            .get_u64(&k("attention.head_count_kv"))?
+            .map(|v| v as usize)
+            .unwrap_or(n_head);
         let head_dim = match f.get_u64(&k("attention.key_length"))? {
             Some(v) => v as usize,
             None if n_head > 0 => n_embd / n_head,
             None => 0,
         };
-        let mla = if arch == Arch::DeepSeek2 { Some(mla_shape(f, &k).map_err(bad)?) } else { None };
+        let mla = if arch == Arch::DeepSeek2 {
+            Some(mla_shape(f, &k).map_err(bad)?)
+        } else {
+            None
+        };
         // MLA's key_length is the latent vector's plus the RoPE part; a head's query/key is key_length_mla.
         let head_dim = mla.map_or(head_dim, |m| m.nope + m.rope);
         if let (Some(v), None) = (f.get_u64(&k("attention.value_length"))?, mla) {
             if v as usize != head_dim {
-                return Err(bad(format!("attention.value_length {v} differs from key_length {head_dim}, which is not supported")));
+                return Err(bad(format!(
+                    "attention.value_length {v} differs from key_length {head_dim}, which is not supported"
+                )));
             }
         }
         // The dense Qwen3.5 has no experts: every layer is a dense one.
@@ -287,43 +320,82 @@ impl Config {
             Some(n) if arch == Arch::DeepSeek2 => n as usize * expert_ff,
             _ => f.get_u64(&k("expert_shared_feed_forward_length"))?.unwrap_or(0) as usize,
         };
-        let dense_lead = if all_dense { n_layer } else { f.get_u64(&k("leading_dense_block_count"))?.unwrap_or(0) as usize };
-        let dense_ff = if dense_lead > 0 { need("feed_forward_length")? } else { 0 };
+        let dense_lead = if all_dense {
+            n_layer
+        } else {
+            f.get_u64(&k("leading_dense_block_count"))?.unwrap_or(0) as usize
+        };
+        let dense_ff = if dense_lead > 0 {
+            need("feed_forward_length")?
+        } else {
+            0
+        };
         // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid; absent means softmax.
         let sigmoid_scores = match f.get_u64(&k("expert_gating_func"))? {
             None | Some(1) => false,
             Some(2) => true,
-            Some(g) => return Err(bad(format!("{} {g} is not supported (1 softmax, 2 sigmoid)", k("expert_gating_func")))),
+            Some(g) => {
+                return Err(bad(format!(
+                    "{} {g} is not supported (1 softmax, 2 sigmoid)",
+                    k("expert_gating_func")
+                )))
+            }
         };
         let expert_groups = f.get_u64(&k("expert_group_count"))?.unwrap_or(1).max(1) as usize;
-        let expert_groups_used = f.get_u64(&k("expert_group_used_count"))?.unwrap_or(expert_groups as u64) as usize;
+        let expert_groups_used = f
+            .get_u64(&k("expert_group_used_count"))?
+            .unwrap_or(expert_groups as u64) as usize;
         let expert_weights_scale = f.get_f64(&k("expert_weights_scale"))?.unwrap_or(1.0) as f32;
-        let rms_eps = f.get_f64(&k("attention.layer_norm_rms_epsilon"))?.ok_or_else(|| bad(format!("missing {}", k("attention.layer_norm_rms_epsilon"))))? as f32;
+        let rms_eps =
+            f.get_f64(&k("attention.layer_norm_rms_epsilon"))?
+                .ok_or_else(|| bad(format!("missing {}", k("attention.layer_norm_rms_epsilon"))))? as f32;
         let rope_base = f.get_f64(&k("rope.freq_base"))?.unwrap_or(10000.0) as f32;
-        let rope_dims = f.get_u64(&k("rope.dimension_count"))?.map(|v| v as usize).unwrap_or(head_dim);
+        let rope_dims = f
+            .get_u64(&k("rope.dimension_count"))?
+            .map(|v| v as usize)
+            .unwrap_or(head_dim);
         // Qwen3.5's multi-section RoPE (`rope.dimension_sections`) gives text tokens the same position in
         // every section, which makes it the plain rotation over `rope.dimension_count` dimensions.
         let factor = f.get_f64(&k("rope.scaling.factor"))?.unwrap_or(1.0) as f32;
         let yarn = match f.get_str(&k("rope.scaling.type"))? {
             Some("yarn") => {
-                let get = |key: &str, default: f32| -> Result<f32> { Ok(f.get_f64(&k(key))?.map_or(default, |v| v as f32)) };
+                let get =
+                    |key: &str, default: f32| -> Result<f32> { Ok(f.get_f64(&k(key))?.map_or(default, |v| v as f32)) };
                 // llama.cpp divides DeepSeek-V2's log multiplier by 0.1 again, undoing its converter's factor.
-                let log_mul = get("rope.scaling.yarn_log_multiplier", 0.0)? / if arch == Arch::DeepSeek2 { 0.1 } else { 1.0 };
+                let log_mul =
+                    get("rope.scaling.yarn_log_multiplier", 0.0)? / if arch == Arch::DeepSeek2 { 0.1 } else { 1.0 };
                 let orig_ctx = f.get_u64(&k("rope.scaling.original_context_length"))?.unwrap_or(0) as usize;
-                let y = Yarn { factor, orig_ctx, beta_fast: get("rope.scaling.yarn_beta_fast", 32.0)?, beta_slow: get("rope.scaling.yarn_beta_slow", 1.0)?, log_mul, deepseek: arch == Arch::DeepSeek2 };
-                if !(factor.is_finite() && factor >= 1.0) || orig_ctx == 0 || !(y.beta_fast.is_finite() && y.beta_slow.is_finite() && log_mul.is_finite()) {
+                let y = Yarn {
+                    factor,
+                    orig_ctx,
+                    beta_fast: get("rope.scaling.yarn_beta_fast", 32.0)?,
+                    beta_slow: get("rope.scaling.yarn_beta_slow", 1.0)?,
+                    log_mul,
+                    deepseek: arch == Arch::DeepSeek2,
+                };
+                if !(factor.is_finite() && factor >= 1.0)
+                    || orig_ctx == 0
+                    || !(y.beta_fast.is_finite() && y.beta_slow.is_finite() && log_mul.is_finite())
+                {
                     return Err(bad(format!("YaRN scaling with factor {factor}, original context {orig_ctx}, betas {} and {} is not supported", y.beta_fast, y.beta_slow)));
                 }
                 Some(y)
             }
             Some("none" | "linear") | None if factor == 1.0 || factor == 0.0 => None,
             Some(t) => return Err(bad(format!("RoPE scaling {t:?} by {factor} is not supported yet"))),
-            None => return Err(bad(format!("RoPE scaling factor {factor} without a scaling type is not supported"))),
+            None => {
+                return Err(bad(format!(
+                    "RoPE scaling factor {factor} without a scaling type is not supported"
+                )))
+            }
         };
         let n_ctx_train = f.get_u64(&k("context_length"))?.unwrap_or(4096) as usize;
         let n_vocab = match f.get_array("tokenizer.ggml.tokens")? {
             Some(a) => a.len(),
-            None => f.tensor("token_embd.weight").map(|t| t.dims[1] as usize).ok_or_else(|| bad("no vocabulary and no token_embd.weight".into()))?,
+            None => f
+                .tensor("token_embd.weight")
+                .map(|t| t.dims[1] as usize)
+                .ok_or_else(|| bad("no vocabulary and no token_embd.weight".into()))?,
         };
         let (rope_style, qk_norm, qkv_bias, default_norm) = match arch {
             Arch::Qwen3Moe => (RopeStyle::Halves, QkNorm::PerHead, false, true),
@@ -343,28 +415,81 @@ impl Config {
             None => vec![false; n_layer],
         };
         if sliding.len() != n_layer || sliding.iter().any(|&s| s) && sliding_window == 0 {
-            return Err(bad(format!("{} does not describe {n_layer} layers with a positive window", k("attention.sliding_window_pattern"))));
+            return Err(bad(format!(
+                "{} does not describe {n_layer} layers with a positive window",
+                k("attention.sliding_window_pattern")
+            )));
         }
         let hybrid = matches!(arch, Arch::Qwen3Next | Arch::Qwen35Moe | Arch::Qwen35);
         // llama.cpp always renormalises the hybrids' top-k weights, whatever the metadata says.
         let norm_topk = hybrid || f.get_bool(&k("expert_weights_norm"))?.unwrap_or(default_norm);
-        let (mixers, delta_net) = if hybrid { hybrid_layers(f, &k, n_layer, arch != Arch::Qwen3Next).map_err(bad)? } else { (vec![Mixer::Attention; n_layer], None) };
+        let (mixers, delta_net) = if hybrid {
+            hybrid_layers(f, &k, n_layer, arch != Arch::Qwen3Next).map_err(bad)?
+        } else {
+            (vec![Mixer::Attention; n_layer], None)
+        };
 
         for (key, value, ok, range) in [
-            ("attention.layer_norm_rms_epsilon", rms_eps, rms_eps > 0.0 && rms_eps < 1.0, "between 0 and 1"),
+            (
+                "attention.layer_norm_rms_epsilon",
+                rms_eps,
+                rms_eps > 0.0 && rms_eps < 1.0,
+                "between 0 and 1",
+            ),
             ("rope.freq_base", rope_base, rope_base > 1.0, "greater than 1"),
         ] {
             if !(value.is_finite() && ok) {
-                return Err(bad(format!("{} is {value}; it must be a finite number {range}", k(key))));
+                return Err(bad(format!(
+                    "{} is {value}; it must be a finite number {range}",
+                    k(key)
+                )));
             }
         }
         let c = Config {
-            arch, arch_name, n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ctx_train, rms_eps, rope_base,
-            rope_dims, rope_style, qk_norm, qkv_bias, n_expert, n_expert_used, expert_ff, shared_ff, norm_topk, mixers,
-            attn_gate: hybrid, delta_net, mla, dense_lead, dense_ff, sigmoid_scores, expert_groups, expert_groups_used,
-            expert_weights_scale, shared_gated: arch != Arch::DeepSeek2, yarn, sliding, sliding_window, softmax_chosen: gpt_oss,
+            arch,
+            arch_name,
+            n_vocab,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ctx_train,
+            rms_eps,
+            rope_base,
+            rope_dims,
+            rope_style,
+            qk_norm,
+            qkv_bias,
+            n_expert,
+            n_expert_used,
+            expert_ff,
+            shared_ff,
+            norm_topk,
+            mixers,
+            attn_gate: hybrid,
+            delta_net,
+            mla,
+            dense_lead,
+            dense_ff,
+            sigmoid_scores,
+            expert_groups,
+            expert_groups_used,
+            expert_weights_scale,
+            shared_gated: arch != Arch::DeepSeek2,
+            yarn,
+            sliding,
+            sliding_window,
+            softmax_chosen: gpt_oss,
             // llama.cpp's constants for gpt-oss (the files carry no key for them)
-            expert_act: if gpt_oss { Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 } } else { Activation::Silu },
+            expert_act: if gpt_oss {
+                Activation::ClampedSwiglu {
+                    alpha: 1.702,
+                    limit: 7.0,
+                }
+            } else {
+                Activation::Silu
+            },
         };
         c.validate().map_err(bad)?;
         Ok(c)
@@ -390,25 +515,51 @@ impl Config {
             }
         }
         if !self.n_head.is_multiple_of(self.n_head_kv) {
-            return Err(format!("head_count {} is not a multiple of head_count_kv {}", self.n_head, self.n_head_kv));
+            return Err(format!(
+                "head_count {} is not a multiple of head_count_kv {}",
+                self.n_head, self.n_head_kv
+            ));
         }
         if self.n_expert_used > self.n_expert {
-            return Err(format!("expert_used_count {} exceeds expert_count {}", self.n_expert_used, self.n_expert));
+            return Err(format!(
+                "expert_used_count {} exceeds expert_count {}",
+                self.n_expert_used, self.n_expert
+            ));
         }
         if self.dense_lead > self.n_layer || self.dense_lead > 0 && self.dense_ff == 0 {
-            return Err(format!("leading_dense_block_count {} with feed_forward_length {} does not fit {} layers", self.dense_lead, self.dense_ff, self.n_layer));
+            return Err(format!(
+                "leading_dense_block_count {} with feed_forward_length {} does not fit {} layers",
+                self.dense_lead, self.dense_ff, self.n_layer
+            ));
         }
-        if !self.n_expert.is_multiple_of(self.expert_groups) || self.expert_groups_used == 0 || self.expert_groups_used > self.expert_groups {
-            return Err(format!("{} experts in {} groups, {} of them used, is not a valid grouping", self.n_expert, self.expert_groups, self.expert_groups_used));
+        if !self.n_expert.is_multiple_of(self.expert_groups)
+            || self.expert_groups_used == 0
+            || self.expert_groups_used > self.expert_groups
+        {
+            return Err(format!(
+                "{} experts in {} groups, {} of them used, is not a valid grouping",
+                self.n_expert, self.expert_groups, self.expert_groups_used
+            ));
         }
-        if self.expert_groups > 1 && self.n_expert / self.expert_groups < 2 || self.expert_groups_used * (self.n_expert / self.expert_groups) < self.n_expert_used {
-            return Err(format!("{} experts in {} groups cannot give {} from {} groups", self.n_expert, self.expert_groups, self.n_expert_used, self.expert_groups_used));
+        if self.expert_groups > 1 && self.n_expert / self.expert_groups < 2
+            || self.expert_groups_used * (self.n_expert / self.expert_groups) < self.n_expert_used
+        {
+            return Err(format!(
+                "{} experts in {} groups cannot give {} from {} groups",
+                self.n_expert, self.expert_groups, self.n_expert_used, self.expert_groups_used
+            ));
         }
         if !(self.expert_weights_scale.is_finite() && self.expert_weights_scale > 0.0) {
-            return Err(format!("expert_weights_scale is {}; it must be a positive number", self.expert_weights_scale));
+            return Err(format!(
+                "expert_weights_scale is {}; it must be a positive number",
+                self.expert_weights_scale
+            ));
         }
         if self.rope_dims > self.head_dim || !self.rope_dims.is_multiple_of(2) {
-            return Err(format!("rope.dimension_count {} does not fit head size {}", self.rope_dims, self.head_dim));
+            return Err(format!(
+                "rope.dimension_count {} does not fit head size {}",
+                self.rope_dims, self.head_dim
+            ));
         }
         if matches!(self.arch, Arch::Qwen2Moe | Arch::Qwen3Next | Arch::Qwen35Moe) && self.shared_ff == 0 {
             return Err(format!("{} needs expert_shared_feed_forward_length", self.arch_name));
@@ -458,7 +609,9 @@ impl Config {
     /// Bytes a sequence of `n_ctx` positions holds: f32 keys and values of every attention layer, and the
     /// recurrent state of every linear-attention layer.
     pub fn kv_bytes(&self, n_ctx: usize) -> u128 {
-        let recurrent = self.delta_net.map_or(0, |s| (self.n_layer - self.n_attention_layers()) * crate::delta_net::DeltaState::bytes(&s));
+        let recurrent = self.delta_net.map_or(0, |s| {
+            (self.n_layer - self.n_attention_layers()) * crate::delta_net::DeltaState::bytes(&s)
+        });
         // latent attention keeps keys only: its values are read out of them
         let tensors = if self.mla.is_some() { 1 } else { 2 };
         tensors * 4 * self.n_attention_layers() as u128 * n_ctx as u128 * self.kv_dim() as u128 + recurrent as u128
@@ -467,11 +620,21 @@ impl Config {
 
 /// DeepSeek's latent-attention dimensions.
 fn mla_shape(f: &GgufFile, k: &dyn Fn(&str) -> String) -> std::result::Result<MlaShape, String> {
-    let get = |key: &str| -> std::result::Result<Option<usize>, String> { f.get_u64(&k(key)).map(|v| v.map(|v| v as usize)).map_err(|e| e.to_string()) };
+    let get = |key: &str| -> std::result::Result<Option<usize>, String> {
+        f.get_u64(&k(key))
+            .map(|v| v.map(|v| v as usize))
+            .map_err(|e| e.to_string())
+    };
     let need = |key: &str| get(key)?.ok_or_else(|| format!("missing {}", k(key)));
     let rope = need("rope.dimension_count")?;
     let key_mla = need("attention.key_length_mla")?;
-    let m = MlaShape { q_lora: get("attention.q_lora_rank")?.unwrap_or(0), kv_lora: need("attention.kv_lora_rank")?, nope: key_mla.saturating_sub(rope), rope, v_dim: need("attention.value_length_mla")? };
+    let m = MlaShape {
+        q_lora: get("attention.q_lora_rank")?.unwrap_or(0),
+        kv_lora: need("attention.kv_lora_rank")?,
+        nope: key_mla.saturating_sub(rope),
+        rope,
+        v_dim: need("attention.value_length_mla")?,
+    };
     if m.kv_lora == 0 || m.nope == 0 || m.v_dim == 0 {
         return Err(format!("latent attention of rank {}, key length {key_mla} with {rope} RoPE dimensions and value length {} is not supported", m.kv_lora, m.v_dim));
     }
@@ -481,7 +644,12 @@ fn mla_shape(f: &GgufFile, k: &dyn Fn(&str) -> String) -> std::result::Result<Ml
 /// The hybrids' layer pattern and linear-attention dimensions. Which layers are linear comes from
 /// `attention.recurrent_layers` when the converter wrote it, else from `full_attention_interval` (every
 /// n-th layer is full attention), as llama.cpp reads them.
-fn hybrid_layers(f: &GgufFile, k: &dyn Fn(&str) -> String, n_layer: usize, tiled: bool) -> std::result::Result<(Vec<Mixer>, Option<DeltaNetShape>), String> {
+fn hybrid_layers(
+    f: &GgufFile,
+    k: &dyn Fn(&str) -> String,
+    n_layer: usize,
+    tiled: bool,
+) -> std::result::Result<(Vec<Mixer>, Option<DeltaNetShape>), String> {
     let get = |key: &str| -> std::result::Result<usize, String> {
         match f.get_u64(&k(key)) {
             Ok(Some(v)) => Ok(v as usize),
@@ -489,20 +657,45 @@ fn hybrid_layers(f: &GgufFile, k: &dyn Fn(&str) -> String, n_layer: usize, tiled
             Err(e) => Err(e.to_string()),
         }
     };
-    let mixers = match f.get_array(&k("attention.recurrent_layers")).map_err(|e| e.to_string())? {
+    let mixers = match f
+        .get_array(&k("attention.recurrent_layers"))
+        .map_err(|e| e.to_string())?
+    {
         Some(a) => {
-            let flags: Vec<bool> = a.iter().map(|v| v.as_bool()).collect::<Option<_>>().ok_or_else(|| format!("{} is not an array of booleans", k("attention.recurrent_layers")))?;
+            let flags: Vec<bool> = a
+                .iter()
+                .map(|v| v.as_bool())
+                .collect::<Option<_>>()
+                .ok_or_else(|| format!("{} is not an array of booleans", k("attention.recurrent_layers")))?;
             if flags.len() < n_layer {
-                return Err(format!("{} has {} entries for {n_layer} layers", k("attention.recurrent_layers"), flags.len()));
+                return Err(format!(
+                    "{} has {} entries for {n_layer} layers",
+                    k("attention.recurrent_layers"),
+                    flags.len()
+                ));
             }
-            flags[..n_layer].iter().map(|&r| if r { Mixer::DeltaNet } else { Mixer::Attention }).collect()
+            flags[..n_layer]
+                .iter()
+                .map(|&r| if r { Mixer::DeltaNet } else { Mixer::Attention })
+                .collect()
         }
         None => {
-            let interval = f.get_u64(&k("full_attention_interval")).map_err(|e| e.to_string())?.unwrap_or(4) as usize;
+            let interval = f
+                .get_u64(&k("full_attention_interval"))
+                .map_err(|e| e.to_string())?
+                .unwrap_or(4) as usize;
             if interval == 0 {
                 return Err(format!("{} is 0", k("full_attention_interval")));
             }
-            (0..n_layer).map(|i| if (i + 1) % interval == 0 { Mixer::Attention } else { Mixer::DeltaNet }).collect()
+            (0..n_layer)
+                .map(|i| {
+                    if (i + 1) % interval == 0 {
+                        Mixer::Attention
+                    } else {
+                        Mixer::DeltaNet
+                    }
+                })
+                .collect()
         }
     };
     let shape = DeltaNetShape {
@@ -513,11 +706,24 @@ fn hybrid_layers(f: &GgufFile, k: &dyn Fn(&str) -> String, n_layer: usize, tiled
         tiled,
     };
     let inner = get("ssm.inner_size")?;
-    if shape.conv_kernel == 0 || shape.n_k_heads == 0 || shape.head_dim == 0 || !shape.n_v_heads.is_multiple_of(shape.n_k_heads) {
-        return Err(format!("linear attention of {} key heads, {} value heads, head size {} and a {}-tap convolution is not supported", shape.n_k_heads, shape.n_v_heads, shape.head_dim, shape.conv_kernel));
+    if shape.conv_kernel == 0
+        || shape.n_k_heads == 0
+        || shape.head_dim == 0
+        || !shape.n_v_heads.is_multiple_of(shape.n_k_heads)
+    {
+        return Err(format!(
+            "linear attention of {} key heads, {} value heads, head size {} and a {}-tap convolution is not supported",
+            shape.n_k_heads, shape.n_v_heads, shape.head_dim, shape.conv_kernel
+        ));
     }
     if inner != shape.value_dim() {
-        return Err(format!("{} is {inner}, but {} value heads of {} make {}", k("ssm.inner_size"), shape.n_v_heads, shape.head_dim, shape.value_dim()));
+        return Err(format!(
+            "{} is {inner}, but {} value heads of {} make {}",
+            k("ssm.inner_size"),
+            shape.n_v_heads,
+            shape.head_dim,
+            shape.value_dim()
+        ));
     }
     Ok((mixers, Some(shape)))
 }

@@ -27,7 +27,10 @@ pub struct DeltaState {
 
 impl DeltaState {
     pub fn new(s: &DeltaNetShape) -> DeltaState {
-        DeltaState { conv: vec![0.0; (s.conv_kernel - 1) * s.conv_dim()], ssm: vec![0.0; s.n_v_heads * s.head_dim * s.head_dim] }
+        DeltaState {
+            conv: vec![0.0; (s.conv_kernel - 1) * s.conv_dim()],
+            ssm: vec![0.0; s.n_v_heads * s.head_dim * s.head_dim],
+        }
     }
 
     pub fn reset(&mut self) {
@@ -49,7 +52,11 @@ pub fn gates(s: &DeltaNetShape, w: &DeltaNet, joint: Option<&[f32]>, beta: &mut 
     let nv = s.n_v_heads;
     if let Some(ba) = joint {
         let per_k = nv / s.n_k_heads;
-        for ((row, b), a) in ba.chunks_exact(2 * nv).zip(beta.chunks_exact_mut(nv)).zip(alpha.chunks_exact_mut(nv)) {
+        for ((row, b), a) in ba
+            .chunks_exact(2 * nv)
+            .zip(beta.chunks_exact_mut(nv))
+            .zip(alpha.chunks_exact_mut(nv))
+        {
             for (g, group) in row.chunks_exact(2 * per_k).enumerate() {
                 b[g * per_k..(g + 1) * per_k].copy_from_slice(&group[..per_k]);
                 a[g * per_k..(g + 1) * per_k].copy_from_slice(&group[per_k..]);
@@ -98,7 +105,18 @@ const STATE_ROWS: usize = 16;
 /// overwritten with the convolution's activations; `z` (rows × value_dim) the output gate; `beta`,
 /// `g` (rows × n_v_heads) from [`gates`]. Writes rows × value_dim into `out` and advances `state`.
 #[allow(clippy::too_many_arguments)]
-pub fn mix(s: &DeltaNetShape, w: &DeltaNet, eps: f32, state: &mut DeltaState, qkv: &mut [f32], z: &[f32], beta: &[f32], g: &[f32], out: &mut [f32], scratch: &mut DeltaScratch) {
+pub fn mix(
+    s: &DeltaNetShape,
+    w: &DeltaNet,
+    eps: f32,
+    state: &mut DeltaState,
+    qkv: &mut [f32],
+    z: &[f32],
+    beta: &[f32],
+    g: &[f32],
+    out: &mut [f32],
+    scratch: &mut DeltaScratch,
+) {
     let (c, d, nv) = (s.conv_dim(), s.head_dim, s.n_v_heads);
     let rows = qkv.len() / c;
 
@@ -147,13 +165,24 @@ pub fn mix(s: &DeltaNetShape, w: &DeltaNet, eps: f32, state: &mut DeltaState, qk
     let per_head = heads.par_chunks_mut(rows * d).zip(state.ssm.par_chunks_mut(d * d));
     per_head.enumerate().for_each(|(h, (o, m))| {
         let kh = s.key_head(h);
-        for (j0, block) in m.chunks_mut(STATE_ROWS * d).enumerate().map(|(b, m)| (b * STATE_ROWS, m)) {
+        for (j0, block) in m
+            .chunks_mut(STATE_ROWS * d)
+            .enumerate()
+            .map(|(b, m)| (b * STATE_ROWS, m))
+        {
             for (t, ot) in o.chunks_exact_mut(d).enumerate() {
                 let row = &qkv[t * c..(t + 1) * c];
                 let q = &row[kh * d..(kh + 1) * d];
                 let k = &row[key_dim + kh * d..key_dim + (kh + 1) * d];
                 let v = &row[2 * key_dim + h * d..2 * key_dim + (h + 1) * d];
-                let step = DeltaStep { decay: decay[t * nv + h], beta: beta[t * nv + h], k, q, v: &v[j0..], scale: inv_sqrt_d };
+                let step = DeltaStep {
+                    decay: decay[t * nv + h],
+                    beta: beta[t * nv + h],
+                    k,
+                    q,
+                    v: &v[j0..],
+                    scale: inv_sqrt_d,
+                };
                 delta_rule_rows(block, &step, &mut ot[j0..]);
             }
         }

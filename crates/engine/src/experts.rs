@@ -43,7 +43,13 @@ pub trait Experts: Send + Sync {
     /// `n_embd`-long row per row of `job.rows_of(i)`, in that order — once per expert, in any order.
     /// `meanwhile` is the caller's own work for this layer (the shared expert), called exactly once, at the
     /// point where it overlaps best: while other machines compute, for a remote source.
-    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<()>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()>;
+    fn apply(
+        &self,
+        job: &ExpertJob,
+        s: &mut ExpertScratch,
+        meanwhile: &mut dyn FnMut() -> Result<()>,
+        deliver: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()>;
 
     /// The expert cache, when experts stream from a store on this machine.
     fn cache(&self) -> Option<&ExpertCache> {
@@ -79,7 +85,13 @@ pub struct NodeExchange {
 
 /// A shared source (the CLI keeps a handle on a cluster to read its counters).
 impl<T: Experts + ?Sized> Experts for std::sync::Arc<T> {
-    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<()>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+    fn apply(
+        &self,
+        job: &ExpertJob,
+        s: &mut ExpertScratch,
+        meanwhile: &mut dyn FnMut() -> Result<()>,
+        deliver: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
         (**self).apply(job, s, meanwhile, deliver)
     }
 
@@ -130,10 +142,23 @@ pub struct ExpertWeights<'a> {
 }
 
 impl Experts for ExpertSource {
-    fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<()>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+    fn apply(
+        &self,
+        job: &ExpertJob,
+        s: &mut ExpertScratch,
+        meanwhile: &mut dyn FnMut() -> Result<()>,
+        deliver: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
         meanwhile()?;
-        let ExpertScratch { acts, views, which, ffn } = s;
-        self.for_each_batch(job.layer, job.ids, views, which, |which, batch| compute_batch(job, which, batch, acts, ffn, deliver))
+        let ExpertScratch {
+            acts,
+            views,
+            which,
+            ffn,
+        } = s;
+        self.for_each_batch(job.layer, job.ids, views, which, |which, batch| {
+            compute_batch(job, which, batch, acts, ffn, deliver)
+        })
     }
 
     fn cache(&self) -> Option<&ExpertCache> {
@@ -146,7 +171,14 @@ impl Experts for ExpertSource {
 
 /// Computes experts `job.ids[which[k]]`, whose weights are `batch[k]`, on their rows, and delivers each
 /// output: the one computation every local source shares.
-pub fn compute_batch(job: &ExpertJob, which: &[usize], batch: &[ExpertWeights], acts: &mut Vec<Activations>, ffn: &mut FfnScratch, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+pub fn compute_batch(
+    job: &ExpertJob,
+    which: &[usize],
+    batch: &[ExpertWeights],
+    acts: &mut Vec<Activations>,
+    ffn: &mut FfnScratch,
+    deliver: &mut dyn FnMut(usize, &[f32]),
+) -> Result<()> {
     let in_ty = job.input.act_type();
     let acts = slots(acts, batch.len());
     for ((&i, ew), a) in which.iter().zip(batch).zip(acts.iter_mut()) {
@@ -154,8 +186,17 @@ pub fn compute_batch(job: &ExpertJob, which: &[usize], batch: &[ExpertWeights], 
         // records and a shard's tensors keep those types); anything else is a model this cannot compute.
         for m in [&ew.gate, &ew.up] {
             if m.ty.act_type() != in_ty {
-                let what = format!("{} weights need {} activations, the layer's input is {}", m.ty.name(), m.ty.act_type().name(), in_ty.name());
-                return Err(EngineError::Expert { layer: job.layer, expert: job.ids[i], what });
+                let what = format!(
+                    "{} weights need {} activations, the layer's input is {}",
+                    m.ty.name(),
+                    m.ty.act_type().name(),
+                    in_ty.name()
+                );
+                return Err(EngineError::Expert {
+                    layer: job.layer,
+                    expert: job.ids[i],
+                    what,
+                });
             }
         }
         a.gather_from(job.input, job.rows_of(i));
@@ -194,7 +235,13 @@ impl ExpertSource {
                 all.extend(ids.iter().map(|&e| {
                     let e = e as usize;
                     let (bias, act) = (w.extras.bias(layer, e), w.extras.act);
-                    ExpertWeights { gate: w.view(&l.gate_exps.expert(e)), up: w.view(&l.up_exps.expert(e)), down: w.view(&l.down_exps.expert(e)), bias, act }
+                    ExpertWeights {
+                        gate: w.view(&l.gate_exps.expert(e)),
+                        up: w.view(&l.up_exps.expert(e)),
+                        down: w.view(&l.down_exps.expert(e)),
+                        bias,
+                        act,
+                    }
                 }));
                 which.clear();
                 which.extend(0..all.len());
@@ -212,7 +259,13 @@ impl ExpertSource {
                         let mut batch: Vec<ExpertWeights> = recycle(std::mem::take(views));
                         batch.extend(ready.iter().map(|(i, rec)| {
                             let (bias, act) = (extras.bias(layer, ids[*i] as usize), extras.act);
-                            ExpertWeights { gate: rec.gate().weight_view(), up: rec.up().weight_view(), down: rec.down().weight_view(), bias, act }
+                            ExpertWeights {
+                                gate: rec.gate().weight_view(),
+                                up: rec.up().weight_view(),
+                                down: rec.down().weight_view(),
+                                bias,
+                                act,
+                            }
                         }));
                         if let Err(e) = f(which, &batch) {
                             failed = Some(e);
@@ -251,18 +304,36 @@ pub struct FfnScratch {
 /// then all down products in another.
 pub fn swiglu_many<'s>(ffns: &[ExpertWeights<'_>], x: &[Activations], s: &'s mut FfnScratch) -> Result<&'s [Vec<f32>]> {
     let n = ffns.len();
-    let (gate, up, mid, out) = (slots(&mut s.gate, n), slots(&mut s.up, n), slots(&mut s.mid, n), slots(&mut s.out, n));
+    let (gate, up, mid, out) = (
+        slots(&mut s.gate, n),
+        slots(&mut s.up, n),
+        slots(&mut s.mid, n),
+        slots(&mut s.out, n),
+    );
     let mut jobs: Vec<MatmulJob> = recycle(std::mem::take(&mut s.jobs));
     for (((f, a), g), u) in ffns.iter().zip(x).zip(gate.iter_mut()).zip(up.iter_mut()) {
         g.resize(a.rows() * f.gate.rows, 0.0);
         u.resize(a.rows() * f.up.rows, 0.0);
-        jobs.push(MatmulJob { w: f.gate, acts: a, out: g });
-        jobs.push(MatmulJob { w: f.up, acts: a, out: u });
+        jobs.push(MatmulJob {
+            w: f.gate,
+            acts: a,
+            out: g,
+        });
+        jobs.push(MatmulJob {
+            w: f.up,
+            acts: a,
+            out: u,
+        });
     }
     matmul_many(&mut jobs)?;
     // A fresh list for the down products: this ends the first list's borrows of `gate` and `up`.
     let mut jobs: Vec<MatmulJob> = recycle(jobs);
-    for (((f, a), (g, u)), m) in ffns.iter().zip(x).zip(gate.iter_mut().zip(up.iter_mut())).zip(mid.iter_mut()) {
+    for (((f, a), (g, u)), m) in ffns
+        .iter()
+        .zip(x)
+        .zip(gate.iter_mut().zip(up.iter_mut()))
+        .zip(mid.iter_mut())
+    {
         if let Some(b) = &f.bias {
             add_bias(g, b.gate);
             add_bias(u, b.up);
@@ -280,7 +351,11 @@ pub fn swiglu_many<'s>(ffns: &[ExpertWeights<'_>], x: &[Activations], s: &'s mut
     }
     for ((f, m), y) in ffns.iter().zip(mid.iter()).zip(out.iter_mut()) {
         y.resize(m.rows() * f.down.rows, 0.0);
-        jobs.push(MatmulJob { w: f.down, acts: m, out: y });
+        jobs.push(MatmulJob {
+            w: f.down,
+            acts: m,
+            out: y,
+        });
     }
     matmul_many(&mut jobs)?;
     s.jobs = recycle(jobs);

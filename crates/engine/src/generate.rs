@@ -84,11 +84,26 @@ impl Model {
             if history.len() >= seq.n_ctx() {
                 // Hand over the text generated so far (including a held-back partial character) first.
                 on_text(&stream.finish());
-                return Err(EngineError::ContextFull { ctx: seq.n_ctx(), need: history.len() + 1 });
+                return Err(EngineError::ContextFull {
+                    ctx: seq.n_ctx(),
+                    need: history.len() + 1,
+                });
             }
-            logits = self.forward_traced(&[next], history.len() - 1, &mut seq, Outputs::Last, trace.as_deref_mut())?;
+            logits = self.forward_traced(
+                &[next],
+                history.len() - 1,
+                &mut seq,
+                Outputs::Last,
+                trace.as_deref_mut(),
+            )?;
         }
         on_text(&stream.finish());
-        Ok(Generation { prompt_tokens: prompt.len(), tokens: out, stop, prompt_time, gen_time: t1.elapsed() })
+        Ok(Generation {
+            prompt_tokens: prompt.len(),
+            tokens: out,
+            stop,
+            prompt_time,
+            gen_time: t1.elapsed(),
+        })
     }
 }

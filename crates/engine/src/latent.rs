@@ -14,7 +14,17 @@ use crate::ops::softmax;
 /// `width`, their first kv_lora values the latent vector. Parallel over (row, head) pairs, each computed by
 /// one thread in one fixed order, as `attention::attend`.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_latent(cache: &KvCache, layer: usize, n_head: usize, kv_lora: usize, scale: f32, pos0: usize, q: &[f32], out: &mut [f32], scores: &mut Vec<f32>) {
+pub fn attend_latent(
+    cache: &KvCache,
+    layer: usize,
+    n_head: usize,
+    kv_lora: usize,
+    scale: f32,
+    pos0: usize,
+    q: &[f32],
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
     let width = cache.kv_dim();
     let keys = cache.keys(layer);
     let pairs = out.len() / kv_lora;
@@ -26,14 +36,18 @@ pub fn attend_latent(cache: &KvCache, layer: usize, n_head: usize, kv_lora: usiz
     scores.resize(tasks * cache.n_ctx(), 0.0);
     let n_ctx = cache.n_ctx();
     titan_kernels::stay_warm();
-    out.par_chunks_mut(per_task * kv_lora).zip(q.par_chunks(per_task * width)).zip(scores.par_chunks_mut(n_ctx)).enumerate().for_each(|(task, ((o, q), scores))| {
-        for (j, (oh, qh)) in o.chunks_exact_mut(kv_lora).zip(q.chunks_exact(width)).enumerate() {
-            let i = (task * per_task + j) / n_head;
-            let scores = &mut scores[..pos0 + i + 1];
-            dot_rows(qh, keys, width, scale, scores);
-            softmax(scores);
-            oh.fill(0.0);
-            add_weighted_rows(oh, scores, keys, width);
-        }
-    });
+    out.par_chunks_mut(per_task * kv_lora)
+        .zip(q.par_chunks(per_task * width))
+        .zip(scores.par_chunks_mut(n_ctx))
+        .enumerate()
+        .for_each(|(task, ((o, q), scores))| {
+            for (j, (oh, qh)) in o.chunks_exact_mut(kv_lora).zip(q.chunks_exact(width)).enumerate() {
+                let i = (task * per_task + j) / n_head;
+                let scores = &mut scores[..pos0 + i + 1];
+                dot_rows(qh, keys, width, scale, scores);
+                softmax(scores);
+                oh.fill(0.0);
+                add_weighted_rows(oh, scores, keys, width);
+            }
+        });
 }

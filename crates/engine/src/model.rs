@@ -19,7 +19,9 @@ use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head,
 use crate::scratch::{recycle, slots};
 use crate::stats::{Phase, Stats};
 use crate::trace::Trace;
-use crate::weights::{Attention, BetaAlpha, DeltaNet, ExpertExtras, Latent, LatentQuery, Mat, Mixing, Moe, Residency, Stacked, Weights};
+use crate::weights::{
+    Attention, BetaAlpha, DeltaNet, ExpertExtras, Latent, LatentQuery, Mat, Mixing, Moe, Residency, Stacked, Weights,
+};
 use crate::{vocab, EngineError, Result};
 
 pub struct Model {
@@ -84,7 +86,11 @@ impl Model {
         let tokenizer = vocab::tokenizer_from_gguf(&file)?;
         let cache = opts.stream.as_ref().map(|s| open_cache(s, &file)).transpose()?;
         let mut weights = Weights::load(file, &config)?;
-        weights.copy_out(if cache.is_some() { Residency::Dense } else { Residency::All });
+        weights.copy_out(if cache.is_some() {
+            Residency::Dense
+        } else {
+            Residency::All
+        });
         if let Some(c) = &cache {
             // Only now: the warming's reads slowed the reading of the dense weights above, and so the
             // first token (on the 2-core Zen 3 EPYC, 8–11 s became 10–16 s with four warming reads at once).
@@ -96,7 +102,14 @@ impl Model {
             Some(c) => ExpertSource::Streamed(c, weights.extras.clone()),
             None => ExpertSource::Resident(weights.clone()),
         };
-        Ok(Model { config, weights, tokenizer, experts: Box::new(experts), prefetch, stats: Stats::default() })
+        Ok(Model {
+            config,
+            weights,
+            tokenizer,
+            experts: Box::new(experts),
+            prefetch,
+            stats: Stats::default(),
+        })
     }
 
     /// A model's experts and nothing else, for an expert node: resident (only the expert tensors are
@@ -128,7 +141,9 @@ impl Model {
     pub fn check_context(&self, n_ctx: usize, memory: u64, past_training: bool) -> Result<()> {
         let trained = self.config.n_ctx_train;
         if n_ctx == 0 || n_ctx > trained && !past_training {
-            return Err(EngineError::Request(format!("a context of {n_ctx} tokens is outside 1..={trained}, the model's training context")));
+            return Err(EngineError::Request(format!(
+                "a context of {n_ctx} tokens is outside 1..={trained}, the model's training context"
+            )));
         }
         let need = self.config.kv_bytes(n_ctx);
         if need > memory as u128 {
@@ -147,15 +162,38 @@ impl Model {
         let c = &self.config;
         let attends: Vec<bool> = c.mixers.iter().map(|&m| m == Mixer::Attention).collect();
         let delta = match c.delta_net {
-            Some(s) => c.mixers.iter().map(|&m| if m == Mixer::DeltaNet { DeltaState::new(&s) } else { DeltaState::default() }).collect(),
+            Some(s) => c
+                .mixers
+                .iter()
+                .map(|&m| {
+                    if m == Mixer::DeltaNet {
+                        DeltaState::new(&s)
+                    } else {
+                        DeltaState::default()
+                    }
+                })
+                .collect(),
             None => Vec::new(),
         };
-        Sequence { mem: Memory { kv: KvCache::new(&attends, n_ctx, c.kv_dim(), c.mla.is_none()), delta, next: 0 }, scratch: Scratch::default() }
+        Sequence {
+            mem: Memory {
+                kv: KvCache::new(&attends, n_ctx, c.kv_dim(), c.mla.is_none()),
+                delta,
+                next: 0,
+            },
+            scratch: Scratch::default(),
+        }
     }
 
     /// Run `tokens` at positions pos0.. of `seq` through the model, appending their keys and values to its
     /// cache. Returns logits (n_vocab per requested position, in order), valid until `seq`'s next call.
-    pub fn forward<'s>(&self, tokens: &[u32], pos0: usize, seq: &'s mut Sequence, outputs: Outputs) -> Result<&'s [f32]> {
+    pub fn forward<'s>(
+        &self,
+        tokens: &[u32],
+        pos0: usize,
+        seq: &'s mut Sequence,
+        outputs: Outputs,
+    ) -> Result<&'s [f32]> {
         self.forward_traced(tokens, pos0, seq, outputs, None)
     }
 
@@ -170,7 +208,16 @@ impl Model {
         trace: Option<&mut Trace>,
     ) -> Result<&'s [f32]> {
         let Sequence { mem, scratch } = seq;
-        self.step(&mut [Part { tokens, pos0, mem, outputs }], scratch, trace)?;
+        self.step(
+            &mut [Part {
+                tokens,
+                pos0,
+                mem,
+                outputs,
+            }],
+            scratch,
+            trace,
+        )?;
         Ok(&scratch.logits)
     }
 
@@ -182,7 +229,15 @@ impl Model {
     /// by several sequences are read once for all of them. Every step is row-independent, so a
     /// sequence's logits are the same bits whether it runs alone or beside others.
     pub fn forward_batch<'b>(&self, spans: &mut [Span<'_>], batch: &'b mut Batch) -> Result<&'b [f32]> {
-        let mut parts: Vec<Part<'_>> = spans.iter_mut().map(|s| Part { tokens: s.tokens, pos0: s.pos0, mem: &mut s.seq.mem, outputs: s.outputs }).collect();
+        let mut parts: Vec<Part<'_>> = spans
+            .iter_mut()
+            .map(|s| Part {
+                tokens: s.tokens,
+                pos0: s.pos0,
+                mem: &mut s.seq.mem,
+                outputs: s.outputs,
+            })
+            .collect();
         self.step(&mut parts, &mut batch.scratch, None)?;
         Ok(&batch.scratch.logits)
     }
@@ -198,7 +253,10 @@ impl Model {
                 return Err(EngineError::Request("forward was given no tokens".into()));
             }
             if p.pos0.saturating_add(p.tokens.len()) > p.mem.kv.n_ctx() {
-                return Err(EngineError::ContextFull { ctx: p.mem.kv.n_ctx(), need: p.pos0.saturating_add(p.tokens.len()) });
+                return Err(EngineError::ContextFull {
+                    ctx: p.mem.kv.n_ctx(),
+                    need: p.pos0.saturating_add(p.tokens.len()),
+                });
             }
             // A recurrent state holds every position so far and cannot go back: a call continues where the
             // last one ended, or starts the sequence over at 0.
@@ -209,7 +267,10 @@ impl Model {
                 )));
             }
             if let Some(&t) = p.tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-                return Err(EngineError::BadToken { id: t, vocab: c.n_vocab });
+                return Err(EngineError::BadToken {
+                    id: t,
+                    vocab: c.n_vocab,
+                });
             }
         }
         let n: usize = parts.iter().map(|p| p.tokens.len()).sum();
@@ -224,7 +285,19 @@ impl Model {
             p.mem.next = usize::MAX;
         }
         s.size_for(c, n);
-        let Scratch { x, h, attn_out, cos, sin, mixer, acts, route, next, moe, logits } = s;
+        let Scratch {
+            x,
+            h,
+            attn_out,
+            cos,
+            sin,
+            mixer,
+            acts,
+            route,
+            next,
+            moe,
+            logits,
+        } = s;
         // token_embd: one (dequantised) row per token.
         let embd = w.view(&w.token_embd);
         for (row, &t) in x.chunks_exact_mut(d).zip(parts.iter().flat_map(|p| p.tokens)) {
@@ -234,7 +307,11 @@ impl Model {
         // RoPE angles of each row's position, once for all layers.
         let half = c.rope_dims / 2;
         let positions = parts.iter().flat_map(|p| p.pos0..p.pos0 + p.tokens.len());
-        for ((cs, sn), pos) in cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)).zip(positions) {
+        for ((cs, sn), pos) in cos
+            .chunks_exact_mut(half)
+            .zip(sin.chunks_exact_mut(half))
+            .zip(positions)
+        {
             rope_angles(pos, c.rope_dims, c.rope_base, c.yarn.as_ref(), cs, sn);
         }
         let stats = &self.stats;
@@ -261,7 +338,13 @@ impl Model {
                 // ffn_norm, then a dense layer's feed-forward
                 stats.time(Phase::Experts, || -> Result<()> {
                     rms_norm_into(x, &l.ffn_norm, c.rms_eps, &mut route.h);
-                    dense_ffn(w, l.shared.as_ref().expect("a dense layer has its feed-forward"), &route.h, d, moe)
+                    dense_ffn(
+                        w,
+                        l.shared.as_ref().expect("a dense layer has its feed-forward"),
+                        &route.h,
+                        d,
+                        moe,
+                    )
                 })?;
                 stats.add_bytes(self.layer_bytes(il, 0));
                 if let Some(t) = trace.as_deref_mut() {
@@ -275,7 +358,9 @@ impl Model {
             if self.prefetch {
                 self.prefetch_next(il, x, next)?;
             }
-            let experts_run = stats.time(Phase::Experts, || moe_block(w, self.experts.as_ref(), c, il, &route.h, &route.routing, moe))?;
+            let experts_run = stats.time(Phase::Experts, || {
+                moe_block(w, self.experts.as_ref(), c, il, &route.h, &route.routing, moe)
+            })?;
             stats.add_bytes(self.layer_bytes(il, experts_run));
             let moe_out = moe.out();
             if let Some(t) = trace.as_deref_mut() {
@@ -326,7 +411,10 @@ impl Model {
             n_expert: c.n_expert,
             k: c.n_expert_used,
             sigmoid: c.sigmoid_scores,
-            bias: self.weights.layers[il].moe.as_ref().and_then(|m| m.choice_bias.as_deref()),
+            bias: self.weights.layers[il]
+                .moe
+                .as_ref()
+                .and_then(|m| m.choice_bias.as_deref()),
             groups: c.expert_groups,
             groups_used: c.expert_groups_used,
             norm: c.norm_topk,
@@ -356,7 +444,12 @@ impl Model {
     /// to read, and the extra router pass per layer is pure cost (the f32 router kernel of both passes is
     /// 3.4% of a steady-state profile of Qwen3-30B-A3B on the 2-core Zen 3 EPYC).
     fn prefetch_next(&self, il: usize, x: &[f32], r: &mut Route) -> Result<()> {
-        let (Some(cache), Some(Some(next))) = (self.experts.cache(), self.weights.layers.get(il + 1).map(|l| l.moe.as_ref())) else { return Ok(()) };
+        let (Some(cache), Some(Some(next))) = (
+            self.experts.cache(),
+            self.weights.layers.get(il + 1).map(|l| l.moe.as_ref()),
+        ) else {
+            return Ok(());
+        };
         if cache.holds_every_record() {
             return Ok(());
         }
@@ -393,7 +486,9 @@ impl Model {
         if let Some(sh) = &l.shared {
             dense += sh.gate.bytes() + sh.up.bytes() + sh.down.bytes();
         }
-        let expert = l.moe.as_ref().map_or(0, |m| m.gate_exps.mat.bytes() + m.up_exps.mat.bytes() + m.down_exps.mat.bytes());
+        let expert = l.moe.as_ref().map_or(0, |m| {
+            m.gate_exps.mat.bytes() + m.up_exps.mat.bytes() + m.down_exps.mat.bytes()
+        });
         (dense + experts * expert) as u64
     }
 
@@ -401,10 +496,31 @@ impl Model {
     /// q, k, v, their norms and RoPE on all rows, attention of each span over its own cache, the output
     /// gate where the architecture has one, then attn_output on all rows.
     #[allow(clippy::too_many_arguments)]
-    fn attention(&self, a: &Attention, il: usize, parts: &mut [Part<'_>], h: &[f32], (cos, sin): (&[f32], &[f32]), m: &mut MixerScratch, out: &mut [f32]) -> Result<()> {
+    fn attention(
+        &self,
+        a: &Attention,
+        il: usize,
+        parts: &mut [Part<'_>],
+        h: &[f32],
+        (cos, sin): (&[f32], &[f32]),
+        m: &mut MixerScratch,
+        out: &mut [f32],
+    ) -> Result<()> {
         let c = &self.config;
         let (n, q_dim, kv_dim, half) = (h.len() / c.n_embd, c.q_dim(), c.kv_dim(), c.rope_dims / 2);
-        let MixerScratch { qg, q, k, v, gate, attn, scores, proj_acts, jobs, acts, .. } = m;
+        let MixerScratch {
+            qg,
+            q,
+            k,
+            v,
+            gate,
+            attn,
+            scores,
+            proj_acts,
+            jobs,
+            acts,
+            ..
+        } = m;
         // q, k, v: one parallel region, the normalised input quantised once per activation format
         if c.attn_gate {
             // each head's queries, then as many gate values
@@ -412,7 +528,10 @@ impl Model {
             let hd = c.head_dim;
             q.resize(n * q_dim, 0.0);
             gate.resize(n * q_dim, 0.0);
-            for (head, (qh, gh)) in qg.chunks_exact(2 * hd).zip(q.chunks_exact_mut(hd).zip(gate.chunks_exact_mut(hd))) {
+            for (head, (qh, gh)) in qg
+                .chunks_exact(2 * hd)
+                .zip(q.chunks_exact_mut(hd).zip(gate.chunks_exact_mut(hd)))
+            {
                 qh.copy_from_slice(&head[..hd]);
                 gh.copy_from_slice(&head[hd..]);
             }
@@ -442,12 +561,31 @@ impl Model {
         }
         // attention of each span over its own cache
         let window = if c.sliding[il] { c.sliding_window } else { 0 };
-        let shape = AttnShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, window, sinks: a.sinks.as_deref() };
+        let shape = AttnShape {
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+            window,
+            sinks: a.sinks.as_deref(),
+        };
         let mut row = 0;
         for p in parts.iter_mut() {
             let rows = row..row + p.tokens.len();
-            p.mem.kv.store(il, p.pos0, &k[rows.start * kv_dim..rows.end * kv_dim], &v[rows.start * kv_dim..rows.end * kv_dim]);
-            attend(&p.mem.kv, il, &shape, p.pos0, &q[rows.start * q_dim..rows.end * q_dim], &mut attn[rows.start * q_dim..rows.end * q_dim], scores);
+            p.mem.kv.store(
+                il,
+                p.pos0,
+                &k[rows.start * kv_dim..rows.end * kv_dim],
+                &v[rows.start * kv_dim..rows.end * kv_dim],
+            );
+            attend(
+                &p.mem.kv,
+                il,
+                &shape,
+                p.pos0,
+                &q[rows.start * q_dim..rows.end * q_dim],
+                &mut attn[rows.start * q_dim..rows.end * q_dim],
+                scores,
+            );
             row = rows.end;
         }
         // attn_gate: attention · sigmoid(gate)
@@ -470,12 +608,32 @@ impl Model {
     /// each head's query absorbed into the latent space; attention of each span over its own cache; each
     /// head's value out of the latent space; attn_output on all rows.
     #[allow(clippy::too_many_arguments)]
-    fn latent_attention(&self, a: &Latent, il: usize, parts: &mut [Part<'_>], h: &[f32], (cos, sin): (&[f32], &[f32]), m: &mut MixerScratch, out: &mut [f32]) -> Result<()> {
+    fn latent_attention(
+        &self,
+        a: &Latent,
+        il: usize,
+        parts: &mut [Part<'_>],
+        h: &[f32],
+        (cos, sin): (&[f32], &[f32]),
+        m: &mut MixerScratch,
+        out: &mut [f32],
+    ) -> Result<()> {
         let c = &self.config;
         let s = c.mla.expect("latent attention has its shape");
         let (n, nh, half) = (h.len() / c.n_embd, c.n_head, c.rope_dims / 2);
         let (qd, width) = (s.nope + s.rope, s.kv_lora + s.rope);
-        let MixerScratch { q, k, qg, gate, scores, proj_acts, jobs, acts, heads, .. } = m;
+        let MixerScratch {
+            q,
+            k,
+            qg,
+            gate,
+            scores,
+            proj_acts,
+            jobs,
+            acts,
+            heads,
+            ..
+        } = m;
         // q: n × nh × (nope + rope); k: n × (kv_lora + rope), the latent vector then the key's RoPE part.
         match &a.q {
             LatentQuery::Direct(wq) => self.project(h, &[wq, &a.kv_a], proj_acts, jobs, &mut [q, k])?,
@@ -495,7 +653,11 @@ impl Model {
         // `gate` holds the full queries, n × nh × width.
         gate.resize(n * nh * width, 0.0);
         self.per_head(&a.k_b, (q, qd, s.nope), (gate, width), heads)?;
-        for (i, (row, qrow)) in gate.chunks_exact_mut(nh * width).zip(q.chunks_exact_mut(nh * qd)).enumerate() {
+        for (i, (row, qrow)) in gate
+            .chunks_exact_mut(nh * width)
+            .zip(q.chunks_exact_mut(nh * qd))
+            .enumerate()
+        {
             let (cs, sn) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
             for (head, qh) in row.chunks_exact_mut(width).zip(qrow.chunks_exact_mut(qd)) {
                 rope_head(&mut qh[s.nope..], cs, sn, halves);
@@ -508,8 +670,13 @@ impl Model {
         let mut row = 0;
         for p in parts.iter_mut() {
             let rows = row..row + p.tokens.len();
-            p.mem.kv.store(il, p.pos0, &k[rows.start * width..rows.end * width], &[]);
-            let (qs, os) = (&gate[rows.start * nh * width..rows.end * nh * width], &mut qg[rows.start * nh * s.kv_lora..rows.end * nh * s.kv_lora]);
+            p.mem
+                .kv
+                .store(il, p.pos0, &k[rows.start * width..rows.end * width], &[]);
+            let (qs, os) = (
+                &gate[rows.start * nh * width..rows.end * nh * width],
+                &mut qg[rows.start * nh * s.kv_lora..rows.end * nh * s.kv_lora],
+            );
             attend_latent(&p.mem.kv, il, nh, s.kv_lora, scale, p.pos0, qs, os, scores);
             row = rows.end;
         }
@@ -524,20 +691,39 @@ impl Model {
     /// Each head's own matrix of `w` (one per head, stacked) applied to that head's part of every row, in
     /// one parallel region: `input` is (rows of heads × `stride` floats, of which the first `len` are the
     /// head's input); each head's output goes to the first floats of its `out_stride` in `out`'s rows.
-    fn per_head(&self, w: &Stacked, (input, stride, len): (&[f32], usize, usize), (out, out_stride): (&mut [f32], usize), s: &mut HeadScratch) -> Result<()> {
+    fn per_head(
+        &self,
+        w: &Stacked,
+        (input, stride, len): (&[f32], usize, usize),
+        (out, out_stride): (&mut [f32], usize),
+        s: &mut HeadScratch,
+    ) -> Result<()> {
         let nh = w.n;
         let rows = input.len() / (nh * stride);
-        let HeadScratch { gathered, acts, outs, jobs } = s;
+        let HeadScratch {
+            gathered,
+            acts,
+            outs,
+            jobs,
+        } = s;
         let (acts, outs) = (slots(acts, nh), slots(outs, nh));
         for (hd, a) in acts.iter_mut().enumerate() {
             gathered.clear();
-            gathered.extend(input.chunks_exact(nh * stride).flat_map(|row| &row[hd * stride..hd * stride + len]));
+            gathered.extend(
+                input
+                    .chunks_exact(nh * stride)
+                    .flat_map(|row| &row[hd * stride..hd * stride + len]),
+            );
             a.quantize(w.mat.ty.act_type(), gathered, rows, len)?;
         }
         let mut list: Vec<MatmulJob> = recycle(std::mem::take(jobs));
         list.extend(acts.iter().zip(outs.iter_mut()).enumerate().map(|(hd, (a, o))| {
             o.resize(rows * w.mat.rows, 0.0);
-            MatmulJob { w: self.weights.view(&w.expert(hd)), acts: a, out: &mut o[..] }
+            MatmulJob {
+                w: self.weights.view(&w.expert(hd)),
+                acts: a,
+                out: &mut o[..],
+            }
         }));
         let r = matmul_many(&mut list);
         *jobs = recycle(list);
@@ -553,12 +739,32 @@ impl Model {
 
     /// Gated DeltaNet of layer `il` over the rows of `h`, into `out`: the projections on all rows, the
     /// convolution and the recurrence per span over its own state, then ssm_out on all rows.
-    fn linear_attention(&self, dn: &DeltaNet, il: usize, parts: &mut [Part<'_>], h: &[f32], m: &mut MixerScratch, out: &mut [f32]) -> Result<()> {
+    fn linear_attention(
+        &self,
+        dn: &DeltaNet,
+        il: usize,
+        parts: &mut [Part<'_>],
+        h: &[f32],
+        m: &mut MixerScratch,
+        out: &mut [f32],
+    ) -> Result<()> {
         let c = &self.config;
         let s = c.delta_net.as_ref().expect("a linear-attention layer has its shape");
         let n = h.len() / c.n_embd;
         let (cd, vd, nv) = (s.conv_dim(), s.value_dim(), s.n_v_heads);
-        let MixerScratch { qkv, z, beta, alpha, ba, y, proj_acts, jobs, acts, delta, .. } = m;
+        let MixerScratch {
+            qkv,
+            z,
+            beta,
+            alpha,
+            ba,
+            y,
+            proj_acts,
+            jobs,
+            acts,
+            delta,
+            ..
+        } = m;
         qkv.resize(n * cd, 0.0);
         z.resize(n * vd, 0.0);
         beta.resize(n * nv, 0.0);
@@ -566,7 +772,13 @@ impl Model {
         y.resize(n * vd, 0.0);
         match &dn.beta_alpha {
             BetaAlpha::Apart { beta: wb, alpha: wa } => {
-                self.project(h, &[&dn.qkv, &dn.z, wb, wa], proj_acts, jobs, &mut [qkv, z, beta, alpha])?;
+                self.project(
+                    h,
+                    &[&dn.qkv, &dn.z, wb, wa],
+                    proj_acts,
+                    jobs,
+                    &mut [qkv, z, beta, alpha],
+                )?;
                 delta_net::gates(s, dn, None, beta, alpha);
             }
             BetaAlpha::Joint(wba) => {
@@ -580,7 +792,18 @@ impl Model {
             let rows = row..row + p.tokens.len();
             let span = |w: usize| rows.start * w..rows.end * w;
             let (rq, rz, rg, ry) = (span(cd), span(vd), span(nv), span(vd));
-            delta_net::mix(s, dn, c.rms_eps, &mut p.mem.delta[il], &mut qkv[rq], &z[rz], &beta[rg.clone()], &alpha[rg], &mut y[ry], delta);
+            delta_net::mix(
+                s,
+                dn,
+                c.rms_eps,
+                &mut p.mem.delta[il],
+                &mut qkv[rq],
+                &z[rz],
+                &beta[rg.clone()],
+                &alpha[rg],
+                &mut y[ry],
+                delta,
+            );
             row = rows.end;
         }
         acts.quantize(dn.out.ty.act_type(), y, n, vd)?;
@@ -591,7 +814,14 @@ impl Model {
     /// The projections `mats` of the rows of `h` into `outs`, in one parallel region. The input is
     /// quantised once for each distinct activation format among them (llama.cpp's mixes can give them
     /// different weight types), into the first entries of `acts`.
-    fn project(&self, h: &[f32], mats: &[&Mat], acts: &mut Vec<Activations>, jobs: &mut Vec<MatmulJob<'static>>, outs: &mut [&mut Vec<f32>]) -> Result<()> {
+    fn project(
+        &self,
+        h: &[f32],
+        mats: &[&Mat],
+        acts: &mut Vec<Activations>,
+        jobs: &mut Vec<MatmulJob<'static>>,
+        outs: &mut [&mut Vec<f32>],
+    ) -> Result<()> {
         let rows = h.len() / mats[0].cols;
         let mut which = [0usize; 4];
         let mut formats = 0;
@@ -610,7 +840,11 @@ impl Model {
         let mut list: Vec<MatmulJob> = recycle(std::mem::take(jobs));
         list.extend(mats.iter().zip(outs.iter_mut()).enumerate().map(|(i, (m, out))| {
             out.resize(rows * m.rows, 0.0);
-            MatmulJob { w: w.view(m), acts: &acts[which[i]], out: &mut out[..] }
+            MatmulJob {
+                w: w.view(m),
+                acts: &acts[which[i]],
+                out: &mut out[..],
+            }
         }));
         let r = matmul_many(&mut list);
         *jobs = recycle(list);
@@ -621,7 +855,16 @@ impl Model {
 /// The bounded expert cache over the store `s` names, its pinned experts loaded (the caller starts the
 /// warming once the rest of the model is in).
 fn open_cache(s: &StreamOptions, file: &GgufFile) -> Result<ExpertCache> {
-    let open = |direct_io| Store::open_with(&s.store, file, &StoreOptions { direct_io, verify_digests: s.verify_digests });
+    let open = |direct_io| {
+        Store::open_with(
+            &s.store,
+            file,
+            &StoreOptions {
+                direct_io,
+                verify_digests: s.verify_digests,
+            },
+        )
+    };
     let store = match s.io {
         ReadMode::Buffered => open(false)?,
         ReadMode::Direct => open(true)?,
@@ -631,7 +874,14 @@ fn open_cache(s: &StreamOptions, file: &GgufFile) -> Result<ExpertCache> {
         },
     };
     // Its records only feed the kernels: laid out for them as they land, as resident weights are at load.
-    let cache = ExpertCache::new(Arc::new(store), &CacheOptions { policy: s.policy, regroup: true, ..CacheOptions::new(Budget::Bytes(s.budget_bytes)) })?;
+    let cache = ExpertCache::new(
+        Arc::new(store),
+        &CacheOptions {
+            policy: s.policy,
+            regroup: true,
+            ..CacheOptions::new(Budget::Bytes(s.budget_bytes))
+        },
+    )?;
     cache.pin(&s.pinned)?;
     Ok(cache)
 }
@@ -711,7 +961,16 @@ impl Scratch {
     fn size_for(&mut self, c: &Config, n: usize) {
         let (d, q_dim, kv_dim, half) = (c.n_embd, c.q_dim(), c.kv_dim(), c.rope_dims / 2);
         let m = &mut self.mixer;
-        let sizes = [(&mut self.x, d), (&mut m.q, q_dim), (&mut m.k, kv_dim), (&mut m.v, kv_dim), (&mut m.attn, q_dim), (&mut self.attn_out, d), (&mut self.cos, half), (&mut self.sin, half)];
+        let sizes = [
+            (&mut self.x, d),
+            (&mut m.q, q_dim),
+            (&mut m.k, kv_dim),
+            (&mut m.v, kv_dim),
+            (&mut m.attn, q_dim),
+            (&mut self.attn_out, d),
+            (&mut self.cos, half),
+            (&mut self.sin, half),
+        ];
         for (buf, per_row) in sizes {
             buf.resize(n * per_row, 0.0);
         }

@@ -51,7 +51,17 @@ impl Routing {
     /// Route each row of `logits` (`n_expert` router logits per row) by `rule`, replacing the previous
     /// decision. Rankings break ties by ascending id, so every choice is total and stable.
     pub fn route(&mut self, logits: &[f32], rule: &RouteRule<'_>) {
-        let Routing { ids, weights, probs, choose, order, group_scores, group_order, picked, .. } = self;
+        let Routing {
+            ids,
+            weights,
+            probs,
+            choose,
+            order,
+            group_scores,
+            group_order,
+            picked,
+            ..
+        } = self;
         let (n, k) = (rule.n_expert, rule.k);
         self.k = k;
         ids.clear();
@@ -107,7 +117,11 @@ impl Routing {
                     probs[e as usize] = p;
                 }
             }
-            let norm = if rule.norm { 1.0 / chosen.iter().fold(0f32, |s, &e| s + probs[e as usize]) } else { 1.0 };
+            let norm = if rule.norm {
+                1.0 / chosen.iter().fold(0f32, |s, &e| s + probs[e as usize])
+            } else {
+                1.0
+            };
             chosen.sort_unstable();
             for &e in chosen.iter() {
                 ids.push(e);
@@ -157,10 +171,30 @@ impl MoeScratch {
 /// The MoE block for the rows of `x` (already normalised) routed by `routing`, into [`MoeScratch::out`]:
 /// the chosen experts, wherever `experts` computes them, combined canonically, plus the shared expert if
 /// any. Returns how many distinct experts ran.
-pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x: &[f32], routing: &Routing, s: &mut MoeScratch) -> Result<usize> {
+pub fn moe_block(
+    w: &Weights,
+    experts: &dyn Experts,
+    c: &Config,
+    layer: usize,
+    x: &[f32],
+    routing: &Routing,
+    s: &mut MoeScratch,
+) -> Result<usize> {
     let (d, k) = (c.n_embd, routing.k);
     let rows = x.len() / d;
-    let MoeScratch { by_expert, ids, runs, rows: slot_rows, input, shared_input, contributions, delivered, experts: scratch, ffn, out } = s;
+    let MoeScratch {
+        by_expert,
+        ids,
+        runs,
+        rows: slot_rows,
+        input,
+        shared_input,
+        contributions,
+        delivered,
+        experts: scratch,
+        ffn,
+        out,
+    } = s;
 
     // Group rows by expert so each expert's weights are read once per batch. (An unstable sort on a
     // unique key: sorts in place, and the order is still fully determined.)
@@ -181,10 +215,21 @@ pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x
 
     // The layer's input is quantised once; each expert gets its rows as byte copies of those rows.
     let first = routing.ids.first().copied().unwrap_or(0);
-    input.quantize(w.layers[layer].experts(layer, first)?.gate_exps.mat.ty.act_type(), x, rows, d)?;
+    input.quantize(
+        w.layers[layer].experts(layer, first)?.gate_exps.mat.ty.act_type(),
+        x,
+        rows,
+        d,
+    )?;
 
     contributions.resize(rows * k * d, 0.0);
-    let job = ExpertJob { layer, input, ids, rows: slot_rows, starts: runs };
+    let job = ExpertJob {
+        layer,
+        input,
+        ids,
+        rows: slot_rows,
+        starts: runs,
+    };
     let shared = w.layers[layer].shared.as_ref();
     // The shared expert runs while the routed experts are computed (elsewhere, when they are remote).
     let mut shared_ffn = || shared.map_or(Ok(()), |sh| shared_expert(w, sh, x, d, shared_input, ffn));
@@ -198,8 +243,13 @@ pub fn moe_block(w: &Weights, experts: &dyn Experts, c: &Config, layer: usize, x
         }
     })?;
     if let Some(i) = delivered.iter().position(|&done| !done) {
-        let what = "its output was not delivered whole (a bug in the expert source), so the layer cannot be combined".into();
-        return Err(EngineError::Expert { layer, expert: ids[i], what });
+        let what =
+            "its output was not delivered whole (a bug in the expert source), so the layer cannot be combined".into();
+        return Err(EngineError::Expert {
+            layer,
+            expert: ids[i],
+            what,
+        });
     }
 
     // Canonical combination: Σ w_e · y_e in ascending expert-id order (the slots are already in that order),
@@ -245,9 +295,22 @@ pub fn dense_ffn(w: &Weights, f: &SharedExpert, x: &[f32], d: usize, s: &mut Moe
 }
 
 /// The shared expert's output for the rows of `x`, into `ffn` (output 0); `acts` receives x quantised for it.
-fn shared_expert(w: &Weights, sh: &SharedExpert, x: &[f32], d: usize, acts: &mut Activations, ffn: &mut FfnScratch) -> Result<()> {
+fn shared_expert(
+    w: &Weights,
+    sh: &SharedExpert,
+    x: &[f32],
+    d: usize,
+    acts: &mut Activations,
+    ffn: &mut FfnScratch,
+) -> Result<()> {
     acts.quantize(sh.gate.ty.act_type(), x, x.len() / d, d)?;
-    let weights = ExpertWeights { gate: w.view(&sh.gate), up: w.view(&sh.up), down: w.view(&sh.down), bias: None, act: Activation::Silu };
+    let weights = ExpertWeights {
+        gate: w.view(&sh.gate),
+        up: w.view(&sh.up),
+        down: w.view(&sh.down),
+        bias: None,
+        act: Activation::Silu,
+    };
     swiglu_many(&[weights], std::slice::from_ref(acts), ffn)?;
     Ok(())
 }
@@ -260,10 +323,27 @@ mod tests {
     fn top_k_ties_break_by_ascending_id_and_output_is_sorted() {
         // experts 1 and 3 tie for the top; 0 and 2 tie below.
         let mut r = Routing::default();
-        let rule = RouteRule { n_expert: 4, k: 3, sigmoid: false, bias: None, groups: 1, groups_used: 1, norm: false, scale: 1.0, softmax_chosen: false };
+        let rule = RouteRule {
+            n_expert: 4,
+            k: 3,
+            sigmoid: false,
+            bias: None,
+            groups: 1,
+            groups_used: 1,
+            norm: false,
+            scale: 1.0,
+            softmax_chosen: false,
+        };
         r.route(&[1.0, 2.0, 1.0, 2.0], &rule);
         assert_eq!(r.ids, vec![0, 1, 3]);
-        r.route(&[5.0, 0.0, 0.0, 1.0], &RouteRule { k: 2, norm: true, ..rule });
+        r.route(
+            &[5.0, 0.0, 0.0, 1.0],
+            &RouteRule {
+                k: 2,
+                norm: true,
+                ..rule
+            },
+        );
         assert_eq!(r.ids, vec![0, 3]);
         assert!((r.weights[0] + r.weights[1] - 1.0).abs() < 1e-6);
         assert!(r.weights[0] > r.weights[1]);
@@ -275,7 +355,17 @@ mod tests {
     fn grouped_sigmoid_routing_with_a_choosing_bias() {
         let logits = [2.0, 1.0, -1.0, 0.5, 0.0, 3.0, -2.0, 1.5];
         let bias = [0.0, 0.0, 0.0, 0.0, 0.0, -5.0, 0.0, 0.0];
-        let rule = RouteRule { n_expert: 8, k: 2, sigmoid: true, bias: Some(&bias), groups: 4, groups_used: 2, norm: true, scale: 2.5, softmax_chosen: false };
+        let rule = RouteRule {
+            n_expert: 8,
+            k: 2,
+            sigmoid: true,
+            bias: Some(&bias),
+            groups: 4,
+            groups_used: 2,
+            norm: true,
+            scale: 2.5,
+            softmax_chosen: false,
+        };
         let mut r = Routing::default();
         r.route(&logits, &rule);
         // Biased scores by group: {0,1} 0.88+0.73, {2,3} 0.27+0.62, {4,5} 0.5+(0.95-5), {6,7} 0.12+0.82: groups
@@ -290,8 +380,18 @@ mod tests {
     struct Withholds<'a>(&'a dyn Experts, usize);
 
     impl Experts for Withholds<'_> {
-        fn apply(&self, job: &ExpertJob, s: &mut ExpertScratch, meanwhile: &mut dyn FnMut() -> Result<()>, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
-            self.0.apply(job, s, meanwhile, &mut |i, y| if i != self.1 { deliver(i, y) })
+        fn apply(
+            &self,
+            job: &ExpertJob,
+            s: &mut ExpertScratch,
+            meanwhile: &mut dyn FnMut() -> Result<()>,
+            deliver: &mut dyn FnMut(usize, &[f32]),
+        ) -> Result<()> {
+            self.0.apply(job, s, meanwhile, &mut |i, y| {
+                if i != self.1 {
+                    deliver(i, y)
+                }
+            })
         }
     }
 
@@ -308,7 +408,16 @@ mod tests {
         let mut s = MoeScratch::default();
         let all = moe_block(&model.weights, &*model.experts, c, 0, &x, &routing, &mut s).unwrap();
         let whole = s.out().to_vec();
-        let err = moe_block(&model.weights, &Withholds(&*model.experts, 1), c, 1, &x, &routing, &mut s).unwrap_err();
+        let err = moe_block(
+            &model.weights,
+            &Withholds(&*model.experts, 1),
+            c,
+            1,
+            &x,
+            &routing,
+            &mut s,
+        )
+        .unwrap_err();
         let second = {
             let mut ids = routing.ids.clone();
             ids.sort_unstable();
@@ -317,7 +426,10 @@ mod tests {
         };
         assert_eq!(err.to_string(), format!("expert {second} of layer 1: its output was not delivered whole (a bug in the expert source), so the layer cannot be combined"));
         // The same scratch still computes correctly afterwards.
-        assert_eq!(moe_block(&model.weights, &*model.experts, c, 0, &x, &routing, &mut s).unwrap(), all);
+        assert_eq!(
+            moe_block(&model.weights, &*model.experts, c, 0, &x, &routing, &mut s).unwrap(),
+            all
+        );
         assert_eq!(s.out(), &whole[..]);
     }
 }

@@ -34,19 +34,30 @@ impl Perplexity {
 
 /// Perplexity of `model` on `tokens`; `progress(chunks done, chunks, running perplexity)` after each chunk.
 /// Errors if the text is shorter than two chunks' worth of half contexts (fewer than `n_ctx` tokens).
-pub fn perplexity(model: &Model, tokens: &[u32], n_ctx: usize, mut progress: impl FnMut(usize, usize, f64)) -> Result<Perplexity> {
+pub fn perplexity(
+    model: &Model,
+    tokens: &[u32],
+    n_ctx: usize,
+    mut progress: impl FnMut(usize, usize, f64),
+) -> Result<Perplexity> {
     let n_chunk = tokens.len() / n_ctx.max(1);
     if n_ctx < 4 || n_chunk == 0 {
         return Err(crate::EngineError::Model {
             path: model.weights.file.path().display().to_string(),
-            what: format!("perplexity needs at least one chunk of the context size: {} tokens, context {n_ctx}", tokens.len()),
+            what: format!(
+                "perplexity needs at least one chunk of the context size: {} tokens, context {n_ctx}",
+                tokens.len()
+            ),
         });
     }
     let v = model.config.n_vocab;
     let first = n_ctx / 2;
     let mut seq = model.new_sequence(n_ctx);
     let mut chunk = vec![0u32; n_ctx];
-    let mut out = Perplexity { n_ctx, chunks: Vec::with_capacity(n_chunk) };
+    let mut out = Perplexity {
+        n_ctx,
+        chunks: Vec::with_capacity(n_chunk),
+    };
     for i in 0..n_chunk {
         let text = &tokens[i * n_ctx..(i + 1) * n_ctx];
         chunk.copy_from_slice(text);

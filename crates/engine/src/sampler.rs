@@ -15,22 +15,43 @@ pub struct SamplerOptions {
 
 impl Default for SamplerOptions {
     fn default() -> Self {
-        SamplerOptions { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0 }
+        SamplerOptions {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
     }
 }
 
 impl SamplerOptions {
     pub fn greedy() -> Self {
-        SamplerOptions { temperature: 0.0, ..Default::default() }
+        SamplerOptions {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 
     /// Every value in its meaningful range (named as in the OpenAI and llama-server request fields).
     pub fn check(&self) -> Result<(), String> {
         let checks = [
-            ("temperature", self.temperature, self.temperature >= 0.0, "0 or more (0 is greedy)"),
+            (
+                "temperature",
+                self.temperature,
+                self.temperature >= 0.0,
+                "0 or more (0 is greedy)",
+            ),
             ("top_p", self.top_p, self.top_p > 0.0 && self.top_p <= 1.0, "in (0, 1]"),
             ("min_p", self.min_p, (0.0..=1.0).contains(&self.min_p), "in [0, 1]"),
-            ("repeat_penalty", self.repeat_penalty, self.repeat_penalty > 0.0, "greater than 0 (1 is off)"),
+            (
+                "repeat_penalty",
+                self.repeat_penalty,
+                self.repeat_penalty > 0.0,
+                "greater than 0 (1 is off)",
+            ),
         ];
         for (name, value, ok, range) in checks {
             if !(value.is_finite() && ok) {
@@ -72,7 +93,12 @@ fn rank_key(id: u32, logit: f32) -> u64 {
 
 impl Sampler {
     pub fn new(opts: SamplerOptions) -> Sampler {
-        Sampler { rng: SplitMix64(opts.seed), opts, keys: Vec::new(), weights: Vec::new() }
+        Sampler {
+            rng: SplitMix64(opts.seed),
+            opts,
+            keys: Vec::new(),
+            weights: Vec::new(),
+        }
     }
 
     /// Pick the next token from `logits`, given the tokens so far (`history`, for the repetition penalty).
@@ -87,7 +113,11 @@ impl Sampler {
                 if seen.insert(t) {
                     if let Some(l) = penalised.get_mut(t as usize) {
                         // As llama.cpp: shrink positive logits, push negative ones further down.
-                        *l = if *l > 0.0 { *l / o.repeat_penalty } else { *l * o.repeat_penalty };
+                        *l = if *l > 0.0 {
+                            *l / o.repeat_penalty
+                        } else {
+                            *l * o.repeat_penalty
+                        };
                     }
                 }
             }
@@ -188,11 +218,38 @@ mod tests {
         assert_eq!(SamplerOptions::greedy().check(), Ok(()));
         let bad = |o: SamplerOptions| o.check().unwrap_err();
         let d = SamplerOptions::default;
-        assert_eq!(bad(SamplerOptions { temperature: f32::NAN, ..d() }), "temperature is NaN; it must be 0 or more (0 is greedy)");
-        assert_eq!(bad(SamplerOptions { temperature: -0.5, ..d() }), "temperature is -0.5; it must be 0 or more (0 is greedy)");
-        assert_eq!(bad(SamplerOptions { top_p: 0.0, ..d() }), "top_p is 0; it must be in (0, 1]");
-        assert_eq!(bad(SamplerOptions { min_p: f32::INFINITY, ..d() }), "min_p is inf; it must be in [0, 1]");
-        assert_eq!(bad(SamplerOptions { repeat_penalty: -1.0, ..d() }), "repeat_penalty is -1; it must be greater than 0 (1 is off)");
+        assert_eq!(
+            bad(SamplerOptions {
+                temperature: f32::NAN,
+                ..d()
+            }),
+            "temperature is NaN; it must be 0 or more (0 is greedy)"
+        );
+        assert_eq!(
+            bad(SamplerOptions {
+                temperature: -0.5,
+                ..d()
+            }),
+            "temperature is -0.5; it must be 0 or more (0 is greedy)"
+        );
+        assert_eq!(
+            bad(SamplerOptions { top_p: 0.0, ..d() }),
+            "top_p is 0; it must be in (0, 1]"
+        );
+        assert_eq!(
+            bad(SamplerOptions {
+                min_p: f32::INFINITY,
+                ..d()
+            }),
+            "min_p is inf; it must be in [0, 1]"
+        );
+        assert_eq!(
+            bad(SamplerOptions {
+                repeat_penalty: -1.0,
+                ..d()
+            }),
+            "repeat_penalty is -1; it must be greater than 0 (1 is off)"
+        );
     }
 
     #[test]
@@ -203,7 +260,11 @@ mod tests {
 
     #[test]
     fn top_k_one_is_greedy_at_any_temperature() {
-        let mut s = Sampler::new(SamplerOptions { temperature: 5.0, top_k: 1, ..Default::default() });
+        let mut s = Sampler::new(SamplerOptions {
+            temperature: 5.0,
+            top_k: 1,
+            ..Default::default()
+        });
         for _ in 0..20 {
             assert_eq!(s.sample(&[0.0, 1.0, 2.0, 1.9], &[]), 2);
         }
@@ -212,7 +273,13 @@ mod tests {
     #[test]
     fn same_seed_same_draws_and_distribution_follows_logits() {
         let logits = [0.0f32, 1.0, 2.0];
-        let opts = SamplerOptions { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() };
+        let opts = SamplerOptions {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        };
         let draw = |seed| {
             let mut s = Sampler::new(SamplerOptions { seed, ..opts.clone() });
             (0..3000).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
@@ -221,19 +288,37 @@ mod tests {
         let d = draw(7);
         let freq = |t| d.iter().filter(|&&x| x == t).count() as f32 / d.len() as f32;
         // softmax([0,1,2]) = [0.090, 0.245, 0.665]
-        assert!((freq(2) - 0.665).abs() < 0.04 && (freq(0) - 0.090).abs() < 0.03, "{} {}", freq(0), freq(2));
+        assert!(
+            (freq(2) - 0.665).abs() < 0.04 && (freq(0) - 0.090).abs() < 0.03,
+            "{} {}",
+            freq(0),
+            freq(2)
+        );
     }
 
     #[test]
     fn rank_keys_order_as_logits_descending_then_ids_ascending() {
         let mut rng = SplitMix64(5);
         let mut logits: Vec<f32> = (0..500).map(|_| (rng.next_f32() - 0.5) * 20.0).collect();
-        logits.extend([0.0, -0.0, 1.5, 1.5, -1.5, f32::INFINITY, f32::NEG_INFINITY, f32::MIN_POSITIVE, -f32::MIN_POSITIVE]);
+        logits.extend([
+            0.0,
+            -0.0,
+            1.5,
+            1.5,
+            -1.5,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MIN_POSITIVE,
+            -f32::MIN_POSITIVE,
+        ]);
         let mut by_pairs: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
         by_pairs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let mut by_keys: Vec<u64> = logits.iter().enumerate().map(|(i, &l)| rank_key(i as u32, l)).collect();
         by_keys.sort_unstable();
-        assert_eq!(by_keys.iter().map(|&k| k as u32).collect::<Vec<_>>(), by_pairs.iter().map(|p| p.0).collect::<Vec<_>>());
+        assert_eq!(
+            by_keys.iter().map(|&k| k as u32).collect::<Vec<_>>(),
+            by_pairs.iter().map(|p| p.0).collect::<Vec<_>>()
+        );
     }
 
     /// The filters as first written: every candidate sorted by (logit descending, id ascending), then top-k,
@@ -257,10 +342,17 @@ mod tests {
             c.truncate(keep.map_or(c.len(), |i| i + 1).max(1));
         }
         if o.min_p > 0.0 {
-            let keep = probs.iter().take(c.len()).take_while(|&&p| p >= probs[0] * o.min_p).count();
+            let keep = probs
+                .iter()
+                .take(c.len())
+                .take_while(|&&p| p >= probs[0] * o.min_p)
+                .count();
             c.truncate(keep.max(1));
         }
-        let w: Vec<f32> = c.iter().map(|&(_, l)| crate::ops::exp((l - max) / o.temperature)).collect();
+        let w: Vec<f32> = c
+            .iter()
+            .map(|&(_, l)| crate::ops::exp((l - max) / o.temperature))
+            .collect();
         let mut r = rng.next_f32() * w.iter().sum::<f32>();
         for (&(id, _), &wt) in c.iter().zip(&w) {
             if r < wt {
@@ -279,30 +371,59 @@ mod tests {
         let cases = [
             d(),
             SamplerOptions { top_k: 0, ..d() },
-            SamplerOptions { top_k: 0, min_p: 0.0, ..d() },
-            SamplerOptions { top_k: 5, top_p: 1.0, min_p: 0.0, temperature: 1.3, ..d() },
-            SamplerOptions { top_k: vocab + 10, ..d() },
+            SamplerOptions {
+                top_k: 0,
+                min_p: 0.0,
+                ..d()
+            },
+            SamplerOptions {
+                top_k: 5,
+                top_p: 1.0,
+                min_p: 0.0,
+                temperature: 1.3,
+                ..d()
+            },
+            SamplerOptions {
+                top_k: vocab + 10,
+                ..d()
+            },
         ];
         for (n, o) in cases.into_iter().enumerate() {
             let o = SamplerOptions { seed: n as u64, ..o };
             let (mut s, mut reference) = (Sampler::new(o.clone()), SplitMix64(o.seed));
             for _ in 0..50 {
                 // Logits with ties, as a quantised model's often have.
-                let logits: Vec<f32> = (0..vocab).map(|_| ((gen.next_f32() * 40.0).round() - 20.0) / 4.0).collect();
-                assert_eq!(s.sample(&logits, &[]), reference_draw(&o, &mut reference, &logits), "case {n}: {o:?}");
+                let logits: Vec<f32> = (0..vocab)
+                    .map(|_| ((gen.next_f32() * 40.0).round() - 20.0) / 4.0)
+                    .collect();
+                assert_eq!(
+                    s.sample(&logits, &[]),
+                    reference_draw(&o, &mut reference, &logits),
+                    "case {n}: {o:?}"
+                );
             }
         }
     }
 
     #[test]
     fn repetition_penalty_changes_the_greedy_choice() {
-        let mut s = Sampler::new(SamplerOptions { repeat_penalty: 2.0, ..SamplerOptions::greedy() });
+        let mut s = Sampler::new(SamplerOptions {
+            repeat_penalty: 2.0,
+            ..SamplerOptions::greedy()
+        });
         assert_eq!(s.sample(&[1.0, 1.5], &[1]), 0);
     }
 
     #[test]
     fn min_p_drops_unlikely_tokens() {
-        let opts = SamplerOptions { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.5, seed: 1, ..Default::default() };
+        let opts = SamplerOptions {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.5,
+            seed: 1,
+            ..Default::default()
+        };
         let mut s = Sampler::new(opts);
         for _ in 0..200 {
             assert_ne!(s.sample(&[5.0, 4.9, 0.0], &[]), 2);

@@ -56,7 +56,10 @@ impl Stats {
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
-        let mut s = StatsSnapshot { weight_bytes: self.weight_bytes.load(Relaxed), ..Default::default() };
+        let mut s = StatsSnapshot {
+            weight_bytes: self.weight_bytes.load(Relaxed),
+            ..Default::default()
+        };
         for (d, ns) in s.phase.iter_mut().zip(&self.phase_ns) {
             *d = Duration::from_nanos(ns.load(Relaxed));
         }
@@ -74,7 +77,10 @@ impl StatsSnapshot {
 
     /// The counts between an earlier snapshot and this one.
     pub fn since(&self, earlier: &StatsSnapshot) -> StatsSnapshot {
-        let mut s = StatsSnapshot { weight_bytes: self.weight_bytes - earlier.weight_bytes, ..Default::default() };
+        let mut s = StatsSnapshot {
+            weight_bytes: self.weight_bytes - earlier.weight_bytes,
+            ..Default::default()
+        };
         for i in 0..4 {
             s.phase[i] = self.phase[i] - earlier.phase[i];
         }

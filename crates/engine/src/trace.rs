@@ -46,10 +46,14 @@ impl Record {
         self.data.is_empty()
     }
     pub fn f32s(&self) -> impl Iterator<Item = f32> + '_ {
-        self.data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        self.data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
     }
     pub fn u32s(&self) -> impl Iterator<Item = u32> + '_ {
-        self.data.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        self.data
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
     }
 }
 
@@ -73,7 +77,12 @@ pub struct Trace {
 
 impl Trace {
     pub fn new(model: Value, options: Value) -> Trace {
-        Trace { step: 0, records: Vec::new(), model, options }
+        Trace {
+            step: 0,
+            records: Vec::new(),
+            model,
+            options,
+        }
     }
 
     /// Called by the forward pass at the end of each step.
@@ -91,13 +100,25 @@ impl Trace {
     pub fn tensor(&mut self, layer: Option<usize>, what: &str, shape: &[usize], data: &[f32]) {
         let name = self.name(layer, what);
         let data = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.records.push(Record { name, kind: Kind::Tensor, dtype: Dtype::F32, shape: shape.to_vec(), data });
+        self.records.push(Record {
+            name,
+            kind: Kind::Tensor,
+            dtype: Dtype::F32,
+            shape: shape.to_vec(),
+            data,
+        });
     }
 
     pub fn decision(&mut self, layer: Option<usize>, what: &str, shape: &[usize], data: &[u32]) {
         let name = self.name(layer, what);
         let data = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.records.push(Record { name, kind: Kind::Decision, dtype: Dtype::U32, shape: shape.to_vec(), data });
+        self.records.push(Record {
+            name,
+            kind: Kind::Decision,
+            dtype: Dtype::U32,
+            shape: shape.to_vec(),
+            data,
+        });
     }
 
     /// The sampled token closes the step that produced its logits.
@@ -106,7 +127,10 @@ impl Trace {
     }
 
     pub fn write(&self, path: &Path) -> Result<(), TraceError> {
-        let io = |source| TraceError::Io { path: path.display().to_string(), source };
+        let io = |source| TraceError::Io {
+            path: path.display().to_string(),
+            source,
+        };
         let index: Vec<Value> = self
             .records
             .iter()
@@ -121,7 +145,12 @@ impl Trace {
         let views: Vec<(String, TensorView<'_>)> = self
             .records
             .iter()
-            .map(|r| (r.name.clone(), TensorView::new(r.dtype, r.shape.clone(), &r.data).expect("shape matches data")))
+            .map(|r| {
+                (
+                    r.name.clone(),
+                    TensorView::new(r.dtype, r.shape.clone(), &r.data).expect("shape matches data"),
+                )
+            })
             .collect();
         let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| io(std::io::Error::other(e)))?;
         // Write beside and rename, so an interrupted run never leaves a half trace under the final name.
@@ -133,7 +162,10 @@ impl Trace {
     pub fn read(path: &Path) -> Result<Trace, TraceError> {
         let p = path.display().to_string();
         let bad = |what: String| TraceError::Format { path: p.clone(), what };
-        let bytes = std::fs::read(path).map_err(|source| TraceError::Io { path: p.clone(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
+            path: p.clone(),
+            source,
+        })?;
         let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(format!("safetensors header: {e}")))?;
         let meta = header.metadata().clone().ok_or_else(|| bad("no metadata".into()))?;
         let get = |k: &str| -> Result<Value, TraceError> {
@@ -143,20 +175,42 @@ impl Trace {
         let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("safetensors: {e}")))?;
         let index = get("titan.records")?;
         let mut records = Vec::new();
-        for entry in index.as_array().ok_or_else(|| bad("titan.records is not a list".into()))? {
-            let name = entry["name"].as_str().ok_or_else(|| bad("record without a name".into()))?;
-            let kind = if entry["kind"] == "decision" { Kind::Decision } else { Kind::Tensor };
+        for entry in index
+            .as_array()
+            .ok_or_else(|| bad("titan.records is not a list".into()))?
+        {
+            let name = entry["name"]
+                .as_str()
+                .ok_or_else(|| bad("record without a name".into()))?;
+            let kind = if entry["kind"] == "decision" {
+                Kind::Decision
+            } else {
+                Kind::Tensor
+            };
             let view = st.tensor(name).map_err(|e| bad(format!("record {name}: {e}")))?;
-            let r = Record { name: name.to_string(), kind, dtype: view.dtype(), shape: view.shape().to_vec(), data: view.data().to_vec() };
+            let r = Record {
+                name: name.to_string(),
+                kind,
+                dtype: view.dtype(),
+                shape: view.shape().to_vec(),
+                data: view.data().to_vec(),
+            };
             if !matches!(r.dtype, Dtype::F32 | Dtype::U32) {
                 return Err(bad(format!("record {name} has dtype {:?}", r.dtype)));
             }
             if entry["digest"].as_str() != Some(r.digest().as_str()) {
-                return Err(bad(format!("record {name} does not match its digest (the file is damaged)")));
+                return Err(bad(format!(
+                    "record {name} does not match its digest (the file is damaged)"
+                )));
             }
             records.push(r);
         }
-        Ok(Trace { step: 0, records, model: get("titan.model")?, options: get("titan.options")? })
+        Ok(Trace {
+            step: 0,
+            records,
+            model: get("titan.model")?,
+            options: get("titan.options")?,
+        })
     }
 }
 
@@ -191,7 +245,11 @@ impl DiffReport {
 pub fn ulp_distance(a: f32, b: f32) -> u64 {
     fn ordered(x: f32) -> i64 {
         let b = x.to_bits();
-        if b & 0x8000_0000 != 0 { -((b & 0x7fff_ffff) as i64) } else { b as i64 }
+        if b & 0x8000_0000 != 0 {
+            -((b & 0x7fff_ffff) as i64)
+        } else {
+            b as i64
+        }
     }
     ordered(a).abs_diff(ordered(b))
 }
@@ -200,17 +258,30 @@ pub fn ulp_distance(a: f32, b: f32) -> u64 {
 /// bit for bit; otherwise an element differs when |a − b| > tolerance (or exactly one of them is NaN).
 pub fn diff(a: &Trace, b: &Trace, tolerance: Option<f32>) -> DiffReport {
     let by_name: HashMap<&str, &Record> = b.records.iter().map(|r| (r.name.as_str(), r)).collect();
-    let mut rep = DiffReport { tensors: 0, elements: 0, decisions: 0, first_tensor: None, first_decision: None, structural: None };
+    let mut rep = DiffReport {
+        tensors: 0,
+        elements: 0,
+        decisions: 0,
+        first_tensor: None,
+        first_decision: None,
+        structural: None,
+    };
     if a.records.len() != b.records.len() {
-        rep.structural = Some(format!("the traces have {} and {} records", a.records.len(), b.records.len()));
+        rep.structural = Some(format!(
+            "the traces have {} and {} records",
+            a.records.len(),
+            b.records.len()
+        ));
     }
     for ra in &a.records {
         let Some(rb) = by_name.get(ra.name.as_str()) else {
-            rep.structural.get_or_insert(format!("{} is missing from the second trace", ra.name));
+            rep.structural
+                .get_or_insert(format!("{} is missing from the second trace", ra.name));
             continue;
         };
         if ra.shape != rb.shape || ra.kind != rb.kind || ra.dtype != rb.dtype {
-            rep.structural.get_or_insert(format!("{}: shape {:?} vs {:?}", ra.name, ra.shape, rb.shape));
+            rep.structural
+                .get_or_insert(format!("{}: shape {:?} vs {:?}", ra.name, ra.shape, rb.shape));
             continue;
         }
         match ra.kind {
@@ -243,7 +314,13 @@ pub fn diff(a: &Trace, b: &Trace, tolerance: Option<f32>) -> DiffReport {
                     }
                 }
                 if differing > 0 {
-                    rep.first_tensor = Some(TensorDivergence { name: ra.name.clone(), differing, elements: ra.len(), max_abs, max_ulp });
+                    rep.first_tensor = Some(TensorDivergence {
+                        name: ra.name.clone(),
+                        differing,
+                        elements: ra.len(),
+                        max_abs,
+                        max_ulp,
+                    });
                 }
             }
         }

@@ -17,7 +17,9 @@ pub fn tokenizer_from_gguf(f: &GgufFile) -> Result<Tokenizer> {
         pre: f.get_str(&key("pre"))?.map(str::to_string),
         tokens: f.strings(&key("tokens"))?.unwrap_or_default(),
         scores: f.f32s(&key("scores"))?,
-        token_types: f.i64s(&key("token_type"))?.map(|v| v.into_iter().map(|t| t as i32).collect()),
+        token_types: f
+            .i64s(&key("token_type"))?
+            .map(|v| v.into_iter().map(|t| t as i32).collect()),
         merges: f.strings(&key("merges"))?,
         bos: id("bos_token_id")?,
         eos: id("eos_token_id")?,
@@ -29,5 +31,8 @@ pub fn tokenizer_from_gguf(f: &GgufFile) -> Result<Tokenizer> {
         add_eos: f.get_bool(&key("add_eos_token"))?,
         add_space_prefix: f.get_bool(&key("add_space_prefix"))?,
     };
-    Tokenizer::from_spec(spec).map_err(|e| EngineError::Model { path: f.path().display().to_string(), what: e.to_string() })
+    Tokenizer::from_spec(spec).map_err(|e| EngineError::Model {
+        path: f.path().display().to_string(),
+        what: e.to_string(),
+    })
 }

@@ -39,7 +39,10 @@ pub struct Stacked {
 
 impl Stacked {
     pub fn expert(&self, e: usize) -> Mat {
-        Mat { start: self.mat.start + e * self.mat.bytes(), ..self.mat }
+        Mat {
+            start: self.mat.start + e * self.mat.bytes(),
+            ..self.mat
+        }
     }
 }
 
@@ -158,7 +161,11 @@ impl Layer {
     /// The routed experts of layer `il` (this layer), or why there are none: a request for an expert of
     /// a dense layer (one a node could receive) is an error, not a panic.
     pub fn experts(&self, il: usize, expert: u32) -> Result<&Moe> {
-        self.moe.as_ref().ok_or_else(|| EngineError::Expert { layer: il, expert, what: "the layer is dense and has no experts".into() })
+        self.moe.as_ref().ok_or_else(|| EngineError::Expert {
+            layer: il,
+            expert,
+            what: "the layer is dense and has no experts".into(),
+        })
     }
 }
 
@@ -195,19 +202,31 @@ impl ExpertExtras {
             let name = |p: &str| format!("blk.{i}.ffn_{p}_exps.bias");
             layers.push(if f.tensor(&name("gate")).is_some() {
                 let table = |p: &str, len: usize| l.decode(l.tensor(&name(p), &[len, n])?, len * n);
-                Some(ExpertBiases { gate: table("gate", ff)?, up: table("up", ff)?, down: table("down", e)? })
+                Some(ExpertBiases {
+                    gate: table("gate", ff)?,
+                    up: table("up", ff)?,
+                    down: table("down", e)?,
+                })
             } else {
                 None
             });
         }
-        Ok(ExpertExtras { act: c.expert_act, n_expert: n, layers })
+        Ok(ExpertExtras {
+            act: c.expert_act,
+            n_expert: n,
+            layers,
+        })
     }
 
     /// Expert `e` of `layer`'s biases, if the model has any.
     pub fn bias(&self, layer: usize, e: usize) -> Option<ExpertBias<'_>> {
         let b = self.layers.get(layer)?.as_ref()?;
         let n = self.n_expert;
-        Some(ExpertBias { gate: expert_row(&b.gate, n, e), up: expert_row(&b.up, n, e), down: expert_row(&b.down, n, e) })
+        Some(ExpertBias {
+            gate: expert_row(&b.gate, n, e),
+            up: expert_row(&b.up, n, e),
+            down: expert_row(&b.down, n, e),
+        })
     }
 }
 
@@ -235,7 +254,11 @@ impl Weights {
         let l = Loader { f: &file };
         let (e, v) = (c.n_embd, c.n_vocab);
         let token_embd = l.mat("token_embd.weight", e, v)?;
-        let output = if file.tensor("output.weight").is_some() { l.mat("output.weight", e, v)? } else { token_embd };
+        let output = if file.tensor("output.weight").is_some() {
+            l.mat("output.weight", e, v)?
+        } else {
+            token_embd
+        };
         let output_norm = l.vec("output_norm.weight", e)?;
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
@@ -252,7 +275,11 @@ impl Weights {
             let shared = if dense {
                 Some(ffn(c.dense_ff, None, "")?)
             } else if c.shared_ff > 0 {
-                let gate_inp = if c.shared_gated { Some(l.vec_or_row(&n("ffn_gate_inp_shexp.weight"), e)?) } else { None };
+                let gate_inp = if c.shared_gated {
+                    Some(l.vec_or_row(&n("ffn_gate_inp_shexp.weight"), e)?)
+                } else {
+                    None
+                };
                 Some(ffn(c.shared_ff, gate_inp, "_shexp")?)
             } else {
                 None
@@ -275,20 +302,49 @@ impl Weights {
                 (Mixer::DeltaNet, _) => Mixing::DeltaNet(l.delta_net(c, i)?),
             };
             let post_norm = c.attn_gate || c.arch == crate::Arch::GptOss;
-            let ffn_norm = if post_norm { "post_attention_norm.weight" } else { "ffn_norm.weight" };
-            layers.push(Layer { attn_norm: l.vec(&n("attn_norm.weight"), e)?, mixing, ffn_norm: l.vec(&n(ffn_norm), e)?, moe, shared });
+            let ffn_norm = if post_norm {
+                "post_attention_norm.weight"
+            } else {
+                "ffn_norm.weight"
+            };
+            layers.push(Layer {
+                attn_norm: l.vec(&n("attn_norm.weight"), e)?,
+                mixing,
+                ffn_norm: l.vec(&n(ffn_norm), e)?,
+                moe,
+                shared,
+            });
         }
         let extras = std::sync::Arc::new(ExpertExtras::load(&file, c)?);
-        Ok(Weights { file, extras, copies: Copies::default(), token_embd, output_norm, output, layers })
+        Ok(Weights {
+            file,
+            extras,
+            copies: Copies::default(),
+            token_embd,
+            output_norm,
+            output,
+            layers,
+        })
     }
 
     /// A view of a matrix: zero-copy into the mapping, or into its copy.
     pub fn view(&self, m: &Mat) -> WeightView<'_> {
         let (data, layout) = self.copies.get(m.start, m.bytes()).unwrap_or_else(|| {
             // Every Mat was derived from a tensor whose bounds the GGUF reader checked.
-            (self.file.bytes(m.start, m.bytes()).expect("matrix bounds checked at load"), WeightLayout::Plain)
+            (
+                self.file
+                    .bytes(m.start, m.bytes())
+                    .expect("matrix bounds checked at load"),
+                WeightLayout::Plain,
+            )
         });
-        WeightView { ty: m.ty, rows: m.rows, cols: m.cols, data, layout }
+        WeightView {
+            ty: m.ty,
+            rows: m.rows,
+            cols: m.cols,
+            data,
+            layout,
+        }
     }
 
     /// Copies tensors out of the mapping, once, after loading:
@@ -351,7 +407,9 @@ pub enum Residency {
 /// `taps` values per channel, channel after channel, rearranged tap after tap.
 fn tap_major(per_channel: &[f32], taps: usize) -> Vec<f32> {
     let channels = per_channel.len() / taps;
-    (0..taps * channels).map(|n| per_channel[(n % channels) * taps + n / channels]).collect()
+    (0..taps * channels)
+        .map(|n| per_channel[(n % channels) * taps + n / channels])
+        .collect()
 }
 
 /// Whether a GGUF tensor holds experts (llama.cpp stacks them as `blk.N.ffn_{gate,up,down}_exps.weight`).
@@ -361,7 +419,12 @@ pub fn is_expert_tensor(name: &str) -> bool {
 
 /// Dense (non-expert) and expert bytes of a GGUF file's tensors.
 pub fn dense_and_expert_bytes(f: &GgufFile) -> (u64, u64) {
-    let expert: u64 = f.tensors.iter().filter(|t| is_expert_tensor(&t.name)).map(|t| t.size).sum();
+    let expert: u64 = f
+        .tensors
+        .iter()
+        .filter(|t| is_expert_tensor(&t.name))
+        .map(|t| t.size)
+        .sum();
     (f.tensors.iter().map(|t| t.size).sum::<u64>() - expert, expert)
 }
 
@@ -387,26 +450,48 @@ struct Loader<'a> {
 
 impl Loader<'_> {
     fn err(&self, what: String) -> EngineError {
-        EngineError::Model { path: self.f.path().display().to_string(), what }
+        EngineError::Model {
+            path: self.f.path().display().to_string(),
+            what,
+        }
     }
 
     fn tensor(&self, name: &str, dims: &[usize]) -> Result<&TensorInfo> {
-        let t = self.f.tensor(name).ok_or_else(|| self.err(format!("missing tensor {name}")))?;
+        let t = self
+            .f
+            .tensor(name)
+            .ok_or_else(|| self.err(format!("missing tensor {name}")))?;
         let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
         if t.dims != want {
-            return Err(self.err(format!("tensor {name} has shape {:?}, expected {:?} from the metadata", t.dims, want)));
+            return Err(self.err(format!(
+                "tensor {name} has shape {:?}, expected {:?} from the metadata",
+                t.dims, want
+            )));
         }
         Ok(t)
     }
 
     fn mat(&self, name: &str, cols: usize, rows: usize) -> Result<Mat> {
         let t = self.tensor(name, &[cols, rows])?;
-        Ok(Mat { ty: t.ty, rows, cols, start: (self.f.data_offset + t.offset) as usize })
+        Ok(Mat {
+            ty: t.ty,
+            rows,
+            cols,
+            start: (self.f.data_offset + t.offset) as usize,
+        })
     }
 
     fn stacked(&self, name: &str, cols: usize, rows: usize, n: usize) -> Result<Stacked> {
         let t = self.tensor(name, &[cols, rows, n])?;
-        Ok(Stacked { mat: Mat { ty: t.ty, rows, cols, start: (self.f.data_offset + t.offset) as usize }, n })
+        Ok(Stacked {
+            mat: Mat {
+                ty: t.ty,
+                rows,
+                cols,
+                start: (self.f.data_offset + t.offset) as usize,
+            },
+            n,
+        })
     }
 
     fn attention(&self, c: &Config, i: usize) -> Result<Attention> {
@@ -414,10 +499,22 @@ impl Loader<'_> {
         let (e, q, kv) = (c.n_embd, c.q_dim(), c.kv_dim());
         let (q_norm, k_norm) = match c.qk_norm {
             QkNorm::None => (None, None),
-            QkNorm::PerHead => (Some(self.vec(&n("attn_q_norm.weight"), c.head_dim)?), Some(self.vec(&n("attn_k_norm.weight"), c.head_dim)?)),
-            QkNorm::Whole => (Some(self.vec(&n("attn_q_norm.weight"), q)?), Some(self.vec(&n("attn_k_norm.weight"), kv)?)),
+            QkNorm::PerHead => (
+                Some(self.vec(&n("attn_q_norm.weight"), c.head_dim)?),
+                Some(self.vec(&n("attn_k_norm.weight"), c.head_dim)?),
+            ),
+            QkNorm::Whole => (
+                Some(self.vec(&n("attn_q_norm.weight"), q)?),
+                Some(self.vec(&n("attn_k_norm.weight"), kv)?),
+            ),
         };
-        let bias = |name: &str, len| if c.qkv_bias { self.vec(&n(name), len).map(Some) } else { Ok(None) };
+        let bias = |name: &str, len| {
+            if c.qkv_bias {
+                self.vec(&n(name), len).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
         Ok(Attention {
             wq: self.mat(&n("attn_q.weight"), e, c.q_proj_dim())?,
             wk: self.mat(&n("attn_k.weight"), e, kv)?,
@@ -439,7 +536,11 @@ impl Loader<'_> {
         let (e, h) = (c.n_embd, c.n_head);
         let q_rows = h * (m.nope + m.rope);
         let q = if m.q_lora > 0 {
-            LatentQuery::Compressed { a: self.mat(&n("attn_q_a.weight"), e, m.q_lora)?, norm: self.vec(&n("attn_q_a_norm.weight"), m.q_lora)?, b: self.mat(&n("attn_q_b.weight"), m.q_lora, q_rows)? }
+            LatentQuery::Compressed {
+                a: self.mat(&n("attn_q_a.weight"), e, m.q_lora)?,
+                norm: self.vec(&n("attn_q_a_norm.weight"), m.q_lora)?,
+                b: self.mat(&n("attn_q_b.weight"), m.q_lora, q_rows)?,
+            }
         } else {
             LatentQuery::Direct(self.mat(&n("attn_q.weight"), e, q_rows)?)
         };
@@ -455,12 +556,18 @@ impl Loader<'_> {
 
     fn delta_net(&self, c: &Config, i: usize) -> Result<DeltaNet> {
         let n = |s: &str| format!("blk.{i}.{s}");
-        let s = c.delta_net.as_ref().expect("hybrid configs have a linear-attention shape");
+        let s = c
+            .delta_net
+            .as_ref()
+            .expect("hybrid configs have a linear-attention shape");
         let e = c.n_embd;
         let beta_alpha = if self.f.tensor(&n("ssm_ba.weight")).is_some() {
             BetaAlpha::Joint(self.mat(&n("ssm_ba.weight"), e, 2 * s.n_v_heads)?)
         } else {
-            BetaAlpha::Apart { beta: self.mat(&n("ssm_beta.weight"), e, s.n_v_heads)?, alpha: self.mat(&n("ssm_alpha.weight"), e, s.n_v_heads)? }
+            BetaAlpha::Apart {
+                beta: self.mat(&n("ssm_beta.weight"), e, s.n_v_heads)?,
+                alpha: self.mat(&n("ssm_alpha.weight"), e, s.n_v_heads)?,
+            }
         };
         let conv_name = n("ssm_conv1d.weight");
         let conv_t = self.tensor(&conv_name, &[s.conv_kernel, s.conv_dim()])?;

@@ -45,7 +45,16 @@ fn counts() -> (u64, u64) {
 }
 
 /// One model per architecture (qwen2moe has a shared expert), and both SIMD-kernel formats.
-const FILES: &[&str] = &["qwen3moe/q8_0.gguf", "qwen3moe/q4_0.gguf", "olmoe/q8_0.gguf", "qwen2moe/q8_0.gguf", "mixtral/q4_0.gguf", "qwen35moe/q8_0.gguf", "deepseek3/q8_0.gguf", "gpt-oss/q8_0.gguf"];
+const FILES: &[&str] = &[
+    "qwen3moe/q8_0.gguf",
+    "qwen3moe/q4_0.gguf",
+    "olmoe/q8_0.gguf",
+    "qwen2moe/q8_0.gguf",
+    "mixtral/q4_0.gguf",
+    "qwen35moe/q8_0.gguf",
+    "deepseek3/q8_0.gguf",
+    "gpt-oss/q8_0.gguf",
+];
 
 /// (allocations, bytes) of each of `steps` greedily decoded tokens after `prompt`.
 fn decode(model: &Model, prompt: &[u32], steps: usize) -> Vec<(u64, u64)> {
@@ -77,11 +86,16 @@ fn decoding_a_token_allocates_nothing() {
     titan_kernels::set_polling(false);
     for f in FILES {
         let model = Model::load(fixtures().join(f)).unwrap();
-        let prompt = model.tokenizer.encode("The quick brown fox jumps over the lazy dog", true, false);
+        let prompt = model
+            .tokenizer
+            .encode("The quick brown fox jumps over the lazy dog", true, false);
         let inside = pool.install(|| decode(&model, &prompt, 8));
         let outside = decode(&model, &prompt, 8);
         println!("{f}: (allocations, bytes) per decoded token: on a pool worker {inside:?}; from outside the pool {outside:?}");
         // The prompt sized every buffer (a batch of one needs no more than a batch of several).
-        assert!(inside.iter().all(|&(n, _)| n == 0), "{f}: decoding allocates: {inside:?}");
+        assert!(
+            inside.iter().all(|&(n, _)| n == 0),
+            "{f}: decoding allocates: {inside:?}"
+        );
     }
 }

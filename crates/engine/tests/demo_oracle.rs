@@ -54,7 +54,12 @@ fn demo_file_is_the_reference_file() {
     let r = reference();
     let path = demo().join(r["model"]["path"].as_str().unwrap());
     let bytes = std::fs::metadata(&path).unwrap().len();
-    assert_eq!(bytes, r["model"]["bytes"].as_u64().unwrap(), "{} is not the file reference.json was made from", path.display());
+    assert_eq!(
+        bytes,
+        r["model"]["bytes"].as_u64().unwrap(),
+        "{} is not the file reference.json was made from",
+        path.display()
+    );
 }
 
 #[test]
@@ -69,7 +74,12 @@ fn demo_logits_match_llama_cpp() {
         let mut seq = model.new_sequence(tokens.len());
         let ours = model.forward(&tokens, 0, &mut seq, Outputs::All).unwrap().to_vec();
         let d = max_abs_diff(&ours, &reference);
-        println!("{:<45?} {} positions: max|Δ| vs llama.cpp {d:.3e} (rms {:.3e}, tolerance {LOGIT_TOL:.0e})", p["text"].as_str().unwrap(), tokens.len(), rms_diff(&ours, &reference));
+        println!(
+            "{:<45?} {} positions: max|Δ| vs llama.cpp {d:.3e} (rms {:.3e}, tolerance {LOGIT_TOL:.0e})",
+            p["text"].as_str().unwrap(),
+            tokens.len(),
+            rms_diff(&ours, &reference)
+        );
         if !(d <= LOGIT_TOL) {
             failures.push(format!("{:?}: {d} > {LOGIT_TOL}", p["text"].as_str().unwrap()));
         }
@@ -108,16 +118,30 @@ fn demo_greedy_matches_llama_cpp() {
                 margin(&ll[row..][..v]) > 2.0 * max_abs_diff(&forced[row..][..v], &ll[row..][..v])
             })
             .count();
-        let opts = GenerateOptions { max_tokens: n, sampler: SamplerOptions::greedy(), n_ctx: prompt.len() + n + 1 };
+        let opts = GenerateOptions {
+            max_tokens: n,
+            sampler: SamplerOptions::greedy(),
+            n_ctx: prompt.len() + n + 1,
+        };
         let g = model.generate(&prompt, &opts, |_| {}).unwrap();
         let mut agree = g.tokens.iter().zip(&expected).take_while(|(a, b)| a == b).count();
-        if agree == expected.len() && g.tokens.len() == expected.len() && stopped_at_eos == (g.stop == StopReason::EndOfGeneration) {
+        if agree == expected.len()
+            && g.tokens.len() == expected.len()
+            && stopped_at_eos == (g.stop == StopReason::EndOfGeneration)
+        {
             agree += stopped_at_eos as usize;
         }
         let text = model.tokenizer.decode(&g.tokens).unwrap();
-        println!("{:<45?} greedy: {agree}/{n} tokens agree, {must_match} required: {text:?}", p["text"].as_str().unwrap());
+        println!(
+            "{:<45?} greedy: {agree}/{n} tokens agree, {must_match} required: {text:?}",
+            p["text"].as_str().unwrap()
+        );
         if agree < must_match {
-            failures.push(format!("{:?}: {:?} vs {expected:?}", p["text"].as_str().unwrap(), g.tokens));
+            failures.push(format!(
+                "{:?}: {:?} vs {expected:?}",
+                p["text"].as_str().unwrap(),
+                g.tokens
+            ));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
@@ -129,15 +153,31 @@ fn demo_tokenizer_matches_llama_cpp() {
     let model = model();
     for p in r["prompts"].as_array().unwrap() {
         let text = p["text"].as_str().unwrap();
-        assert_eq!(model.tokenizer.encode(text, true, false), ids(&p["prompt_ids"]), "{text:?}");
-        let greedy: Vec<u32> = ids(&p["greedy"]).into_iter().filter(|&t| t != r["model"]["eos_id"].as_u64().unwrap() as u32).collect();
-        assert_eq!(model.tokenizer.decode(&greedy).unwrap(), p["greedy_text"].as_str().unwrap(), "detokenise the continuation of {text:?}");
+        assert_eq!(
+            model.tokenizer.encode(text, true, false),
+            ids(&p["prompt_ids"]),
+            "{text:?}"
+        );
+        let greedy: Vec<u32> = ids(&p["greedy"])
+            .into_iter()
+            .filter(|&t| t != r["model"]["eos_id"].as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(
+            model.tokenizer.decode(&greedy).unwrap(),
+            p["greedy_text"].as_str().unwrap(),
+            "detokenise the continuation of {text:?}"
+        );
     }
     let heldout = std::fs::read_to_string(demo().join("heldout.txt")).unwrap();
     let ours = model.tokenizer.encode(&heldout, true, false);
     let theirs = ids(&r["perplexity"]["tokens"]);
     let first_diff = ours.iter().zip(&theirs).position(|(a, b)| a != b);
-    assert!(ours == theirs, "heldout.txt: {} tokens vs llama.cpp's {}, first difference at {first_diff:?}", ours.len(), theirs.len());
+    assert!(
+        ours == theirs,
+        "heldout.txt: {} tokens vs llama.cpp's {}, first difference at {first_diff:?}",
+        ours.len(),
+        theirs.len()
+    );
     println!("heldout.txt: {} tokens, identical to llama.cpp's", ours.len());
 }
 

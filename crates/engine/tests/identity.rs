@@ -9,18 +9,38 @@ use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions};
 
 /// One model per architecture, and the K-quant model (every file of a model shares its code paths but
 /// not its kernels, so take a few types too).
-const FILES: &[&str] = &["qwen3moe/q4_0.gguf", "olmoe/q8_0.gguf", "qwen2moe/f16.gguf", "mixtral/q5_1.gguf", "qwen3moe-k/q4_k_m.gguf", "qwen3next/q8_0.gguf", "qwen35moe/q4_0.gguf", "qwen35moe-k/q6_k.gguf", "deepseek3/q8_0.gguf", "deepseek2-lite/q4_0.gguf", "gpt-oss/mxfp4_moe.gguf", "qwen35/q4_0.gguf"];
+const FILES: &[&str] = &[
+    "qwen3moe/q4_0.gguf",
+    "olmoe/q8_0.gguf",
+    "qwen2moe/f16.gguf",
+    "mixtral/q5_1.gguf",
+    "qwen3moe-k/q4_k_m.gguf",
+    "qwen3next/q8_0.gguf",
+    "qwen35moe/q4_0.gguf",
+    "qwen35moe-k/q6_k.gguf",
+    "deepseek3/q8_0.gguf",
+    "deepseek2-lite/q4_0.gguf",
+    "gpt-oss/mxfp4_moe.gguf",
+    "qwen35/q4_0.gguf",
+];
 
 fn traced_run(model: &Model, threads: usize) -> Trace {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-    let prompt = model.tokenizer.encode("The quick brown fox jumps over the lazy dog", true, false);
+    let prompt = model
+        .tokenizer
+        .encode("The quick brown fox jumps over the lazy dog", true, false);
     let opts = GenerateOptions {
         max_tokens: 6,
         n_ctx: 64,
-        sampler: SamplerOptions { temperature: 0.7, seed: 42, ..Default::default() },
+        sampler: SamplerOptions {
+            temperature: 0.7,
+            seed: 42,
+            ..Default::default()
+        },
     };
     let mut t = Trace::default();
-    pool.install(|| model.generate_traced(&prompt, &opts, Some(&mut t), |_| {})).unwrap();
+    pool.install(|| model.generate_traced(&prompt, &opts, Some(&mut t), |_| {}))
+        .unwrap();
     t
 }
 
@@ -30,11 +50,17 @@ fn one_thread_and_two_threads_are_identical() {
         let model = Model::load(fixtures().join(f)).unwrap();
         let (a, b) = (traced_run(&model, 1), traced_run(&model, 2));
         let rep = diff(&a, &b, None);
-        println!("{f}: {} tensors, {} elements, {} decisions", rep.tensors, rep.elements, rep.decisions);
+        println!(
+            "{f}: {} tensors, {} elements, {} decisions",
+            rep.tensors, rep.elements, rep.decisions
+        );
         assert!(rep.identical(), "{f}: {rep:?}");
         // Routing decisions besides the sampled tokens, but in a model without experts (the dense Qwen3.5).
         let routed = model.config.n_expert > 0;
-        assert!(rep.elements > 1000 && rep.decisions > if routed { 6 } else { 0 }, "{f}: {rep:?}");
+        assert!(
+            rep.elements > 1000 && rep.decisions > if routed { 6 } else { 0 },
+            "{f}: {rep:?}"
+        );
     }
 }
 
@@ -42,15 +68,23 @@ fn one_thread_and_two_threads_are_identical() {
 fn a_row_alone_equals_the_same_row_in_a_batch() {
     for f in FILES {
         let model = Model::load(fixtures().join(f)).unwrap();
-        let tokens = model.tokenizer.encode("Héllo wörld, 日本語 🙂 fn main() {}", true, false);
+        let tokens = model
+            .tokenizer
+            .encode("Héllo wörld, 日本語 🙂 fn main() {}", true, false);
         let v = model.config.n_vocab;
         let mut batch_seq = model.new_sequence(tokens.len());
         let batch = model.forward(&tokens, 0, &mut batch_seq, Outputs::All).unwrap();
         let mut seq = model.new_sequence(tokens.len());
         for (i, &t) in tokens.iter().enumerate() {
             let alone = model.forward(&[t], i, &mut seq, Outputs::Last).unwrap();
-            let same = alone.iter().zip(&batch[i * v..(i + 1) * v]).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{f}: position {i} differs between batch and single-row computation");
+            let same = alone
+                .iter()
+                .zip(&batch[i * v..(i + 1) * v])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{f}: position {i} differs between batch and single-row computation"
+            );
         }
     }
 }
@@ -63,16 +97,32 @@ fn requests_that_cannot_run_are_errors() {
     let mut seq = model.new_sequence(8);
     let err = model.forward(&[], 0, &mut seq, Outputs::All).unwrap_err().to_string();
     assert_eq!(err, "forward was given no tokens");
-    let err = model.forward(&[1], usize::MAX, &mut seq, Outputs::All).unwrap_err().to_string();
+    let err = model
+        .forward(&[1], usize::MAX, &mut seq, Outputs::All)
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("context of 8 tokens exceeded"), "{err}");
-    let opts = GenerateOptions { max_tokens: usize::MAX, n_ctx: 8, sampler: SamplerOptions { top_p: 2.0, ..Default::default() } };
+    let opts = GenerateOptions {
+        max_tokens: usize::MAX,
+        n_ctx: 8,
+        sampler: SamplerOptions {
+            top_p: 2.0,
+            ..Default::default()
+        },
+    };
     let err = model.generate(&[1, 2], &opts, |_| {}).unwrap_err().to_string();
     assert_eq!(err, "top_p is 2; it must be in (0, 1]");
     let trained = model.config.n_ctx_train;
-    let err = model.check_context(trained + 1, u64::MAX, false).unwrap_err().to_string();
+    let err = model
+        .check_context(trained + 1, u64::MAX, false)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains(&format!("outside 1..={trained}")), "{err}");
     let err = model.check_context(trained + 1, 1 << 10, true).unwrap_err().to_string();
-    assert!(err.contains("of KV cache, more than the 0.0 GiB of memory available"), "{err}");
+    assert!(
+        err.contains("of KV cache, more than the 0.0 GiB of memory available"),
+        "{err}"
+    );
     model.check_context(trained, u64::MAX, false).unwrap();
     model.check_context(trained * 2, u64::MAX, true).unwrap();
 }
@@ -86,7 +136,11 @@ fn a_sequence_in_a_batch_of_sequences_equals_it_alone() {
     for f in FILES {
         let model = Model::load(fixtures().join(f)).unwrap();
         let v = model.config.n_vocab;
-        let texts = ["The quick brown fox jumps over the lazy dog", "Héllo wörld, 日本語 🙂", "fn main() { println!(\"hi\"); }"];
+        let texts = [
+            "The quick brown fox jumps over the lazy dog",
+            "Héllo wörld, 日本語 🙂",
+            "fn main() { println!(\"hi\"); }",
+        ];
         let seqs: Vec<Vec<u32>> = texts.iter().map(|t| model.tokenizer.encode(t, true, false)).collect();
         let alone: Vec<Vec<f32>> = seqs
             .iter()
@@ -110,7 +164,12 @@ fn a_sequence_in_a_batch_of_sequences_equals_it_alone() {
                     continue;
                 }
                 let take = (1 + (step + 2 * i) % 5).min(seq.len() - done[i]);
-                spans.push(Span { tokens: &seq[done[i]..done[i] + take], pos0: done[i], seq: state, outputs: Outputs::All });
+                spans.push(Span {
+                    tokens: &seq[done[i]..done[i] + take],
+                    pos0: done[i],
+                    seq: state,
+                    outputs: Outputs::All,
+                });
                 order.push((i, take));
             }
             let logits = model.forward_batch(&mut spans, &mut batch).unwrap();
@@ -123,7 +182,10 @@ fn a_sequence_in_a_batch_of_sequences_equals_it_alone() {
             step += 1;
         }
         for (i, (a, b)) in alone.iter().zip(&got).enumerate() {
-            assert!(a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{f}: sequence {i} differs when batched with others");
+            assert!(
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{f}: sequence {i} differs when batched with others"
+            );
         }
         println!("{f}: 3 sequences over {step} batched steps, identical to each alone");
     }
@@ -137,11 +199,17 @@ fn a_recurrent_state_continues_or_restarts() {
     let t = model.tokenizer.encode("The quick brown fox jumps", true, false);
     let mut seq = model.new_sequence(t.len());
     let first = model.forward(&t, 0, &mut seq, Outputs::All).unwrap().to_vec();
-    let err = model.forward(&t[2..3], 2, &mut seq, Outputs::Last).unwrap_err().to_string();
+    let err = model
+        .forward(&t[2..3], 2, &mut seq, Outputs::Last)
+        .unwrap_err()
+        .to_string();
     let end = t.len();
     assert_eq!(err, format!("this model's linear-attention state cannot move to position 2: the sequence continues at {end} (or restarts at 0)"));
     let again = model.forward(&t, 0, &mut seq, Outputs::All).unwrap();
-    assert!(again.iter().zip(&first).all(|(a, b)| a.to_bits() == b.to_bits()), "a restart at 0 differs from the first run");
+    assert!(
+        again.iter().zip(&first).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "a restart at 0 differs from the first run"
+    );
 }
 
 /// A sequence started over at position 0 computes a new text exactly as a fresh sequence does, whatever
@@ -150,13 +218,20 @@ fn a_recurrent_state_continues_or_restarts() {
 fn a_reused_sequence_equals_a_fresh_one() {
     for f in FILES {
         let model = Model::load(fixtures().join(f)).unwrap();
-        let old = model.tokenizer.encode("An earlier request, longer than the next one, fills the cache", true, false);
+        let old = model.tokenizer.encode(
+            "An earlier request, longer than the next one, fills the cache",
+            true,
+            false,
+        );
         let new = model.tokenizer.encode("The next request", true, false);
         let mut fresh = model.new_sequence(old.len());
         let expected = model.forward(&new, 0, &mut fresh, Outputs::All).unwrap().to_vec();
         let mut reused = model.new_sequence(old.len());
         model.forward(&old, 0, &mut reused, Outputs::Last).unwrap();
         let got = model.forward(&new, 0, &mut reused, Outputs::All).unwrap();
-        assert!(got.iter().zip(&expected).all(|(a, b)| a.to_bits() == b.to_bits()), "{f}: a reused sequence differs from a fresh one");
+        assert!(
+            got.iter().zip(&expected).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{f}: a reused sequence differs from a fresh one"
+        );
     }
 }

@@ -11,10 +11,12 @@ use titan_engine::EngineError;
 use titan_gguf::GgufFile;
 
 fn vocab_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("TITAN_LLAMA_VOCABS").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../build/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
-    });
+    let dir = std::env::var_os("TITAN_LLAMA_VOCABS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../build/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
+        });
     dir.is_dir().then_some(dir)
 }
 
@@ -32,7 +34,10 @@ fn matches_llama_cpp_tokenizer_tests() {
     for inp in inputs {
         let gguf = inp.with_extension("");
         let name = gguf.file_name().unwrap().to_string_lossy().into_owned();
-        let tok = match GgufFile::open(&gguf).map_err(EngineError::from).and_then(|f| tokenizer_from_gguf(&f)) {
+        let tok = match GgufFile::open(&gguf)
+            .map_err(EngineError::from)
+            .and_then(|f| tokenizer_from_gguf(&f))
+        {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("{name}: not supported: {e}");
@@ -56,9 +61,15 @@ fn matches_llama_cpp_tokenizer_tests() {
             }
         }
         let out = std::fs::read_to_string(inp.with_extension("out")).unwrap();
-        let expected: Vec<Vec<u32>> =
-            out.lines().map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect()).collect();
-        assert_eq!(texts.len(), expected.len(), "{name}: .inp and .out disagree on the number of tests");
+        let expected: Vec<Vec<u32>> = out
+            .lines()
+            .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
+            .collect();
+        assert_eq!(
+            texts.len(),
+            expected.len(),
+            "{name}: .inp and .out disagree on the number of tests"
+        );
         let mut ok = 0;
         for (text, want) in texts.iter().zip(&expected) {
             let got = tok.encode(text, false, false);
@@ -70,5 +81,10 @@ fn matches_llama_cpp_tokenizer_tests() {
         }
         eprintln!("{name}: {ok}/{} match", texts.len());
     }
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

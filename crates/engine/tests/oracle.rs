@@ -23,10 +23,10 @@ use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions};
 /// and TITAN keeps them in f32, so float files differ by llama.cpp's own rounding.
 const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
     // f32: the same arithmetic up to summation order.
-    ("qwen3moe", "f32", 3e-6),    // 1.907e-6
-    ("olmoe", "f32", 3e-6),       // 1.669e-6
-    ("qwen2moe", "f32", 2e-6),    // 1.311e-6
-    ("mixtral", "f32", 3e-6),     // 1.907e-6
+    ("qwen3moe", "f32", 3e-6), // 1.907e-6
+    ("olmoe", "f32", 3e-6),    // 1.669e-6
+    ("qwen2moe", "f32", 2e-6), // 1.311e-6
+    ("mixtral", "f32", 3e-6),  // 1.907e-6
     // f16/bf16: llama.cpp's f16/bf16 rounding of the activations.
     ("qwen3moe", "f16", 4e-3),    // 2.065e-3
     ("olmoe", "f16", 4e-3),       // 2.498e-3
@@ -37,31 +37,31 @@ const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
     ("qwen2moe", "bf16", 2.5e-2), // 1.534e-2
     ("mixtral", "bf16", 4e-2),    // 2.575e-2
     // Q8_0 activations (Q4_0, Q5_0, Q8_0 weights): summation order only.
-    ("qwen3moe", "q4_0", 8e-7),   // 4.768e-7
-    ("olmoe", "q4_0", 8e-7),      // 4.768e-7
-    ("qwen2moe", "q4_0", 8e-7),   // 4.768e-7
-    ("mixtral", "q4_0", 8e-7),    // 4.768e-7
-    ("qwen3moe", "q5_0", 8e-7),   // 4.768e-7
-    ("olmoe", "q5_0", 8e-7),      // 4.768e-7
-    ("qwen2moe", "q5_0", 8e-7),   // 4.768e-7
-    ("mixtral", "q5_0", 8e-7),    // 4.768e-7
-    ("qwen3moe", "q8_0", 8e-7),   // 4.768e-7
-    ("olmoe", "q8_0", 8e-7),      // 4.768e-7
-    ("qwen2moe", "q8_0", 8e-7),   // 4.768e-7
+    ("qwen3moe", "q4_0", 8e-7), // 4.768e-7
+    ("olmoe", "q4_0", 8e-7),    // 4.768e-7
+    ("qwen2moe", "q4_0", 8e-7), // 4.768e-7
+    ("mixtral", "q4_0", 8e-7),  // 4.768e-7
+    ("qwen3moe", "q5_0", 8e-7), // 4.768e-7
+    ("olmoe", "q5_0", 8e-7),    // 4.768e-7
+    ("qwen2moe", "q5_0", 8e-7), // 4.768e-7
+    ("mixtral", "q5_0", 8e-7),  // 4.768e-7
+    ("qwen3moe", "q8_0", 8e-7), // 4.768e-7
+    ("olmoe", "q8_0", 8e-7),    // 4.768e-7
+    ("qwen2moe", "q8_0", 8e-7), // 4.768e-7
     // 1.544e-2, at prompt positions only (the continuation agrees to 4.8e-7): a step as above.
     ("mixtral", "q8_0", 2.5e-2),
     // Q8_1 activations (Q4_1, Q5_1 weights): 4.8e-7 on olmoe and qwen3moe q5_1; elsewhere a step as above, from a
     // prompt or continuation position on (TITAN follows llama.cpp's reference Q8_1 quantiser).
     // qwen3moe, qwen2moe and mixtral q4_1 are the files whose greedy check stays short (1, 3 and 0 steps): the
     // difference reaches the continuation's first steps, where llama.cpp's own top-2 margin is inside twice it.
-    ("qwen3moe", "q4_1", 5e-2),   // 3.333e-2
-    ("olmoe", "q4_1", 8e-7),      // 4.768e-7
-    ("qwen2moe", "q4_1", 6e-2),   // 3.690e-2
-    ("mixtral", "q4_1", 8e-2),    // 4.657e-2
-    ("qwen3moe", "q5_1", 8e-7),   // 4.768e-7
-    ("olmoe", "q5_1", 8e-7),      // 4.768e-7
-    ("qwen2moe", "q5_1", 4e-2),   // 2.286e-2
-    ("mixtral", "q5_1", 8e-2),    // 4.028e-2
+    ("qwen3moe", "q4_1", 5e-2), // 3.333e-2
+    ("olmoe", "q4_1", 8e-7),    // 4.768e-7
+    ("qwen2moe", "q4_1", 6e-2), // 3.690e-2
+    ("mixtral", "q4_1", 8e-2),  // 4.657e-2
+    ("qwen3moe", "q5_1", 8e-7), // 4.768e-7
+    ("olmoe", "q5_1", 8e-7),    // 4.768e-7
+    ("qwen2moe", "q5_1", 4e-2), // 2.286e-2
+    ("mixtral", "q5_1", 8e-2),  // 4.028e-2
     // K-quant mixes (Q8_K activations): summation order only, but for a step as above at prompt positions of q2_k
     // and q5_k_m (their continuations agree to 1.7e-6 and 7.2e-7).
     ("qwen3moe-k", "q2_k", 8e-2),   // 4.788e-2
@@ -72,19 +72,19 @@ const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
     // The Gated DeltaNet hybrids. f32: llama.cpp's delta-rule kernel sums in its own order, and the recurrent state
     // carries each difference on to every later position. q4_0 on qwen35moe: a step as above at position 7, carried
     // on by the recurrent state as a KV cache carries it (positions 0-6 agree to 2.4e-7).
-    ("qwen3next", "f32", 2e-5),     // 1.073e-5
-    ("qwen3next", "f16", 1.5e-2),   // 9.645e-3
-    ("qwen3next", "bf16", 1.5),     // 7.893e-1
-    ("qwen3next", "q8_0", 8e-7),    // 4.768e-7
-    ("qwen3next", "q4_0", 8e-7),    // 4.768e-7
-    ("qwen35moe", "f32", 1e-5),     // 5.931e-6
-    ("qwen35moe", "f16", 2e-2),     // 1.113e-2
-    ("qwen35moe", "bf16", 8e-1),    // 4.419e-1
-    ("qwen35moe", "q8_0", 8e-7),    // 4.768e-7
-    ("qwen35moe", "q4_0", 1.0),     // 6.577e-1
-    ("qwen35", "f32", 6e-5),        // 3.684e-5 (dense Qwen3.5: the same layers, one feed-forward each)
-    ("qwen35", "q8_0", 8e-7),       // 4.768e-7
-    ("qwen35", "q4_0", 8e-7),       // 4.768e-7
+    ("qwen3next", "f32", 2e-5),        // 1.073e-5
+    ("qwen3next", "f16", 1.5e-2),      // 9.645e-3
+    ("qwen3next", "bf16", 1.5),        // 7.893e-1
+    ("qwen3next", "q8_0", 8e-7),       // 4.768e-7
+    ("qwen3next", "q4_0", 8e-7),       // 4.768e-7
+    ("qwen35moe", "f32", 1e-5),        // 5.931e-6
+    ("qwen35moe", "f16", 2e-2),        // 1.113e-2
+    ("qwen35moe", "bf16", 8e-1),       // 4.419e-1
+    ("qwen35moe", "q8_0", 8e-7),       // 4.768e-7
+    ("qwen35moe", "q4_0", 1.0),        // 6.577e-1
+    ("qwen35", "f32", 6e-5),           // 3.684e-5 (dense Qwen3.5: the same layers, one feed-forward each)
+    ("qwen35", "q8_0", 8e-7),          // 4.768e-7
+    ("qwen35", "q4_0", 8e-7),          // 4.768e-7
     ("qwen35moe-k", "q4_k_m", 2.5e-6), // 1.431e-6
     ("qwen35moe-k", "q6_k", 1.5e-6),   // 9.537e-7
     // DeepSeek (latent attention, YaRN, dense first layer, grouped sigmoid routing on deepseek3): positions agree to
@@ -97,10 +97,10 @@ const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
     ("deepseek3", "q8_0", 8e-2),      // 4.003e-2
     ("deepseek3", "q4_0", 8e-2),      // 4.180e-2
     // gpt-oss (sinks, a sliding window of 8 on layers 0 and 2, biases, clamped SwiGLU, YaRN).
-    ("gpt-oss", "f32", 3e-6),       // 1.580e-6
-    ("gpt-oss", "f16", 5e-3),       // 2.863e-3
-    ("gpt-oss", "q8_0", 8e-7),      // 4.768e-7
-    ("gpt-oss", "mxfp4_moe", 8e-7), // 4.768e-7
+    ("gpt-oss", "f32", 3e-6),           // 1.580e-6
+    ("gpt-oss", "f16", 5e-3),           // 2.863e-3
+    ("gpt-oss", "q8_0", 8e-7),          // 4.768e-7
+    ("gpt-oss", "mxfp4_moe", 8e-7),     // 4.768e-7
     ("qwen35moe-k", "mxfp4_moe", 4e-2), // 2.194e-2, at position 36 only (a step as above); the rest agree to 5e-7
 ];
 
@@ -141,7 +141,11 @@ fn cases() -> Vec<Case> {
             });
         }
     }
-    assert!(out.len() >= 20, "expected the full fixture set, found {} files", out.len());
+    assert!(
+        out.len() >= 20,
+        "expected the full fixture set, found {} files",
+        out.len()
+    );
     out
 }
 
@@ -154,7 +158,11 @@ fn titan_logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
 fn logits_match_llama_cpp_on_every_file() {
     let mut failures = Vec::new();
     let cases = cases();
-    assert_eq!(cases.len(), LLAMA_TOLERANCE.len(), "LLAMA_TOLERANCE has one entry per file");
+    assert_eq!(
+        cases.len(),
+        LLAMA_TOLERANCE.len(),
+        "LLAMA_TOLERANCE has one entry per file"
+    );
     for c in cases {
         let model = Model::load(&c.path).unwrap();
         let tokens = ids(&c.entry["llama"]["tokens"]);
@@ -163,7 +171,12 @@ fn logits_match_llama_cpp_on_every_file() {
         let ours = titan_logits(&model, &tokens);
         let d = max_abs_diff(&ours, &reference);
         let tol = llama_tolerance(&c.model, &c.file_type);
-        println!("{:<12} {:<7} max|Δ| vs llama.cpp {d:.3e} (rms {:.3e}, tolerance {tol:.1e})", c.model, c.file_type, rms_diff(&ours, &reference));
+        println!(
+            "{:<12} {:<7} max|Δ| vs llama.cpp {d:.3e} (rms {:.3e}, tolerance {tol:.1e})",
+            c.model,
+            c.file_type,
+            rms_diff(&ours, &reference)
+        );
         if !(d <= tol) {
             failures.push(format!("{} {}: {d} > {tol}", c.model, c.file_type));
         }
@@ -174,7 +187,10 @@ fn logits_match_llama_cpp_on_every_file() {
 #[test]
 fn float_files_match_transformers() {
     let mut failures = Vec::new();
-    for c in cases().into_iter().filter(|c| ["f32", "f16", "bf16"].contains(&c.file_type.as_str())) {
+    for c in cases()
+        .into_iter()
+        .filter(|c| ["f32", "f16", "bf16"].contains(&c.file_type.as_str()))
+    {
         let model = Model::load(&c.path).unwrap();
         let tokens = ids(&c.hf["tokens"]);
         let (_, reference) = read_npy(c.hf["logits"].as_str().unwrap());
@@ -191,7 +207,10 @@ fn float_files_match_transformers() {
             (_, false) => 5e-1,
             (_, true) => 2.0,
         };
-        println!("{:<12} {:<5} max|Δ| vs transformers {d:.3e} (tolerance {tol:.0e})", c.model, c.file_type);
+        println!(
+            "{:<12} {:<5} max|Δ| vs transformers {d:.3e} (tolerance {tol:.0e})",
+            c.model, c.file_type
+        );
         if !(d <= tol) {
             failures.push(format!("{} {}: {d} > {tol}", c.model, c.file_type));
         }
@@ -213,15 +232,28 @@ fn at_least_as_accurate_as_llama_cpp() {
         let (_, hf) = read_npy(c.hf["logits"].as_str().unwrap());
         let (_, ll) = read_npy(c.entry["llama"]["logits"].as_str().unwrap());
         let ours = titan_logits(&model, &hf_tokens[..common]);
-        let (e_titan, e_llama) = (rms_diff(&ours, &hf[..common * v]), rms_diff(&ll[..common * v], &hf[..common * v]));
-        println!("{:<12} {:<7} rms vs transformers over {common} positions: titan {e_titan:.3e}, llama.cpp {e_llama:.3e}", c.model, c.file_type);
+        let (e_titan, e_llama) = (
+            rms_diff(&ours, &hf[..common * v]),
+            rms_diff(&ll[..common * v], &hf[..common * v]),
+        );
+        println!(
+            "{:<12} {:<7} rms vs transformers over {common} positions: titan {e_titan:.3e}, llama.cpp {e_llama:.3e}",
+            c.model, c.file_type
+        );
         // 5% slack: on float files both errors are at rounding level, where the ranking is noise. On a hybrid's
         // bf16 file both sit at the weights' 8-bit rounding carried through the recurrent state, where llama.cpp's
         // own bf16 rounding of the activations lands either side of TITAN's f32 (qwen3next: TITAN 7.3e-2,
         // llama.cpp 5.8e-2; qwen35moe: 5.16e-2 and 5.09e-2): 30% slack there.
-        let slack = if c.file_type == "bf16" && hybrid(&c.model) { 1.3 } else { 1.05 };
+        let slack = if c.file_type == "bf16" && hybrid(&c.model) {
+            1.3
+        } else {
+            1.05
+        };
         if !(e_titan <= e_llama * slack + 1e-6) {
-            failures.push(format!("{} {}: titan {e_titan} > llama.cpp {e_llama}", c.model, c.file_type));
+            failures.push(format!(
+                "{} {}: titan {e_titan} > llama.cpp {e_llama}",
+                c.model, c.file_type
+            ));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
@@ -259,13 +291,19 @@ fn greedy_continuation_matches_llama_cpp() {
         // TITAN's logits on llama.cpp's sequence (the prompt, then its continuation), to measure the difference at
         // each step: a file's larger differences sit at a few positions (see LLAMA_TOLERANCE), mostly not these.
         let tokens = ids(&c.entry["llama"]["tokens"]);
-        assert_eq!(tokens[..prompt.len()], prompt[..], "llama.cpp's sequence starts with the prompt");
+        assert_eq!(
+            tokens[..prompt.len()],
+            prompt[..],
+            "llama.cpp's sequence starts with the prompt"
+        );
         let ours = titan_logits(&model, &tokens);
         let step = |i: usize| (prompt.len() - 1 + i) * v;
         // Steps whose decision is well separated: llama.cpp's top-2 margin exceeds twice the difference there,
         // taken at most as the file's tolerance, so this never requires fewer steps than the tolerance would.
         let separated = |bound: &dyn Fn(usize) -> f32| {
-            (0..n).take_while(|&i| margin(&ll[step(i)..][..v]) > 2.0 * bound(i)).count()
+            (0..n)
+                .take_while(|&i| margin(&ll[step(i)..][..v]) > 2.0 * bound(i))
+                .count()
         };
         let (must_match, by_tolerance) = if float {
             (n, n)
@@ -273,11 +311,18 @@ fn greedy_continuation_matches_llama_cpp() {
             let diff = |i: usize| max_abs_diff(&ours[step(i)..][..v], &ll[step(i)..][..v]);
             (separated(&|i| diff(i).min(tol)), separated(&|_| tol))
         };
-        let opts = GenerateOptions { max_tokens: n, sampler: SamplerOptions::greedy(), n_ctx: prompt.len() + n + 1 };
+        let opts = GenerateOptions {
+            max_tokens: n,
+            sampler: SamplerOptions::greedy(),
+            n_ctx: prompt.len() + n + 1,
+        };
         let g = model.generate(prompt, &opts, |_| {}).unwrap();
         let got = g.tokens;
         let mut agree = got.iter().zip(&expected).take_while(|(a, b)| a == b).count();
-        if agree == expected.len() && got.len() == expected.len() && stopped_at_eos == (g.stop == titan_engine::StopReason::EndOfGeneration) {
+        if agree == expected.len()
+            && got.len() == expected.len()
+            && stopped_at_eos == (g.stop == titan_engine::StopReason::EndOfGeneration)
+        {
             agree += stopped_at_eos as usize; // the stop itself agrees
         }
         println!(
@@ -297,15 +342,33 @@ fn tokenizer_matches_llama_cpp() {
     let mut n = 0;
     for model in m["models"].as_array().unwrap() {
         let (_, first) = model["files"].as_object().unwrap().iter().next().unwrap();
-        let tok = Model::load(fixtures().join(first["path"].as_str().unwrap())).unwrap().tokenizer;
+        let tok = Model::load(fixtures().join(first["path"].as_str().unwrap()))
+            .unwrap()
+            .tokenizer;
         for case in model["tokenizer"].as_array().unwrap() {
             let text = case["text"].as_str().unwrap();
             let name = model["name"].as_str().unwrap();
             assert_eq!(tok.encode(text, false, false), ids(&case["ids"]), "{name}: {text:?}");
-            assert_eq!(tok.encode(text, true, false), ids(&case["ids_add_special"]), "{name}: {text:?} with BOS/EOS");
-            assert_eq!(tok.encode(text, false, true), ids(&case["ids_parse_special_no_add"]), "{name}: {text:?} parsing specials");
-            assert_eq!(tok.encode(text, true, true), ids(&case["ids_parse_special"]), "{name}: {text:?} with BOS/EOS, parsing specials");
-            assert_eq!(tok.decode(&ids(&case["ids"])).unwrap(), case["llama_detokenize"].as_str().unwrap(), "{name}: detokenise {text:?}");
+            assert_eq!(
+                tok.encode(text, true, false),
+                ids(&case["ids_add_special"]),
+                "{name}: {text:?} with BOS/EOS"
+            );
+            assert_eq!(
+                tok.encode(text, false, true),
+                ids(&case["ids_parse_special_no_add"]),
+                "{name}: {text:?} parsing specials"
+            );
+            assert_eq!(
+                tok.encode(text, true, true),
+                ids(&case["ids_parse_special"]),
+                "{name}: {text:?} with BOS/EOS, parsing specials"
+            );
+            assert_eq!(
+                tok.decode(&ids(&case["ids"])).unwrap(),
+                case["llama_detokenize"].as_str().unwrap(),
+                "{name}: detokenise {text:?}"
+            );
             n += 1;
         }
     }
@@ -327,7 +390,11 @@ fn dequantisation_matches_gguf_py_on_every_type() {
         for (src, dst) in raw.chunks_exact(row_bytes).zip(got.chunks_exact_mut(row)) {
             titan_kernels::dequantize_row(ty, src, dst).unwrap();
         }
-        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: dequantisation differs from gguf-py", ty.name());
+        assert!(
+            got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{}: dequantisation differs from gguf-py",
+            ty.name()
+        );
         types.push(ty.name());
     }
     println!("bit-identical to gguf-py: {types:?}");
@@ -348,7 +415,11 @@ fn tokenizer_json_matches_llama_cpp() {
         let tok = titan_tokenizer::Tokenizer::from_tokenizer_json(&path).unwrap();
         for case in model["tokenizer"].as_array().unwrap() {
             let text = case["text"].as_str().unwrap();
-            assert_eq!(tok.encode(text, false, false), ids(&case["ids"]), "{name} tokenizer.json: {text:?}");
+            assert_eq!(
+                tok.encode(text, false, false),
+                ids(&case["ids"]),
+                "{name} tokenizer.json: {text:?}"
+            );
             n += 1;
         }
     }

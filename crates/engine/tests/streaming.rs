@@ -10,17 +10,43 @@ use titan_engine::{GenerateOptions, LoadOptions, Model, Outputs, ReadMode, Sampl
 use titan_gguf::GgufFile;
 use titan_store::{convert, write_index, ConvertOptions, ExpertCache, Policy, Store};
 
-const FILES: &[&str] = &["qwen3moe/q4_0.gguf", "qwen2moe/q8_0.gguf", "olmoe/f16.gguf", "mixtral/q4_1.gguf", "qwen3moe-k/q4_k_m.gguf", "qwen3next/q4_0.gguf", "qwen35moe-k/mxfp4_moe.gguf", "deepseek3/q4_0.gguf", "gpt-oss/mxfp4_moe.gguf"];
+const FILES: &[&str] = &[
+    "qwen3moe/q4_0.gguf",
+    "qwen2moe/q8_0.gguf",
+    "olmoe/f16.gguf",
+    "mixtral/q4_1.gguf",
+    "qwen3moe-k/q4_k_m.gguf",
+    "qwen3next/q4_0.gguf",
+    "qwen35moe-k/mxfp4_moe.gguf",
+    "deepseek3/q4_0.gguf",
+    "gpt-oss/mxfp4_moe.gguf",
+];
 
 fn streamed(path: &std::path::Path, store: &std::path::Path, budget_bytes: u64, io: ReadMode, prefetch: bool) -> Model {
     let opts = LoadOptions {
-        stream: Some(StreamOptions { store: store.to_path_buf(), budget_bytes, policy: Policy::Lru, io, verify_digests: true, pinned: vec![], prefetch }),
+        stream: Some(StreamOptions {
+            store: store.to_path_buf(),
+            budget_bytes,
+            policy: Policy::Lru,
+            io,
+            verify_digests: true,
+            pinned: vec![],
+            prefetch,
+        }),
     };
     Model::load_with(path, &opts).unwrap()
 }
 
 fn trace_of(model: &Model, prompt: &[u32]) -> Trace {
-    let opts = GenerateOptions { max_tokens: 8, n_ctx: 64, sampler: SamplerOptions { temperature: 0.9, seed: 3, ..Default::default() } };
+    let opts = GenerateOptions {
+        max_tokens: 8,
+        n_ctx: 64,
+        sampler: SamplerOptions {
+            temperature: 0.9,
+            seed: 3,
+            ..Default::default()
+        },
+    };
     let mut t = Trace::default();
     model.generate_traced(prompt, &opts, Some(&mut t), |_| {}).unwrap();
     t
@@ -33,7 +59,13 @@ fn every_budget_and_io_mode_is_bit_identical_to_resident() {
     for f in FILES {
         let path = fixtures().join(f);
         let store = dir.path().join(f.replace('/', "_")).with_extension("titan");
-        convert(&GgufFile::open(&path).unwrap(), &store, &ConvertOptions::default(), &mut |_, _| {}).unwrap();
+        convert(
+            &GgufFile::open(&path).unwrap(),
+            &store,
+            &ConvertOptions::default(),
+            &mut |_, _| {},
+        )
+        .unwrap();
         streams_as_resident(f, &store);
     }
 }
@@ -56,26 +88,38 @@ fn the_in_place_index_streams_bit_identical_to_resident() {
 fn streams_as_resident(f: &str, store: &std::path::Path) {
     let path = fixtures().join(f);
     let resident = Model::load(&path).unwrap();
-    let tokens = resident.tokenizer.encode("Streaming experts from SSD: café 日本語 🙂", true, false);
+    let tokens = resident
+        .tokenizer
+        .encode("Streaming experts from SSD: café 日本語 🙂", true, false);
     let mut seq = resident.new_sequence(tokens.len());
     let want = resident.forward(&tokens, 0, &mut seq, Outputs::All).unwrap();
     let want_trace = trace_of(&resident, &tokens);
 
     let s = Store::open(store, &resident.weights.file).unwrap();
-    let (min, all) = (ExpertCache::min_budget(&s), s.records().len() as u64 * s.max_record_bytes());
+    let (min, all) = (
+        ExpertCache::min_budget(&s),
+        s.records().len() as u64 * s.max_record_bytes(),
+    );
     for budget in [1, min, all / 3, all] {
         for io in [ReadMode::Buffered, ReadMode::Direct] {
             let m = streamed(&path, store, budget, io, budget == all / 3);
             let mut seq = m.new_sequence(tokens.len());
             let got = m.forward(&tokens, 0, &mut seq, Outputs::All).unwrap();
-            assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "{f}: budget {budget}, {io:?}: logits differ");
+            assert!(
+                got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{f}: budget {budget}, {io:?}: logits differ"
+            );
             let rep = diff(&want_trace, &trace_of(&m, &tokens), None);
             assert!(rep.identical(), "{f}: budget {budget}, {io:?}: {rep:?}");
             let stats = m.experts.cache().unwrap().stats();
             assert!(stats.resident_bytes <= stats.budget_bytes, "{f}: over budget");
             // Every expert came through the store: read on a miss, or (a budget that holds them all) warmed.
             assert!(stats.total.bytes_read > 0);
-            println!("{f} {:?}: budget {budget} {io:?}: hit rate {:.2}", s.layout(), stats.total.hit_rate());
+            println!(
+                "{f} {:?}: budget {budget} {io:?}: hit rate {:.2}",
+                s.layout(),
+                stats.total.hit_rate()
+            );
         }
     }
 }
@@ -110,8 +154,15 @@ impl titan_store::RecordSource for FaultyDisk {
 fn on_disk(path: &std::path::Path, store: &std::path::Path, disk: FaultyDisk) -> Model {
     let mut model = Model::load(path).unwrap();
     let s = Store::open(store, &model.weights.file).unwrap().with_source(disk);
-    let cache = ExpertCache::new(std::sync::Arc::new(s), &titan_store::CacheOptions::new(titan_store::Budget::Bytes(1))).unwrap();
-    model.experts = Box::new(titan_engine::experts::ExpertSource::Streamed(cache, model.weights.extras.clone()));
+    let cache = ExpertCache::new(
+        std::sync::Arc::new(s),
+        &titan_store::CacheOptions::new(titan_store::Budget::Bytes(1)),
+    )
+    .unwrap();
+    model.experts = Box::new(titan_engine::experts::ExpertSource::Streamed(
+        cache,
+        model.weights.extras.clone(),
+    ));
     model
 }
 
@@ -123,7 +174,13 @@ fn a_failing_or_lying_disk_never_changes_the_output_silently() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let path = fixtures().join(FILES[0]);
     let store = dir.path().join("m.titan");
-    convert(&GgufFile::open(&path).unwrap(), &store, &ConvertOptions::default(), &mut |_, _| {}).unwrap();
+    convert(
+        &GgufFile::open(&path).unwrap(),
+        &store,
+        &ConvertOptions::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
     fails_or_lies(&path, &store, &store.join("experts.bin"));
     // In place, the disk under the store is the model's: three reads per expert, the same outcome.
     let index = dir.path().join("m.titan-index");
@@ -134,21 +191,41 @@ fn a_failing_or_lying_disk_never_changes_the_output_silently() {
 /// The model at `path` streamed from `store`, whose reads go to `file` through a faulty disk.
 fn fails_or_lies(path: &std::path::Path, store: &std::path::Path, file: &std::path::Path) {
     let name = file.file_name().unwrap().to_str().unwrap();
-    let disk = |at, stays, lies| FaultyDisk { file: std::fs::File::open(file).unwrap(), reads: Default::default(), at, stays, lies };
+    let disk = |at, stays, lies| FaultyDisk {
+        file: std::fs::File::open(file).unwrap(),
+        reads: Default::default(),
+        at,
+        stays,
+        lies,
+    };
     let resident = Model::load(path).unwrap();
     let tokens = resident.tokenizer.encode("A disk that fails", true, false);
     let want = trace_of(&resident, &tokens);
     let run = |m: &Model| {
-        let opts = GenerateOptions { max_tokens: 8, n_ctx: 64, sampler: SamplerOptions { temperature: 0.9, seed: 3, ..Default::default() } };
+        let opts = GenerateOptions {
+            max_tokens: 8,
+            n_ctx: 64,
+            sampler: SamplerOptions {
+                temperature: 0.9,
+                seed: 3,
+                ..Default::default()
+            },
+        };
         let mut t = Trace::default();
         m.generate_traced(&tokens, &opts, Some(&mut t), |_| {}).map(|_| t)
     };
     for at in [0, 5, 40] {
         for lies in [false, true] {
             let got = run(&on_disk(path, store, disk(at, false, lies))).unwrap();
-            assert!(diff(&want, &got, None).identical(), "one bad read at {at} (lies: {lies}) changed the output");
+            assert!(
+                diff(&want, &got, None).identical(),
+                "one bad read at {at} (lies: {lies}) changed the output"
+            );
         }
-        let err = run(&on_disk(path, store, disk(at, true, false))).err().unwrap().to_string();
+        let err = run(&on_disk(path, store, disk(at, true, false)))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains(name) && err.contains("Input/output error"), "{err}");
 
         let m = on_disk(path, store, disk(at, true, true));
@@ -157,13 +234,23 @@ fn fails_or_lies(path: &std::path::Path, store: &std::path::Path, file: &std::pa
         // Every record the cache kept is whole: read back through a healthy disk, each matches its digest.
         let cache = m.experts.cache().unwrap();
         let (n_layer, n_expert) = (m.config.n_layer, m.config.n_expert);
-        let kept: Vec<(usize, usize)> = (0..n_layer).flat_map(|l| (0..n_expert).map(move |e| (l, e))).filter(|&(l, e)| cache.is_resident(l, e)).collect();
+        let kept: Vec<(usize, usize)> = (0..n_layer)
+            .flat_map(|l| (0..n_expert).map(move |e| (l, e)))
+            .filter(|&(l, e)| cache.is_resident(l, e))
+            .collect();
         let healthy = Store::open(store, &m.weights.file).unwrap();
         for (l, e) in kept {
             let rec = cache.get_layer(l, &[e as u32]).unwrap();
             let good = healthy.read(l, e).unwrap();
-            for (kept, whole) in [(rec[0].gate(), good.gate()), (rec[0].up(), good.up()), (rec[0].down(), good.down())] {
-                assert_eq!(kept.data, whole.data, "layer {l} expert {e}: the cache kept a damaged record");
+            for (kept, whole) in [
+                (rec[0].gate(), good.gate()),
+                (rec[0].up(), good.up()),
+                (rec[0].down(), good.down()),
+            ] {
+                assert_eq!(
+                    kept.data, whole.data,
+                    "layer {l} expert {e}: the cache kept a damaged record"
+                );
             }
         }
     }

@@ -26,13 +26,25 @@ pub enum GgufError {
     #[error("{path}: unsupported GGUF version {version} (supported: 2, 3)")]
     BadVersion { path: String, version: u32 },
     #[error("{path}: file is truncated: {what} at offset {offset} needs {need} bytes, file has {len}")]
-    Truncated { path: String, what: String, offset: u64, need: u64, len: u64 },
+    Truncated {
+        path: String,
+        what: String,
+        offset: u64,
+        need: u64,
+        len: u64,
+    },
     #[error("{path}: {what}")]
     Invalid { path: String, what: String },
     #[error("{path}: tensor {name:?} has unsupported type id {type_id}")]
     UnsupportedType { path: String, name: String, type_id: u32 },
     #[error("{path}: tensor {name:?} (offset {offset}, {size} bytes) points past the end of the file ({len} bytes)")]
-    TensorOutOfBounds { path: String, name: String, offset: u64, size: u64, len: u64 },
+    TensorOutOfBounds {
+        path: String,
+        name: String,
+        offset: u64,
+        size: u64,
+        len: u64,
+    },
     #[error("{path}: metadata key {key:?}: {what}")]
     Metadata { path: String, key: String, what: String },
 }

@@ -50,7 +50,10 @@ impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref().to_path_buf();
         let display = path.display().to_string();
-        let io = |source| GgufError::Io { path: display.clone(), source };
+        let io = |source| GgufError::Io {
+            path: display.clone(),
+            source,
+        };
         let file = File::open(&path).map_err(io)?;
         // SAFETY: the mapping is read-only; a concurrent writer to the model file is outside our contract,
         // as it is for every mmap-based loader (llama.cpp included).
@@ -60,14 +63,24 @@ impl GgufFile {
 
     fn parse(path: PathBuf, map: Mmap) -> Result<GgufFile, GgufError> {
         let display = path.display().to_string();
-        let mut c = Cursor { buf: &map[..], pos: 0, path: &display };
+        let mut c = Cursor {
+            buf: &map[..],
+            pos: 0,
+            path: &display,
+        };
         let magic = c.bytes(4, "magic")?;
         if magic != MAGIC {
-            return Err(GgufError::BadMagic { path: display.clone(), found: String::from_utf8_lossy(magic).into_owned() });
+            return Err(GgufError::BadMagic {
+                path: display.clone(),
+                found: String::from_utf8_lossy(magic).into_owned(),
+            });
         }
         let version = c.u32("version")?;
         if version != 2 && version != 3 {
-            return Err(GgufError::BadVersion { path: display.clone(), version });
+            return Err(GgufError::BadVersion {
+                path: display.clone(),
+                version,
+            });
         }
         let n_tensors = c.u64("tensor count")?;
         let n_kv = c.u64("metadata count")?;
@@ -109,12 +122,15 @@ impl GgufFile {
             }
             let type_id = c.u32("tensor type")?;
             let offset = c.u64("tensor offset")?;
-            let ty = GgmlType::from_id(type_id)
-                .ok_or_else(|| GgufError::UnsupportedType { path: display.clone(), name: name.clone(), type_id })?;
+            let ty = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnsupportedType {
+                path: display.clone(),
+                name: name.clone(),
+                type_id,
+            })?;
             infos.push((name, dims, ty, offset));
         }
-        let data_offset = align_up(c.pos as u64, alignment)
-            .ok_or_else(|| c.invalid("data section offset overflows".into()))?;
+        let data_offset =
+            align_up(c.pos as u64, alignment).ok_or_else(|| c.invalid("data section offset overflows".into()))?;
         let len = map.len() as u64;
 
         let mut tensors = Vec::with_capacity(infos.len());
@@ -131,16 +147,38 @@ impl GgufFile {
             }
             let end = data_offset.checked_add(offset).and_then(|s| s.checked_add(size));
             if end.is_none_or(|e| e > len) {
-                return Err(GgufError::TensorOutOfBounds { path: display.clone(), name, offset: data_offset.saturating_add(offset), size, len });
+                return Err(GgufError::TensorOutOfBounds {
+                    path: display.clone(),
+                    name,
+                    offset: data_offset.saturating_add(offset),
+                    size,
+                    len,
+                });
             }
             if tensor_index.insert(name.clone(), tensors.len()).is_some() {
                 return Err(c.invalid(format!("duplicate tensor name {name:?}")));
             }
-            tensors.push(TensorInfo { name, dims, ty, offset, size });
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                ty,
+                offset,
+                size,
+            });
         }
         check_disjoint(&tensors).map_err(|what| c.invalid(what))?;
 
-        Ok(GgufFile { path, map, version, alignment, metadata, tensors, data_offset, meta_index, tensor_index })
+        Ok(GgufFile {
+            path,
+            map,
+            version,
+            alignment,
+            metadata,
+            tensors,
+            data_offset,
+            meta_index,
+            tensor_index,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -178,7 +216,10 @@ impl GgufFile {
     pub fn release(&self, start: usize, len: usize) {
         // SAFETY: MADV_DONTNEED on a read-only shared file mapping only drops this process's page
         // table entries; the file's data is untouched and is read back on the next access.
-        let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
+        let _ = unsafe {
+            self.map
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len)
+        };
     }
 
     /// Advise the kernel that the whole mapping will be needed (used before timing runs).
@@ -187,7 +228,11 @@ impl GgufFile {
     }
 
     fn err(&self, key: &str, what: impl Into<String>) -> GgufError {
-        GgufError::Metadata { path: self.path.display().to_string(), key: key.to_string(), what: what.into() }
+        GgufError::Metadata {
+            path: self.path.display().to_string(),
+            key: key.to_string(),
+            what: what.into(),
+        }
     }
 
     pub fn require(&self, key: &str) -> Result<&Value, GgufError> {
@@ -195,23 +240,48 @@ impl GgufFile {
     }
 
     pub fn get_u64(&self, key: &str) -> Result<Option<u64>, GgufError> {
-        self.get(key).map(|v| v.as_u64().ok_or_else(|| self.err(key, format!("expected an unsigned integer, found {v}")))).transpose()
+        self.get(key)
+            .map(|v| {
+                v.as_u64()
+                    .ok_or_else(|| self.err(key, format!("expected an unsigned integer, found {v}")))
+            })
+            .transpose()
     }
 
     pub fn get_f64(&self, key: &str) -> Result<Option<f64>, GgufError> {
-        self.get(key).map(|v| v.as_f64().ok_or_else(|| self.err(key, format!("expected a number, found {v}")))).transpose()
+        self.get(key)
+            .map(|v| {
+                v.as_f64()
+                    .ok_or_else(|| self.err(key, format!("expected a number, found {v}")))
+            })
+            .transpose()
     }
 
     pub fn get_bool(&self, key: &str) -> Result<Option<bool>, GgufError> {
-        self.get(key).map(|v| v.as_bool().ok_or_else(|| self.err(key, format!("expected a bool, found {v}")))).transpose()
+        self.get(key)
+            .map(|v| {
+                v.as_bool()
+                    .ok_or_else(|| self.err(key, format!("expected a bool, found {v}")))
+            })
+            .transpose()
     }
 
     pub fn get_str(&self, key: &str) -> Result<Option<&str>, GgufError> {
-        self.get(key).map(|v| v.as_str().ok_or_else(|| self.err(key, format!("expected a string, found {v}")))).transpose()
+        self.get(key)
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| self.err(key, format!("expected a string, found {v}")))
+            })
+            .transpose()
     }
 
     pub fn get_array(&self, key: &str) -> Result<Option<&[Value]>, GgufError> {
-        self.get(key).map(|v| v.as_array().ok_or_else(|| self.err(key, format!("expected an array, found {v}")))).transpose()
+        self.get(key)
+            .map(|v| {
+                v.as_array()
+                    .ok_or_else(|| self.err(key, format!("expected an array, found {v}")))
+            })
+            .transpose()
     }
 
     /// A required unsigned integer.
@@ -223,7 +293,11 @@ impl GgufFile {
     pub fn strings(&self, key: &str) -> Result<Option<Vec<String>>, GgufError> {
         let Some(a) = self.get_array(key)? else { return Ok(None) };
         a.iter()
-            .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| self.err(key, "expected an array of strings")))
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| self.err(key, "expected an array of strings"))
+            })
             .collect::<Result<_, _>>()
             .map(Some)
     }
@@ -232,7 +306,11 @@ impl GgufFile {
     pub fn f32s(&self, key: &str) -> Result<Option<Vec<f32>>, GgufError> {
         let Some(a) = self.get_array(key)? else { return Ok(None) };
         a.iter()
-            .map(|v| v.as_f64().map(|x| x as f32).ok_or_else(|| self.err(key, "expected an array of numbers")))
+            .map(|v| {
+                v.as_f64()
+                    .map(|x| x as f32)
+                    .ok_or_else(|| self.err(key, "expected an array of numbers"))
+            })
             .collect::<Result<_, _>>()
             .map(Some)
     }
@@ -256,13 +334,18 @@ pub(crate) fn tensor_size(dims: &[u64], ty: GgmlType) -> Option<u64> {
 /// No two tensors may share bytes: a tensor whose range overlaps another's (an expert tensor pointing at
 /// the LM head, say) would load and silently compute with the wrong weights.
 fn check_disjoint(tensors: &[TensorInfo]) -> Result<(), String> {
-    let mut ranges: Vec<(u64, u64, &str)> =
-        tensors.iter().filter(|t| t.size > 0).map(|t| (t.offset, t.offset + t.size, t.name.as_str())).collect();
+    let mut ranges: Vec<(u64, u64, &str)> = tensors
+        .iter()
+        .filter(|t| t.size > 0)
+        .map(|t| (t.offset, t.offset + t.size, t.name.as_str()))
+        .collect();
     ranges.sort_unstable();
     for w in ranges.windows(2) {
         let ((a0, a1, a), (b0, b1, b)) = (w[0], w[1]);
         if b0 < a1 {
-            return Err(format!("tensors {a:?} (data bytes {a0}..{a1}) and {b:?} (data bytes {b0}..{b1}) overlap"));
+            return Err(format!(
+                "tensors {a:?} (data bytes {a0}..{a1}) and {b:?} (data bytes {b0}..{b1}) overlap"
+            ));
         }
     }
     Ok(())
@@ -281,7 +364,10 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn invalid(&self, what: String) -> GgufError {
-        GgufError::Invalid { path: self.path.to_string(), what }
+        GgufError::Invalid {
+            path: self.path.to_string(),
+            what,
+        }
     }
 
     fn bytes(&mut self, n: u64, what: &str) -> Result<&'a [u8], GgufError> {
@@ -317,7 +403,10 @@ impl<'a> Cursor<'a> {
         let remaining = (self.buf.len() - self.pos) as u64;
         match count.checked_mul(min_each) {
             Some(n) if n <= remaining => Ok(()),
-            _ => Err(self.invalid(format!("{what} {count} cannot fit in the file ({remaining} bytes left at offset {})", self.pos))),
+            _ => Err(self.invalid(format!(
+                "{what} {count} cannot fit in the file ({remaining} bytes left at offset {})",
+                self.pos
+            ))),
         }
     }
 
@@ -353,7 +442,9 @@ impl<'a> Cursor<'a> {
             ValueType::String => Value::String(self.string(key)?),
             ValueType::Array => {
                 if depth > 0 {
-                    return Err(self.invalid(format!("metadata key {key:?} nests arrays, which GGUF readers do not support")));
+                    return Err(self.invalid(format!(
+                        "metadata key {key:?} nests arrays, which GGUF readers do not support"
+                    )));
                 }
                 let elem = self.value_type(key)?;
                 let n = self.u64(key)?;
@@ -384,9 +475,15 @@ mod tests {
         w.set("test.i8", Value::I8(-3));
         w.set(
             "tokenizer.ggml.tokens",
-            Value::Array(ValueType::String, vec![Value::String("a".into()), Value::String("é".into())]),
+            Value::Array(
+                ValueType::String,
+                vec![Value::String("a".into()), Value::String("é".into())],
+            ),
         );
-        w.set("test.scores", Value::Array(ValueType::F32, vec![Value::F32(1.5), Value::F32(-2.0)]));
+        w.set(
+            "test.scores",
+            Value::Array(ValueType::F32, vec![Value::F32(1.5), Value::F32(-2.0)]),
+        );
         w.add_tensor("a", &[4, 2], GgmlType::F32).unwrap();
         w.add_tensor("b", &[32], GgmlType::Q8_0).unwrap();
         let a: Vec<u8> = (0..8).flat_map(|i| (i as f32).to_le_bytes()).collect();
@@ -429,7 +526,10 @@ mod tests {
         assert_eq!(f.strings("tokenizer.ggml.tokens").unwrap().unwrap(), vec!["a", "é"]);
         assert_eq!(f.f32s("test.scores").unwrap().unwrap(), vec![1.5, -2.0]);
         let a = f.tensor("a").unwrap();
-        assert_eq!((a.dims.clone(), a.ty, a.size, a.n_rows()), (vec![4, 2], GgmlType::F32, 32, 2));
+        assert_eq!(
+            (a.dims.clone(), a.ty, a.size, a.n_rows()),
+            (vec![4, 2], GgmlType::F32, 32, 2)
+        );
         let data = f.tensor_data(a);
         assert_eq!(f32::from_le_bytes(data[28..32].try_into().unwrap()), 7.0);
         let b = f.tensor("b").unwrap();
@@ -445,12 +545,22 @@ mod tests {
         let mut bytes = sample();
         // Tensor "b"'s info: name length 1, "b", rank 1, dim 32, type Q8_0 (8), then its offset (32): point it
         // at "a"'s bytes.
-        let info: Vec<u8> = [&1u64.to_le_bytes()[..], b"b", &1u32.to_le_bytes(), &32u64.to_le_bytes(), &8u32.to_le_bytes()].concat();
+        let info: Vec<u8> = [
+            &1u64.to_le_bytes()[..],
+            b"b",
+            &1u32.to_le_bytes(),
+            &32u64.to_le_bytes(),
+            &8u32.to_le_bytes(),
+        ]
+        .concat();
         let at = bytes.windows(info.len()).position(|w| w == info).unwrap() + info.len();
         assert_eq!(bytes[at..at + 8], 32u64.to_le_bytes());
         bytes[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
         let msg = open_err(&bytes);
-        assert!(msg.contains("tensors \"a\" (data bytes 0..32) and \"b\" (data bytes 0..34) overlap"), "{msg}");
+        assert!(
+            msg.contains("tensors \"a\" (data bytes 0..32) and \"b\" (data bytes 0..34) overlap"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -484,7 +594,10 @@ mod tests {
         let end_of_data = (f.data_offset + b.offset + b.size) as usize;
         for cut in [0, 3, 10, 30, 100, end_of_data - 40, end_of_data - 1] {
             let msg = open_err(&bytes[..cut]);
-            assert!(msg.contains("truncated") || msg.contains("past the end") || msg.contains("cannot fit"), "{cut}: {msg}");
+            assert!(
+                msg.contains("truncated") || msg.contains("past the end") || msg.contains("cannot fit"),
+                "{cut}: {msg}"
+            );
         }
     }
 

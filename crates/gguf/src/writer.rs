@@ -34,7 +34,12 @@ impl Default for GgufWriter {
 
 impl GgufWriter {
     pub fn new() -> Self {
-        GgufWriter { metadata: Vec::new(), tensors: Vec::new(), alignment: DEFAULT_ALIGNMENT, data_len: 0 }
+        GgufWriter {
+            metadata: Vec::new(),
+            tensors: Vec::new(),
+            alignment: DEFAULT_ALIGNMENT,
+            data_len: 0,
+        }
     }
 
     pub fn set(&mut self, key: &str, value: Value) {
@@ -52,11 +57,20 @@ impl GgufWriter {
     /// Declare a tensor; its bytes are written later, in declaration order, by `write_data`.
     pub fn add_tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType) -> io::Result<()> {
         let size = tensor_size(dims, ty).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, format!("tensor {name}: shape {dims:?} is not whole {} blocks", ty.name()))
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("tensor {name}: shape {dims:?} is not whole {} blocks", ty.name()),
+            )
         })?;
         let offset = self.data_len;
         self.data_len = align_up(offset + size, self.alignment).expect("tensor data size overflows u64");
-        self.tensors.push(PendingTensor { name: name.to_string(), dims: dims.to_vec(), ty, offset, size });
+        self.tensors.push(PendingTensor {
+            name: name.to_string(),
+            dims: dims.to_vec(),
+            ty,
+            offset,
+            size,
+        });
         Ok(())
     }
 
@@ -87,7 +101,10 @@ impl GgufWriter {
             b.extend_from_slice(&t.offset.to_le_bytes());
         }
         let len = b.len() as u64;
-        b.resize(align_up(len, self.alignment).expect("header size overflows") as usize, 0);
+        b.resize(
+            align_up(len, self.alignment).expect("header size overflows") as usize,
+            0,
+        );
         w.write_all(&b)
     }
 

@@ -18,8 +18,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use titan_kernels::{
-    available_isas, kernel_isa, matmul, matmul_many, set_isa, Activations, GgmlType, Isa,
-    MatmulJob, WeightView,
+    available_isas, kernel_isa, matmul, matmul_many, set_isa, Activations, GgmlType, Isa, MatmulJob, WeightView,
 };
 
 const POOL_BYTES: usize = 1 << 30;
@@ -112,14 +111,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (mut a1, mut a64) = (Activations::new(), Activations::new());
             a1.quantize(ty.act_type(), &x1, 1, shape.cols)?;
             a64.quantize(ty.act_type(), &x64, 64, shape.cols)?;
-            let view = |k: usize| {
-                WeightView::new(
-                    ty,
-                    shape.rows,
-                    shape.cols,
-                    &pool_data[k * bytes..(k + 1) * bytes],
-                )
-            };
+            let view = |k: usize| WeightView::new(ty, shape.rows, shape.cols, &pool_data[k * bytes..(k + 1) * bytes]);
             for &isa in &isas {
                 set_isa(isa)?;
                 let mut cells = Vec::new();
@@ -142,18 +134,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     }
                     let mut out = vec![0f32; 64 * shape.rows];
                     let w = view(0)?;
-                    let secs = pool.install(|| {
-                        time_per_call(min_time, || matmul(&w, &a64, &mut out).expect("matmul"))
-                    });
+                    let secs = pool.install(|| time_per_call(min_time, || matmul(&w, &a64, &mut out).expect("matmul")));
                     let flops = 2.0 * 64.0 * (shape.rows * shape.cols) as f64;
                     cells.push(format!("{:.1}", flops / secs / 1e9));
                 }
-                println!(
-                    "| {} | {} | {} |",
-                    shape.name,
-                    kernel_isa(ty),
-                    cells.join(" | ")
-                );
+                println!("| {} | {} | {} |", shape.name, kernel_isa(ty), cells.join(" | "));
             }
         }
     }

@@ -36,8 +36,14 @@ fn random_matrix(ty: GgmlType, next: &mut impl FnMut() -> u64) -> Vec<u8> {
     data
 }
 
-fn random_acts(ty: GgmlType, n_act: usize, next: &mut impl FnMut() -> u64) -> Result<Activations, Box<dyn std::error::Error>> {
-    let x: Vec<f32> = (0..n_act * COLS).map(|_| (next() % 2000) as f32 / 1000.0 - 1.0).collect();
+fn random_acts(
+    ty: GgmlType,
+    n_act: usize,
+    next: &mut impl FnMut() -> u64,
+) -> Result<Activations, Box<dyn std::error::Error>> {
+    let x: Vec<f32> = (0..n_act * COLS)
+        .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
+        .collect();
     let mut acts = Activations::new();
     acts.quantize(ty.act_type(), &x, n_act, COLS)?;
     Ok(acts)
@@ -52,7 +58,10 @@ fn time_calls(w: &WeightView, acts: &Activations, out: &mut [f32], secs: f64) ->
         matmul(w, acts, out).unwrap();
         calls += 1;
     }
-    (t0.elapsed().as_secs_f64() / calls as f64, (cpu_ns() - c0) as f64 * 1e-9 / calls as f64)
+    (
+        t0.elapsed().as_secs_f64() / calls as f64,
+        (cpu_ns() - c0) as f64 * 1e-9 / calls as f64,
+    )
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -60,7 +69,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
     let mut state = 7u64;
     let mut next = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         state >> 33
     };
     if args.first().is_some_and(|a| a == "--per-row") {
@@ -69,8 +80,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let data = random_matrix(ty, &mut next);
             let mut regrouped = vec![0u8; data.len()];
             assert!(regroup_weights(ty, COLS, &data, &mut regrouped));
-            let w = WeightView { data: &regrouped, layout: WeightLayout::Regrouped, ..WeightView::new(ty, ROWS, COLS, &data)? };
-            let acts: Vec<Activations> = (1..=8).map(|n| random_acts(ty, n, &mut next)).collect::<Result<_, _>>()?;
+            let w = WeightView {
+                data: &regrouped,
+                layout: WeightLayout::Regrouped,
+                ..WeightView::new(ty, ROWS, COLS, &data)?
+            };
+            let acts: Vec<Activations> = (1..=8)
+                .map(|n| random_acts(ty, n, &mut next))
+                .collect::<Result<_, _>>()?;
             let mut gflops = vec![Vec::new(); 8];
             pool.install(|| {
                 for _ in 0..rounds {
@@ -84,7 +101,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("{ty}g, {ROWS} x {COLS}, median GFLOP/s per CPU second over {rounds} rounds:");
             for (n, g) in gflops.iter_mut().enumerate() {
                 g.sort_by(f64::total_cmp);
-                println!("  {} rows: {:.1} ({:.1}–{:.1})", n + 1, g[g.len() / 2], g[0], g[g.len() - 1]);
+                println!(
+                    "  {} rows: {:.1} ({:.1}–{:.1})",
+                    n + 1,
+                    g[g.len() / 2],
+                    g[0],
+                    g[g.len() - 1]
+                );
             }
         }
         return Ok(());
@@ -96,13 +119,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let plain = WeightView::new(ty, ROWS, COLS, &data)?;
         // Q4_0 and Q8_0 also as regrouped at load (`regroup_weights`).
         let mut regrouped = vec![0u8; data.len()];
-        let layouts = if regroup_weights(ty, COLS, &data, &mut regrouped) { 2 } else { 1 };
-        for w in [plain, WeightView { data: &regrouped, layout: WeightLayout::Regrouped, ..plain }].iter().take(layouts) {
+        let layouts = if regroup_weights(ty, COLS, &data, &mut regrouped) {
+            2
+        } else {
+            1
+        };
+        for w in [
+            plain,
+            WeightView {
+                data: &regrouped,
+                layout: WeightLayout::Regrouped,
+                ..plain
+            },
+        ]
+        .iter()
+        .take(layouts)
+        {
             let mut out = vec![0f32; n_act * ROWS];
             let (secs, cpu) = pool.install(|| time_calls(w, &acts, &mut out, 1.0));
             let flops = 2.0 * (n_act * ROWS * COLS) as f64;
-            let name = if w.layout == WeightLayout::Regrouped { format!("{ty}g") } else { ty.to_string() };
-            println!("{name}: {:.1} GFLOP/s per CPU second ({:.1} wall)", flops / cpu / 1e9, flops / secs / 1e9);
+            let name = if w.layout == WeightLayout::Regrouped {
+                format!("{ty}g")
+            } else {
+                ty.to_string()
+            };
+            println!(
+                "{name}: {:.1} GFLOP/s per CPU second ({:.1} wall)",
+                flops / cpu / 1e9,
+                flops / secs / 1e9
+            );
         }
     }
     Ok(())

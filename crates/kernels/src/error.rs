@@ -8,11 +8,7 @@ use crate::GgmlType;
 pub enum KernelError {
     /// A row length that is not a whole number of blocks of its format.
     #[error("{len} elements is not a whole number of {ty} blocks ({block_len} elements each)")]
-    NotWholeBlocks {
-        ty: GgmlType,
-        len: usize,
-        block_len: usize,
-    },
+    NotWholeBlocks { ty: GgmlType, len: usize, block_len: usize },
 
     /// A buffer whose size does not match the shape it is said to hold.
     #[error("{what} holds {actual} {unit} but the shape needs {expected}")]
@@ -32,9 +28,7 @@ pub enum KernelError {
     },
 
     /// `quantize_row` / `Activations::quantize` asked for a type that is not an activation format.
-    #[error(
-        "{0} is not an activation format: use F32, Q8_0, Q8_1 or Q8_K (see GgmlType::act_type)"
-    )]
+    #[error("{0} is not an activation format: use F32, Q8_0, Q8_1 or Q8_K (see GgmlType::act_type)")]
     NotActivationType(GgmlType),
 
     /// Activations quantised to a different format than the weights need.

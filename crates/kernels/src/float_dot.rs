@@ -78,7 +78,14 @@ pub(crate) fn delta_rule_rows_on(isa: Isa, rows: &mut [f32], step: &DeltaStep, o
 
 /// The scalar twin of [`delta_rule_rows`]: each step over the whole row in turn.
 pub(crate) fn delta_rule_rows_scalar(rows: &mut [f32], step: &DeltaStep, out: &mut [f32]) {
-    let DeltaStep { decay, beta, k, q, v, scale } = *step;
+    let DeltaStep {
+        decay,
+        beta,
+        k,
+        q,
+        v,
+        scale,
+    } = *step;
     assert_eq!(q.len(), k.len(), "delta_rule_rows: q and k differ in length");
     for ((m, &vj), o) in rows.chunks_exact_mut(k.len()).zip(v).zip(out.iter_mut()) {
         for x in m.iter_mut() {
@@ -92,7 +99,10 @@ pub(crate) fn delta_rule_rows_scalar(rows: &mut [f32], step: &DeltaStep, out: &m
 
 fn check_rows(what: &str, len: usize, have: usize, stride: usize, n: usize) {
     let need = if n == 0 { 0 } else { (n - 1) * stride + len };
-    assert!(have >= need, "{what}: {n} rows of {len} elements {stride} apart need {need} elements, got {have}");
+    assert!(
+        have >= need,
+        "{what}: {n} rows of {len} elements {stride} apart need {need} elements, got {have}"
+    );
 }
 
 /// The scalar twin of every SIMD dot product, written eight lanes at a time so that the compiler
@@ -154,11 +164,18 @@ mod tests {
             };
             let (want_dots, want_sums) = (dots(Isa::Scalar), sums(Isa::Scalar));
             for t in 0..n {
-                assert_eq!(want_dots[t].to_bits(), (dot_scalar(&q, &rows[t * stride..][..len]) * 0.125).to_bits());
+                assert_eq!(
+                    want_dots[t].to_bits(),
+                    (dot_scalar(&q, &rows[t * stride..][..len]) * 0.125).to_bits()
+                );
             }
             for isa in crate::available_isas() {
                 assert_eq!(bits(&dots(isa)), bits(&want_dots), "{isa}: dot_rows, length {len}");
-                assert_eq!(bits(&sums(isa)), bits(&want_sums), "{isa}: add_weighted_rows, length {len}");
+                assert_eq!(
+                    bits(&sums(isa)),
+                    bits(&want_sums),
+                    "{isa}: add_weighted_rows, length {len}"
+                );
             }
         }
     }
@@ -174,7 +191,14 @@ mod tests {
             let state: Vec<f32> = (0..n * d).map(|_| value()).collect();
             let (k, q): (Vec<f32>, Vec<f32>) = ((0..d).map(|_| value()).collect(), (0..d).map(|_| value()).collect());
             let v: Vec<f32> = (0..n).map(|_| value()).collect();
-            let step = DeltaStep { decay: 0.93, beta: 0.61, k: &k, q: &q, v: &v, scale: 0.0884 };
+            let step = DeltaStep {
+                decay: 0.93,
+                beta: 0.61,
+                k: &k,
+                q: &q,
+                v: &v,
+                scale: 0.0884,
+            };
             let (mut want, mut want_out) = (state.clone(), vec![0f32; n]);
             for ((m, &vj), o) in want.chunks_exact_mut(d).zip(&v).zip(&mut want_out) {
                 for x in m.iter_mut() {

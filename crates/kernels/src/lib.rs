@@ -92,17 +92,16 @@ mod warm;
 pub use activation::{exp, exp_in_place, silu, silu_in_place, silu_mul};
 pub use error::KernelError;
 pub use float_dot::{add_weighted_rows, delta_rule_rows, dot_f32, dot_rows, DeltaStep};
-pub use matmul::{
-    matmul, matmul_f32, matmul_many, regroup_weights, regroup_weights_in_place, Activations, MatmulJob, WeightLayout, WeightView,
-};
 pub use grouped::weights_regroupable;
+pub use matmul::{
+    matmul, matmul_f32, matmul_many, regroup_weights, regroup_weights_in_place, Activations, MatmulJob, WeightLayout,
+    WeightView,
+};
 pub use simd::{available_isas, isa, kernel_isa, regrouped_weights_pay, set_isa, Isa};
 pub use types::GgmlType;
 pub use warm::{set_polling, stay_warm};
 
-use formats::{
-    bf16, fp16, fp32, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,
-};
+use formats::{bf16, fp16, fp32, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k};
 
 /// Bytes taken by `n` elements of `ty`, or the error that says why `n` does not fit.
 pub(crate) fn checked_row_bytes(ty: GgmlType, n: usize) -> Result<usize, KernelError> {
@@ -191,16 +190,8 @@ pub fn vec_dot(w_ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
     );
     let w_bytes = n / w_ty.block_len() * w_ty.block_bytes();
     let act_bytes = n / act_ty.block_len() * act_ty.block_bytes();
-    debug_assert_eq!(
-        w.len(),
-        w_bytes,
-        "vec_dot: {w_ty} weight row of {n} elements"
-    );
-    debug_assert_eq!(
-        act.len(),
-        act_bytes,
-        "vec_dot: {act_ty} activation row of {n} elements"
-    );
+    debug_assert_eq!(w.len(), w_bytes, "vec_dot: {w_ty} weight row of {n} elements");
+    debug_assert_eq!(act.len(), act_bytes, "vec_dot: {act_ty} activation row of {n} elements");
     let (w, act) = (&w[..w_bytes], &act[..act_bytes]);
     let kernel = simd::dot_kernel(isa(), w_ty, WeightLayout::Plain);
     let mut out = [0f32];
@@ -254,10 +245,7 @@ mod tests {
     fn quantize_row_rejects_bad_types_and_lengths() {
         let x = [0.5f32; 256];
         let err = quantize_row(GgmlType::Q4_K, &x, &mut [0u8; 144]).unwrap_err();
-        assert!(
-            matches!(err, KernelError::NotActivationType(GgmlType::Q4_K)),
-            "{err}"
-        );
+        assert!(matches!(err, KernelError::NotActivationType(GgmlType::Q4_K)), "{err}");
         let err = quantize_row(GgmlType::Q8_K, &x[..100], &mut [0u8; 292]).unwrap_err();
         assert!(matches!(err, KernelError::NotWholeBlocks { .. }), "{err}");
         let err = quantize_row(GgmlType::Q8_0, &x, &mut [0u8; 34]).unwrap_err();
@@ -288,25 +276,13 @@ mod tests {
             let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
             let mut act = vec![0u8; act_ty.row_bytes(n).unwrap()];
             quantize_row(act_ty, &x, &mut act).unwrap();
-            let (wb, ab) = (
-                ty.row_bytes(block_len).unwrap(),
-                act_ty.row_bytes(block_len).unwrap(),
-            );
+            let (wb, ab) = (ty.row_bytes(block_len).unwrap(), act_ty.row_bytes(block_len).unwrap());
             let mut lanes = accum::Lanes8::default();
             for b in 0..blocks {
-                let term = vec_dot(
-                    ty,
-                    block_len,
-                    &w[b * wb..(b + 1) * wb],
-                    &act[b * ab..(b + 1) * ab],
-                );
+                let term = vec_dot(ty, block_len, &w[b * wb..(b + 1) * wb], &act[b * ab..(b + 1) * ab]);
                 lanes.add(b, term);
             }
-            assert_eq!(
-                vec_dot(ty, n, &w, &act).to_bits(),
-                lanes.sum().to_bits(),
-                "{ty}"
-            );
+            assert_eq!(vec_dot(ty, n, &w, &act).to_bits(), lanes.sum().to_bits(), "{ty}");
         }
     }
 
@@ -317,9 +293,6 @@ mod tests {
             expected: GgmlType::Q8_K,
             actual: GgmlType::Q8_0,
         };
-        assert_eq!(
-            err.to_string(),
-            "Q4_K weights need Q8_K activations, got Q8_0"
-        );
+        assert_eq!(err.to_string(), "Q4_K weights need Q8_K activations, got Q8_0");
     }
 }

@@ -66,12 +66,7 @@ fn regroupable_row_bytes(ty: GgmlType, cols: usize, src: &[u8], dst: &[u8]) -> O
 
 impl<'a> WeightView<'a> {
     /// Checks that `cols` is a whole number of blocks and that `data` holds exactly `rows` rows.
-    pub fn new(
-        ty: GgmlType,
-        rows: usize,
-        cols: usize,
-        data: &'a [u8],
-    ) -> Result<Self, KernelError> {
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, KernelError> {
         let view = WeightView {
             ty,
             rows,
@@ -86,13 +81,11 @@ impl<'a> WeightView<'a> {
     /// The checks of [`WeightView::new`], repeated by [`matmul`] because the fields are public.
     fn check(&self) -> Result<(), KernelError> {
         let row_bytes = checked_row_bytes(self.ty, self.cols)?;
-        let expected = row_bytes
-            .checked_mul(self.rows)
-            .ok_or(KernelError::TooLarge {
-                what: "weight matrix",
-                rows: self.rows,
-                cols: self.cols,
-            })?;
+        let expected = row_bytes.checked_mul(self.rows).ok_or(KernelError::TooLarge {
+            what: "weight matrix",
+            rows: self.rows,
+            cols: self.cols,
+        })?;
         if self.data.len() != expected {
             return Err(KernelError::SizeMismatch {
                 what: "weight data",
@@ -125,7 +118,11 @@ impl<'a> WeightView<'a> {
     ///
     /// If `r >= rows`, `dst.len() != cols`, or the rows are regrouped (a layout for the kernels only).
     pub fn dequantize_row(&self, r: usize, dst: &mut [f32]) {
-        assert_eq!(self.layout, WeightLayout::Plain, "dequantize_row: regrouped weights are for the kernels only");
+        assert_eq!(
+            self.layout,
+            WeightLayout::Plain,
+            "dequantize_row: regrouped weights are for the kernels only"
+        );
         assert_eq!(
             dst.len(),
             self.cols,
@@ -169,13 +166,7 @@ impl Activations {
     /// Quantises `x` (`rows` × `cols`, row-major) as `act_ty`, reusing this buffer. Rows are
     /// independent, so they are quantised in parallel without any effect on the bytes. On error the
     /// previous contents are left as they were.
-    pub fn quantize(
-        &mut self,
-        act_ty: GgmlType,
-        x: &[f32],
-        rows: usize,
-        cols: usize,
-    ) -> Result<(), KernelError> {
+    pub fn quantize(&mut self, act_ty: GgmlType, x: &[f32], rows: usize, cols: usize) -> Result<(), KernelError> {
         let quantize = simd::quant_kernel(isa(), act_ty)?;
         let row_bytes = checked_row_bytes(act_ty, cols)?;
         let elements = rows.checked_mul(cols).ok_or(KernelError::TooLarge {
@@ -236,13 +227,7 @@ impl Activations {
     /// [`Activations::quantize`] wrote them: the bytes are taken as they are, so a row's results are the
     /// ones the sender would have computed. Reuses this buffer. Errors (leaving this unchanged) when
     /// `act_ty` is not an activation format or `data` is not exactly `rows` rows of `cols` elements.
-    pub fn set_encoded(
-        &mut self,
-        act_ty: GgmlType,
-        cols: usize,
-        rows: usize,
-        data: &[u8],
-    ) -> Result<(), KernelError> {
+    pub fn set_encoded(&mut self, act_ty: GgmlType, cols: usize, rows: usize, data: &[u8]) -> Result<(), KernelError> {
         if !act_ty.is_act_type() {
             return Err(KernelError::NotActivationType(act_ty));
         }
@@ -266,7 +251,10 @@ impl Activations {
         if act_ty == GgmlType::Q8_0 && row_bytes > 0 {
             let grouped_bytes = grouped::row_bytes(cols / act_ty.block_len());
             self.grouped.resize(rows * grouped_bytes, 0);
-            for (src, dst) in data.chunks_exact(row_bytes).zip(self.grouped.chunks_exact_mut(grouped_bytes)) {
+            for (src, dst) in data
+                .chunks_exact(row_bytes)
+                .zip(self.grouped.chunks_exact_mut(grouped_bytes))
+            {
                 grouped::regroup(src, dst);
             }
         }
@@ -326,18 +314,14 @@ impl Activations {
     /// If an index is not below `src.rows()` (checked before anything changes).
     pub fn gather_from(&mut self, src: &Activations, rows: &[usize]) {
         if let Some(&bad) = rows.iter().find(|&&i| i >= src.rows) {
-            panic!(
-                "gather_from: row {bad} requested from activations of {} rows",
-                src.rows
-            );
+            panic!("gather_from: row {bad} requested from activations of {} rows", src.rows);
         }
         self.data.clear();
         self.grouped.clear();
         for &i in rows {
             self.data.extend_from_slice(src.row(i));
             if !src.grouped.is_empty() {
-                self.grouped
-                    .extend_from_slice(src.row_in(ActLayout::Grouped, i));
+                self.grouped.extend_from_slice(src.row_in(ActLayout::Grouped, i));
             }
         }
         (self.act_ty, self.rows, self.cols) = (src.act_ty, rows.len(), src.cols);
@@ -381,14 +365,11 @@ impl MatmulJob<'_> {
                 act_cols: acts.cols(),
             });
         }
-        let expected = acts
-            .rows()
-            .checked_mul(w.rows)
-            .ok_or(KernelError::TooLarge {
-                what: "matmul output",
-                rows: acts.rows(),
-                cols: w.rows,
-            })?;
+        let expected = acts.rows().checked_mul(w.rows).ok_or(KernelError::TooLarge {
+            what: "matmul output",
+            rows: acts.rows(),
+            cols: w.rows,
+        })?;
         if self.out.len() != expected {
             return Err(KernelError::SizeMismatch {
                 what: "matmul output",
@@ -507,7 +488,8 @@ impl Part<'_> {
             // SAFETY: `check` made `out` n_out long, `rows` is inside 0..n_out, and no other thread
             // writes these outputs (the caller's contract).
             let out = unsafe { std::slice::from_raw_parts_mut(self.out.0.add(rows.start), rows.len()) };
-            self.kernel.run(w, row_bytes, &[self.acts.row_in(self.kernel.layout, 0)], out);
+            self.kernel
+                .run(w, row_bytes, &[self.acts.row_in(self.kernel.layout, 0)], out);
             return;
         }
         let mut act_rows: [&[u8]; MAX_ROWS] = [&[]; MAX_ROWS];
@@ -539,12 +521,7 @@ impl Part<'_> {
 /// Convenience: quantises `x` (`rows` × `w.cols`) with `w`'s activation type into a scratch
 /// [`Activations`] and multiplies. Prefer [`Activations::quantize`] + [`matmul`] when several weight
 /// matrices share the same input.
-pub fn matmul_f32(
-    w: &WeightView,
-    x: &[f32],
-    rows: usize,
-    out: &mut [f32],
-) -> Result<(), KernelError> {
+pub fn matmul_f32(w: &WeightView, x: &[f32], rows: usize, out: &mut [f32]) -> Result<(), KernelError> {
     let mut acts = Activations::new();
     acts.quantize(w.ty.act_type(), x, rows, w.cols)?;
     matmul(w, &acts, out)
@@ -557,13 +534,7 @@ mod tests {
     use crate::vec_dot;
 
     /// A random `rows` × `cols` weight matrix of type `ty` and `n_act` random activation rows.
-    fn problem(
-        ty: GgmlType,
-        rows: usize,
-        cols: usize,
-        n_act: usize,
-        seed: u64,
-    ) -> (Vec<u8>, Vec<f32>) {
+    fn problem(ty: GgmlType, rows: usize, cols: usize, n_act: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
         let mut rng = Rng::new(seed);
         let w: Vec<u8> = (0..rows)
             .flat_map(|_| testutil::random_row(ty, cols, &mut rng))
@@ -587,18 +558,13 @@ mod tests {
             let (data, x) = problem(ty, rows, cols, n_act, ty.id().into());
             let w = WeightView::new(ty, rows, cols, &data).expect("valid view");
             let mut acts = Activations::new();
-            acts.quantize(ty.act_type(), &x, n_act, cols)
-                .expect("quantize");
+            acts.quantize(ty.act_type(), &x, n_act, cols).expect("quantize");
             let mut out = vec![0f32; n_act * rows];
             matmul(&w, &acts, &mut out).expect("matmul");
             for i in 0..n_act {
                 for r in 0..rows {
                     let expected = vec_dot(ty, cols, w.row(r), acts.row(i));
-                    assert_eq!(
-                        out[i * rows + r].to_bits(),
-                        expected.to_bits(),
-                        "{ty} out[{i}][{r}]"
-                    );
+                    assert_eq!(out[i * rows + r].to_bits(), expected.to_bits(), "{ty} out[{i}][{r}]");
                 }
             }
             // A single activation row takes the decode path; it must give the same bits.
@@ -685,10 +651,7 @@ mod tests {
         acts.quantize(GgmlType::Q8_0, &x, 2, 256).expect("quantize");
         let mut out = vec![0f32; 8];
         let err = matmul(&w, &acts, &mut out).unwrap_err();
-        assert!(
-            matches!(err, KernelError::ActivationTypeMismatch { .. }),
-            "{err}"
-        );
+        assert!(matches!(err, KernelError::ActivationTypeMismatch { .. }), "{err}");
 
         acts.quantize(GgmlType::Q8_K, &x, 1, 512).expect("quantize");
         let err = matmul(&w, &acts, &mut out).unwrap_err();
@@ -728,13 +691,7 @@ mod tests {
         assert!(matmul(&bad, &acts, &mut [0f32; 10]).is_err());
         let err = matmul_f32(&w, &x[..300], 1, &mut out[..4]).unwrap_err();
         assert!(
-            matches!(
-                err,
-                KernelError::SizeMismatch {
-                    unit: "elements",
-                    ..
-                }
-            ),
+            matches!(err, KernelError::SizeMismatch { unit: "elements", .. }),
             "{err}"
         );
     }
@@ -742,15 +699,11 @@ mod tests {
     #[test]
     fn activations_quantize_checks_and_keeps_old_contents_on_error() {
         let mut acts = Activations::new();
-        acts.quantize(GgmlType::Q8_0, &[1.0; 64], 2, 32)
-            .expect("quantize");
+        acts.quantize(GgmlType::Q8_0, &[1.0; 64], 2, 32).expect("quantize");
         assert!(acts.quantize(GgmlType::Q4_0, &[1.0; 64], 2, 32).is_err());
         assert!(acts.quantize(GgmlType::Q8_K, &[1.0; 64], 2, 32).is_err());
         assert!(acts.quantize(GgmlType::Q8_0, &[1.0; 63], 2, 32).is_err());
-        assert_eq!(
-            (acts.act_type(), acts.rows(), acts.cols()),
-            (GgmlType::Q8_0, 2, 32)
-        );
+        assert_eq!((acts.act_type(), acts.rows(), acts.cols()), (GgmlType::Q8_0, 2, 32));
         assert_eq!(acts.row(1).len(), 34);
         acts.quantize(GgmlType::F32, &[], 0, 8).expect("empty");
         assert_eq!(acts.rows(), 0);
@@ -770,9 +723,19 @@ mod tests {
             let (mut a, mut b) = (vec![0f32; 5 * 16], vec![0f32; 5 * 16]);
             matmul(&view, &sent, &mut a).unwrap();
             matmul(&view, &got, &mut b).unwrap();
-            assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{wty:?}");
-            assert!(got.set_encoded(sent.act_type(), cols, 4, sent.encoded()).is_err(), "wrong row count accepted");
-            assert!(got.set_encoded(GgmlType::Q4_0, cols, 5, sent.encoded()).is_err(), "a weight type accepted");
+            assert_eq!(
+                a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{wty:?}"
+            );
+            assert!(
+                got.set_encoded(sent.act_type(), cols, 4, sent.encoded()).is_err(),
+                "wrong row count accepted"
+            );
+            assert!(
+                got.set_encoded(GgmlType::Q4_0, cols, 5, sent.encoded()).is_err(),
+                "a weight type accepted"
+            );
             assert_eq!(got.rows(), 5, "a failed call changed the buffer");
         }
     }

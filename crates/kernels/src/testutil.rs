@@ -42,12 +42,8 @@ impl Rng {
 }
 
 fn fixture(name: &str) -> Vec<u8> {
-    let path = format!(
-        "{}/../../tests/fixtures/quant/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e} (regenerate with tools/gen_quant_vectors.py)"))
+    let path = format!("{}/../../tests/fixtures/quant/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e} (regenerate with tools/gen_quant_vectors.py)"))
 }
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
@@ -64,11 +60,7 @@ pub(crate) fn assert_dequantize_matches_gguf_py(ty: GgmlType) {
     let mut got = vec![0f32; expected.len()];
     dequantize_row(ty, &src, &mut got).expect("fixture sizes");
     for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
-        assert_eq!(
-            g.to_bits(),
-            e.to_bits(),
-            "{ty} element {i}: got {g:e}, gguf-py {e:e}"
-        );
+        assert_eq!(g.to_bits(), e.to_bits(), "{ty} element {i}: got {g:e}, gguf-py {e:e}");
     }
 }
 
@@ -85,9 +77,7 @@ pub(crate) fn assert_quantize_matches_gguf_py(ty: GgmlType) {
 pub(crate) fn f16_scale_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 | GgmlType::Q4_K | GgmlType::Q5_K => {
-            &[0, 2]
-        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
         GgmlType::Q6_K => &[208],
@@ -144,11 +134,7 @@ pub(crate) fn assert_vec_dot_matches_f64(ty: GgmlType) {
         let (mut wf, mut af) = (vec![0f32; n], vec![0f32; n]);
         dequantize_row(ty, &w, &mut wf).expect("dequantize weights");
         dequantize_row(act_ty, &act, &mut af).expect("dequantize activations");
-        let reference: f64 = wf
-            .iter()
-            .zip(&af)
-            .map(|(&w, &a)| f64::from(w) * f64::from(a))
-            .sum();
+        let reference: f64 = wf.iter().zip(&af).map(|(&w, &a)| f64::from(w) * f64::from(a)).sum();
         let w_max = wf.iter().fold(0f64, |m, &w| m.max(f64::from(w).abs()));
         let a_sum: f64 = af.iter().map(|&a| f64::from(a).abs()).sum();
         let mut tol = 1e-5 * w_max * a_sum + 1e-30;
@@ -183,11 +169,7 @@ pub(crate) fn assert_quantize_round_trip(act_ty: GgmlType) {
     let mut y = vec![0f32; n];
     dequantize_row(act_ty, &q, &mut y).expect("dequantize");
     // The stored f16 scale may be off by 2^-11 relative, times |q| <= 127: 127 · 2^-11 < 0.07 steps.
-    let half_step = if act_ty == GgmlType::Q8_K {
-        0.5 + 1e-5
-    } else {
-        0.57
-    };
+    let half_step = if act_ty == GgmlType::Q8_K { 0.5 + 1e-5 } else { 0.57 };
     for (xb, yb) in x
         .chunks_exact(act_ty.block_len())
         .zip(y.chunks_exact(act_ty.block_len()))

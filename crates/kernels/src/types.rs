@@ -1,8 +1,6 @@
 //! The tensor formats TITAN understands, numbered and sized exactly as ggml numbers and sizes them.
 
-use crate::formats::{
-    bf16, fp16, fp32, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,
-};
+use crate::formats::{bf16, fp16, fp32, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k};
 
 /// A GGUF / ggml tensor encoding. The discriminant is the `GGML_TYPE_*` id stored in GGUF files.
 // Variant names are ggml's (`Q4_K`, not `Q4K`), so they read the same here, in GGUF tools and in llama.cpp.
@@ -143,21 +141,15 @@ impl GgmlType {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => GgmlType::F32,
             GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::MXFP4 => GgmlType::Q8_0,
             GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => GgmlType::Q8_1,
-            GgmlType::Q2_K
-            | GgmlType::Q3_K
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K
-            | GgmlType::Q8_K => GgmlType::Q8_K,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => {
+                GgmlType::Q8_K
+            }
         }
     }
 
     /// Whether activations can be quantised into this type (`quantize_row` accepts it).
     pub fn is_act_type(self) -> bool {
-        matches!(
-            self,
-            GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8_K
-        )
+        matches!(self, GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8_K)
     }
 }
 

@@ -54,7 +54,11 @@ struct Warmth {
 
 impl Warmth {
     const fn new(linger: Duration) -> Self {
-        Self { linger, until: AtomicU64::new(0), pollers: AtomicUsize::new(0) }
+        Self {
+            linger,
+            until: AtomicU64::new(0),
+            pollers: AtomicUsize::new(0),
+        }
     }
 
     fn stay_warm(&'static self) {
@@ -119,9 +123,15 @@ mod tests {
         });
         let t = Instant::now();
         while WARMTH.pollers.load(Relaxed) > 0 {
-            assert!(t.elapsed() < 25 * LINGER, "the pollers go on polling with no region started");
+            assert!(
+                t.elapsed() < 25 * LINGER,
+                "the pollers go on polling with no region started"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert!(t.elapsed() >= LINGER / 2, "the pollers stopped before the linger was over");
+        assert!(
+            t.elapsed() >= LINGER / 2,
+            "the pollers stopped before the linger was over"
+        );
     }
 }

@@ -35,7 +35,19 @@ pub enum Kind {
 impl Kind {
     fn from_u8(v: u8) -> Option<Kind> {
         use Kind::*;
-        [Hello, Welcome, Compute, Output, Error, Ping, Pong, MetricsRequest, Metrics].into_iter().find(|k| *k as u8 == v)
+        [
+            Hello,
+            Welcome,
+            Compute,
+            Output,
+            Error,
+            Ping,
+            Pong,
+            MetricsRequest,
+            Metrics,
+        ]
+        .into_iter()
+        .find(|k| *k as u8 == v)
     }
 }
 
@@ -99,7 +111,11 @@ pub fn decode_header(b: &[u8; HEADER_LEN], limit: usize) -> Result<FrameHeader, 
     if len > limit as u64 {
         return Err(FrameError::TooLarge { len, limit });
     }
-    Ok(FrameHeader { kind, id, len: len as usize })
+    Ok(FrameHeader {
+        kind,
+        id,
+        len: len as usize,
+    })
 }
 
 /// Reads one frame into `body` (reused; resized to the body's length only after the header passed
@@ -111,7 +127,11 @@ pub fn read_frame(r: &mut impl Read, limit: usize, body: &mut Vec<u8>) -> Result
     while got < HEADER_LEN {
         match r.read(&mut head[got..]) {
             Ok(0) if got == 0 => return Err(FrameError::Closed),
-            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed inside a frame header").into()),
+            Ok(0) => {
+                return Err(
+                    io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed inside a frame header").into(),
+                )
+            }
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
@@ -121,7 +141,11 @@ pub fn read_frame(r: &mut impl Read, limit: usize, body: &mut Vec<u8>) -> Result
     body.clear();
     body.resize(h.len, 0);
     r.read_exact(body).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => io::Error::new(e.kind(), format!("connection closed inside a {}-byte frame body", h.len)).into(),
+        io::ErrorKind::UnexpectedEof => io::Error::new(
+            e.kind(),
+            format!("connection closed inside a {}-byte frame body", h.len),
+        )
+        .into(),
         _ => FrameError::Io(e),
     })?;
     Ok(h)
@@ -129,9 +153,14 @@ pub fn read_frame(r: &mut impl Read, limit: usize, body: &mut Vec<u8>) -> Result
 
 /// Writes one frame (header and body in one write, so a small frame is one segment with TCP_NODELAY).
 pub fn write_frame(w: &mut impl Write, kind: Kind, id: u64, body: &[u8], scratch: &mut Vec<u8>) -> io::Result<()> {
-    let len = u32::try_from(body.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame body over 4 GiB"))?;
+    let len =
+        u32::try_from(body.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame body over 4 GiB"))?;
     scratch.clear();
-    scratch.extend_from_slice(&encode_header(&FrameHeader { kind, id, len: len as usize }));
+    scratch.extend_from_slice(&encode_header(&FrameHeader {
+        kind,
+        id,
+        len: len as usize,
+    }));
     scratch.extend_from_slice(body);
     w.write_all(scratch)?;
     w.flush()
@@ -165,14 +194,22 @@ mod tests {
         bytes[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
         let mut body = Vec::new();
         let e = read_frame(&mut &bytes[..], 1 << 20, &mut body).unwrap_err();
-        assert!(matches!(e, FrameError::TooLarge { len, .. } if len == u32::MAX as u64), "{e}");
+        assert!(
+            matches!(e, FrameError::TooLarge { len, .. } if len == u32::MAX as u64),
+            "{e}"
+        );
         assert_eq!(body.capacity(), 0);
     }
 
     #[test]
     fn malformed_headers_are_named() {
         let good = frame(Kind::Hello, 1, b"x");
-        let cases: [(usize, u8, &str); 4] = [(0, b'X', "magic"), (4, 9, "version"), (5, 200, "kind"), (6, 1, "reserved")];
+        let cases: [(usize, u8, &str); 4] = [
+            (0, b'X', "magic"),
+            (4, 9, "version"),
+            (5, 200, "kind"),
+            (6, 1, "reserved"),
+        ];
         for (at, v, what) in cases {
             let mut b = good.clone();
             b[at] = v;
@@ -180,8 +217,14 @@ mod tests {
             assert!(e.contains(what), "{e}");
         }
         // Truncated inside the header and inside the body.
-        assert!(read_frame(&mut &good[..10], 100, &mut Vec::new()).unwrap_err().to_string().contains("header"));
-        assert!(read_frame(&mut &good[..HEADER_LEN], 100, &mut Vec::new()).unwrap_err().to_string().contains("body"));
+        assert!(read_frame(&mut &good[..10], 100, &mut Vec::new())
+            .unwrap_err()
+            .to_string()
+            .contains("header"));
+        assert!(read_frame(&mut &good[..HEADER_LEN], 100, &mut Vec::new())
+            .unwrap_err()
+            .to_string()
+            .contains("body"));
     }
 
     #[test]
@@ -189,7 +232,14 @@ mod tests {
         // A small deterministic fuzz: every prefix of many pseudo-random streams decodes or errors.
         let mut s = 0x9e3779b97f4a7c15u64;
         for _ in 0..2000 {
-            let mut b: Vec<u8> = (0..64).map(|_| { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s as u8 }).collect();
+            let mut b: Vec<u8> = (0..64)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    s as u8
+                })
+                .collect();
             if s.is_multiple_of(2) {
                 b[..4].copy_from_slice(&MAGIC);
                 b[4] = VERSION;

@@ -20,7 +20,10 @@ impl<'a> PayloadReader<'a> {
     }
 
     pub fn error(&self, why: impl Into<String>) -> PayloadError {
-        PayloadError { what: self.what, why: why.into() }
+        PayloadError {
+            what: self.what,
+            why: why.into(),
+        }
     }
 
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], PayloadError> {
@@ -41,7 +44,10 @@ impl<'a> PayloadReader<'a> {
     pub fn count(&mut self, item_bytes: usize) -> Result<usize, PayloadError> {
         let n = self.u32()? as usize;
         if n.saturating_mul(item_bytes.max(1)) > self.rest.len() {
-            return Err(self.error(format!("declares {n} items of {item_bytes} bytes, {} bytes left", self.rest.len())));
+            return Err(self.error(format!(
+                "declares {n} items of {item_bytes} bytes, {} bytes left",
+                self.rest.len()
+            )));
         }
         Ok(n)
     }

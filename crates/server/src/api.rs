@@ -78,13 +78,22 @@ impl ChatMessage {
             Value::Null => Ok(String::new()),
             Value::Array(parts) => parts
                 .iter()
-                .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(t)) => Ok(t),
-                    _ => Err(ApiError::bad_request("only text parts are supported in message content")),
+                .map(|p| {
+                    match (
+                        p.get("type").and_then(Value::as_str),
+                        p.get("text").and_then(Value::as_str),
+                    ) {
+                        (Some("text"), Some(t)) => Ok(t),
+                        _ => Err(ApiError::bad_request(
+                            "only text parts are supported in message content",
+                        )),
+                    }
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map(|t| t.concat()),
-            _ => Err(ApiError::bad_request("message content must be a string or a list of text parts")),
+            _ => Err(ApiError::bad_request(
+                "message content must be a string or a list of text parts",
+            )),
         }
     }
 }
@@ -94,12 +103,20 @@ impl ChatMessage {
 pub fn completion_prompt(v: &Value) -> Result<PromptInput, ApiError> {
     match v {
         Value::String(s) => Ok(PromptInput::Text(s.clone())),
-        Value::Array(a) if a.len() == 1 && a[0].is_string() => Ok(PromptInput::Text(a[0].as_str().unwrap_or_default().to_string())),
-        Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-            let ids = a.iter().map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok())).collect::<Option<Vec<u32>>>();
-            ids.map(PromptInput::Tokens).ok_or_else(|| ApiError::bad_request("prompt token ids must be u32"))
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+            Ok(PromptInput::Text(a[0].as_str().unwrap_or_default().to_string()))
         }
-        _ => Err(ApiError::bad_request("prompt must be a string, a list of one string, or a list of token ids")),
+        Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_u64) => {
+            let ids = a
+                .iter()
+                .map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()))
+                .collect::<Option<Vec<u32>>>();
+            ids.map(PromptInput::Tokens)
+                .ok_or_else(|| ApiError::bad_request("prompt token ids must be u32"))
+        }
+        _ => Err(ApiError::bad_request(
+            "prompt must be a string, a list of one string, or a list of token ids",
+        )),
     }
 }
 
@@ -124,13 +141,21 @@ impl Params {
             return Err(ApiError::bad_request("the prompt has no tokens").param("prompt"));
         }
         if prompt_len >= ctx_size {
-            return Err(ApiError::bad_request(format!("the prompt has {prompt_len} tokens; the context holds {ctx_size} (leave room for one generated token)")).code("context_length_exceeded"));
+            return Err(ApiError::bad_request(format!(
+                "the prompt has {prompt_len} tokens; the context holds {ctx_size} (leave room for one generated token)"
+            ))
+            .code("context_length_exceeded"));
         }
         let room = ctx_size - prompt_len;
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             None => room,
             Some(m) if m >= 1 && m as u64 <= room as u64 => m as usize,
-            Some(m) => return Err(ApiError::bad_request(format!("max_tokens is {m}; with this prompt it must be in 1..={room}")).param("max_tokens")),
+            Some(m) => {
+                return Err(ApiError::bad_request(format!(
+                    "max_tokens is {m}; with this prompt it must be in 1..={room}"
+                ))
+                .param("max_tokens"))
+            }
         };
         let d = SamplerOptions::default();
         let sampler = SamplerOptions {
@@ -151,7 +176,11 @@ impl Params {
         if stop.len() > 4 || stop.iter().any(String::is_empty) {
             return Err(ApiError::bad_request("stop takes at most 4 non-empty strings").param("stop"));
         }
-        Ok(Settings { sampler, max_tokens, stop })
+        Ok(Settings {
+            sampler,
+            max_tokens,
+            stop,
+        })
     }
 }
 
@@ -179,8 +208,19 @@ pub fn chat_body(body: &[u8], template: Option<&ChatTemplate>) -> Result<(ChatRe
     if r.messages.is_empty() {
         return Err(ApiError::bad_request("messages is empty").param("messages"));
     }
-    let messages = r.messages.iter().map(|m| Ok(Message { role: m.role.clone(), content: m.text()? })).collect::<Result<Vec<_>, ApiError>>()?;
-    let text = template.render(&messages).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let messages = r
+        .messages
+        .iter()
+        .map(|m| {
+            Ok(Message {
+                role: m.role.clone(),
+                content: m.text()?,
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let text = template
+        .render(&messages)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok((r, text))
 }
 
@@ -214,8 +254,12 @@ impl Responder {
             return Value::Null;
         }
         match self.kind {
-            Kind::Chat => json!({ "content": entries.iter().map(|(t, l)| json!({"token": t, "logprob": l, "bytes": t.as_bytes(), "top_logprobs": []})).collect::<Vec<_>>() }),
-            Kind::Completion => json!({ "tokens": entries.iter().map(|(t, _)| t).collect::<Vec<_>>(), "token_logprobs": entries.iter().map(|(_, l)| l).collect::<Vec<_>>() }),
+            Kind::Chat => {
+                json!({ "content": entries.iter().map(|(t, l)| json!({"token": t, "logprob": l, "bytes": t.as_bytes(), "top_logprobs": []})).collect::<Vec<_>>() })
+            }
+            Kind::Completion => {
+                json!({ "tokens": entries.iter().map(|(t, _)| t).collect::<Vec<_>>(), "token_logprobs": entries.iter().map(|(_, l)| l).collect::<Vec<_>>() })
+            }
         }
     }
 
@@ -223,10 +267,18 @@ impl Responder {
     pub fn chunk(&self, text: &str, entries: &[(String, f32)], finish: Option<Finish>, first: bool) -> Value {
         let choice = match self.kind {
             Kind::Chat => {
-                let delta = if first { json!({"role": "assistant", "content": text}) } else if finish.is_some() { json!({}) } else { json!({"content": text}) };
+                let delta = if first {
+                    json!({"role": "assistant", "content": text})
+                } else if finish.is_some() {
+                    json!({})
+                } else {
+                    json!({"content": text})
+                };
                 json!({"index": 0, "delta": delta, "logprobs": self.logprobs_json(entries), "finish_reason": finish.map(Finish::as_str)})
             }
-            Kind::Completion => json!({"index": 0, "text": text, "logprobs": self.logprobs_json(entries), "finish_reason": finish.map(Finish::as_str)}),
+            Kind::Completion => {
+                json!({"index": 0, "text": text, "logprobs": self.logprobs_json(entries), "finish_reason": finish.map(Finish::as_str)})
+            }
         };
         json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": [choice]})
     }
@@ -239,8 +291,12 @@ impl Responder {
     /// The whole response of a request that was not streamed.
     pub fn whole(&self, text: &str, entries: &[(String, f32)], finish: Finish, usage: &Value) -> Value {
         let choice = match self.kind {
-            Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": self.logprobs_json(entries), "finish_reason": finish.as_str()}),
-            Kind::Completion => json!({"index": 0, "text": text, "logprobs": self.logprobs_json(entries), "finish_reason": finish.as_str()}),
+            Kind::Chat => {
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": self.logprobs_json(entries), "finish_reason": finish.as_str()})
+            }
+            Kind::Completion => {
+                json!({"index": 0, "text": text, "logprobs": self.logprobs_json(entries), "finish_reason": finish.as_str()})
+            }
         };
         json!({"id": self.id, "object": self.object(false), "created": self.created, "model": self.model, "choices": [choice], "usage": usage})
     }
@@ -251,7 +307,10 @@ pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
 }
 
 /// Collects a request's events into its text, token log-probabilities and end.
-pub async fn collect(events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>, token_text: impl Fn(u32) -> String) -> Result<(String, Vec<(String, f32)>, Finish, Value), ApiError> {
+pub async fn collect(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>,
+    token_text: impl Fn(u32) -> String,
+) -> Result<(String, Vec<(String, f32)>, Finish, Value), ApiError> {
     let (mut text, mut entries) = (String::new(), Vec::new());
     while let Some(e) = events.recv().await {
         match e {
@@ -259,7 +318,11 @@ pub async fn collect(events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>, t
                 text.push_str(&t);
                 entries.extend(logprob.map(|(id, l)| (token_text(id), l)));
             }
-            Event::Done { finish, prompt_tokens, completion_tokens } => return Ok((text, entries, finish, usage(prompt_tokens, completion_tokens))),
+            Event::Done {
+                finish,
+                prompt_tokens,
+                completion_tokens,
+            } => return Ok((text, entries, finish, usage(prompt_tokens, completion_tokens))),
             Event::Failed(why) => return Err(ApiError::internal(why)),
         }
     }

@@ -16,7 +16,14 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            retry_after: None,
+        }
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
@@ -24,7 +31,12 @@ impl ApiError {
     }
 
     pub fn unauthorized() -> ApiError {
-        ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", "missing or wrong API key (send Authorization: Bearer KEY)").code("invalid_api_key")
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "missing or wrong API key (send Authorization: Bearer KEY)",
+        )
+        .code("invalid_api_key")
     }
 
     pub fn not_found(message: impl Into<String>) -> ApiError {
@@ -32,11 +44,19 @@ impl ApiError {
     }
 
     pub fn too_large(limit: usize) -> ApiError {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("the request body exceeds {limit} bytes"))
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body exceeds {limit} bytes"),
+        )
     }
 
     pub fn busy(queue: usize) -> ApiError {
-        let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", format!("all slots are busy and {queue} requests are waiting; retry shortly"));
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!("all slots are busy and {queue} requests are waiting; retry shortly"),
+        );
         e.retry_after = Some(1);
         e
     }

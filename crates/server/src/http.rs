@@ -62,7 +62,11 @@ pub fn router(state: Shared) -> Router {
 /// do not (as llama-server).
 async fn require_key(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.api_key {
-        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
         if !given.is_some_and(|g| titan_net::secrets_equal(g.as_bytes(), key.as_bytes())) {
             return ApiError::unauthorized().into_response();
         }
@@ -71,22 +75,38 @@ async fn require_key(State(s): State<Shared>, req: Request, next: Next) -> Respo
 }
 
 async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render(&s.model))
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(&s.model),
+    )
 }
 
 async fn models(State(s): State<Shared>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{"id": s.name, "object": "model", "created": s.created, "owned_by": "titan"}]}))
+    Json(
+        json!({"object": "list", "data": [{"id": s.name, "object": "model", "created": s.created, "owned_by": "titan"}]}),
+    )
 }
 
 /// The body's bytes, or the OpenAI-shaped 4xx for a body too large or unreadable (axum's own rejections
 /// are plain text).
 fn bytes(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|e| if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::too_large(s.body_limit) } else { ApiError::bad_request(e.body_text()) })
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(s.body_limit)
+        } else {
+            ApiError::bad_request(e.body_text())
+        }
+    })
 }
 
 fn check_model(s: &AppState, p: &Params) -> Result<(), ApiError> {
     match &p.model {
-        Some(m) if m != &s.name => Err(ApiError::not_found(format!("the model {m:?} does not exist; this server has {:?}", s.name)).param("model").code("model_not_found")),
+        Some(m) if m != &s.name => Err(ApiError::not_found(format!(
+            "the model {m:?} does not exist; this server has {:?}",
+            s.name
+        ))
+        .param("model")
+        .code("model_not_found")),
         _ => Ok(()),
     }
 }
@@ -99,9 +119,19 @@ async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection
         PromptInput::Tokens(t) => t,
     };
     if let Some(&t) = prompt.iter().find(|&&t| t as usize >= s.model.config.n_vocab) {
-        return Err(ApiError::bad_request(format!("token id {t} is outside the vocabulary ({} tokens)", s.model.config.n_vocab)).param("prompt"));
+        return Err(ApiError::bad_request(format!(
+            "token id {t} is outside the vocabulary ({} tokens)",
+            s.model.config.n_vocab
+        ))
+        .param("prompt"));
     }
-    let responder = Responder { kind: Kind::Completion, id: format!("cmpl-{}", request_id()), model: s.name.clone(), created: now(), logprobs: r.logprobs.is_some() };
+    let responder = Responder {
+        kind: Kind::Completion,
+        id: format!("cmpl-{}", request_id()),
+        model: s.name.clone(),
+        created: now(),
+        logprobs: r.logprobs.is_some(),
+    };
     respond(s, prompt, &r.params, responder).await
 }
 
@@ -109,10 +139,21 @@ async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> R
     let (r, text) = chat_body(&bytes(&s, body)?, s.template.as_ref())?;
     check_model(&s, &r.params)?;
     // The template usually writes the BOS token itself; it is added once, as a token.
-    let bos = s.model.tokenizer.added_bos().and_then(|b| s.model.tokenizer.token_bytes(b)).map(|b| String::from_utf8_lossy(b).into_owned());
+    let bos = s
+        .model
+        .tokenizer
+        .added_bos()
+        .and_then(|b| s.model.tokenizer.token_bytes(b))
+        .map(|b| String::from_utf8_lossy(b).into_owned());
     let text = bos.as_deref().and_then(|b| text.strip_prefix(b)).unwrap_or(&text);
     let prompt = s.model.tokenizer.encode(text, true, true);
-    let responder = Responder { kind: Kind::Chat, id: format!("chatcmpl-{}", request_id()), model: s.name.clone(), created: now(), logprobs: r.logprobs };
+    let responder = Responder {
+        kind: Kind::Chat,
+        id: format!("chatcmpl-{}", request_id()),
+        model: s.name.clone(),
+        created: now(),
+        logprobs: r.logprobs,
+    };
     respond(s, prompt, &r.params, responder).await
 }
 
@@ -121,7 +162,15 @@ async fn respond(s: Shared, prompt: Vec<u32>, params: &Params, responder: Respon
     let settings = params.settings(prompt.len(), s.ctx_size)?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let prompt_len = prompt.len();
-    let job = Job { prompt, sampler: settings.sampler, max_tokens: settings.max_tokens, stop: settings.stop, logprobs: responder.logprobs, events: tx, queued_at: Instant::now() };
+    let job = Job {
+        prompt,
+        sampler: settings.sampler,
+        max_tokens: settings.max_tokens,
+        stop: settings.stop,
+        logprobs: responder.logprobs,
+        events: tx,
+        queued_at: Instant::now(),
+    };
     s.metrics.queued.fetch_add(1, Ordering::Relaxed);
     if s.queue.try_send(job).is_err() {
         s.metrics.queued.fetch_sub(1, Ordering::Relaxed);
@@ -132,7 +181,13 @@ async fn respond(s: Shared, prompt: Vec<u32>, params: &Params, responder: Respon
     s.metrics.prompt_tokens.fetch_add(prompt_len as u64, Ordering::Relaxed);
     let token_text = {
         let s = s.clone();
-        move |id: u32| s.model.tokenizer.token_bytes(id).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default()
+        move |id: u32| {
+            s.model
+                .tokenizer
+                .token_bytes(id)
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default()
+        }
     };
     if !params.stream {
         let (text, entries, finish, usage) = collect(&mut rx, token_text).await?;
@@ -145,7 +200,12 @@ async fn respond(s: Shared, prompt: Vec<u32>, params: &Params, responder: Respon
 /// The SSE stream of a request: a chunk per piece of text, the finishing chunk, the usage chunk if asked
 /// for, then `[DONE]`. Dropping the stream (the client went away) drops the receiver, which frees the
 /// request's slot at the engine's next step.
-fn chunks<F: Fn(u32) -> String + Send + 'static>(rx: mpsc::UnboundedReceiver<Event>, r: Responder, include_usage: bool, token_text: F) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+fn chunks<F: Fn(u32) -> String + Send + 'static>(
+    rx: mpsc::UnboundedReceiver<Event>,
+    r: Responder,
+    include_usage: bool,
+    token_text: F,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     struct Open<F> {
         rx: mpsc::UnboundedReceiver<Event>,
         r: Responder,
@@ -153,30 +213,48 @@ fn chunks<F: Fn(u32) -> String + Send + 'static>(rx: mpsc::UnboundedReceiver<Eve
         first: bool,
     }
     let data = |v: Value| SseEvent::default().data(v.to_string());
-    stream::unfold(Some(Open { rx, r, token_text, first: true }), move |open| async move {
-        let mut o = open?;
-        let events = match o.rx.recv().await {
-            Some(Event::Text { text, logprob }) => {
-                let entries: Vec<(String, f32)> = logprob.map(|(id, l)| ((o.token_text)(id), l)).into_iter().collect();
-                if text.is_empty() && entries.is_empty() {
-                    return Some((Vec::new(), Some(o)));
+    stream::unfold(
+        Some(Open {
+            rx,
+            r,
+            token_text,
+            first: true,
+        }),
+        move |open| async move {
+            let mut o = open?;
+            let events = match o.rx.recv().await {
+                Some(Event::Text { text, logprob }) => {
+                    let entries: Vec<(String, f32)> =
+                        logprob.map(|(id, l)| ((o.token_text)(id), l)).into_iter().collect();
+                    if text.is_empty() && entries.is_empty() {
+                        return Some((Vec::new(), Some(o)));
+                    }
+                    let chunk = data(o.r.chunk(&text, &entries, None, o.first));
+                    o.first = false;
+                    return Some((vec![chunk], Some(o)));
                 }
-                let chunk = data(o.r.chunk(&text, &entries, None, o.first));
-                o.first = false;
-                return Some((vec![chunk], Some(o)));
-            }
-            Some(Event::Done { finish, prompt_tokens, completion_tokens }) => {
-                let mut v = vec![data(o.r.chunk("", &[], Some(finish), false))];
-                if include_usage {
-                    v.push(data(o.r.usage_chunk(&usage(prompt_tokens, completion_tokens))));
+                Some(Event::Done {
+                    finish,
+                    prompt_tokens,
+                    completion_tokens,
+                }) => {
+                    let mut v = vec![data(o.r.chunk("", &[], Some(finish), false))];
+                    if include_usage {
+                        v.push(data(o.r.usage_chunk(&usage(prompt_tokens, completion_tokens))));
+                    }
+                    v
                 }
-                v
-            }
-            Some(Event::Failed(why)) => vec![data(ApiError::internal(why).body())],
-            None => vec![data(ApiError::internal("the engine stopped before the request finished").body())],
-        };
-        Some((events.into_iter().chain([SseEvent::default().data("[DONE]")]).collect(), None))
-    })
+                Some(Event::Failed(why)) => vec![data(ApiError::internal(why).body())],
+                None => vec![data(
+                    ApiError::internal("the engine stopped before the request finished").body(),
+                )],
+            };
+            Some((
+                events.into_iter().chain([SseEvent::default().data("[DONE]")]).collect(),
+                None,
+            ))
+        },
+    )
     .flat_map(|events| stream::iter(events.into_iter().map(Ok)))
 }
 

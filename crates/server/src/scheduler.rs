@@ -33,8 +33,15 @@ pub struct Job {
 pub enum Event {
     /// Newly decoded text (possibly empty, while a multi-byte character is incomplete or a stop string
     /// might be starting), with the token's log-probability when asked for.
-    Text { text: String, logprob: Option<(u32, f32)> },
-    Done { finish: Finish, prompt_tokens: usize, completion_tokens: usize },
+    Text {
+        text: String,
+        logprob: Option<(u32, f32)>,
+    },
+    Done {
+        finish: Finish,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
     Failed(String),
 }
 
@@ -138,7 +145,14 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
 
 /// One forward step over the slots, then each finished row sampled and sent; the sequences of the slots it
 /// frees go to `spare`.
-fn step<'m>(model: &'m Model, opts: &SchedulerOptions, slots: &mut Vec<Slot<'m>>, spare: &mut Vec<Sequence>, batch: &mut Batch, metrics: &Metrics) {
+fn step<'m>(
+    model: &'m Model,
+    opts: &SchedulerOptions,
+    slots: &mut Vec<Slot<'m>>,
+    spare: &mut Vec<Sequence>,
+    batch: &mut Batch,
+    metrics: &Metrics,
+) {
     // Decode rows first (one token each, latency matters), then prompt chunks in admission order.
     let mut budget = opts.step_tokens.max(slots.len());
     let mut take = vec![0usize; slots.len()];
@@ -158,7 +172,12 @@ fn step<'m>(model: &'m Model, opts: &SchedulerOptions, slots: &mut Vec<Slot<'m>>
         if n == 0 {
             continue;
         }
-        spans.push(Span { tokens: &s.history[s.in_cache..s.in_cache + n], pos0: s.in_cache, seq: &mut s.seq, outputs: Outputs::Last });
+        spans.push(Span {
+            tokens: &s.history[s.in_cache..s.in_cache + n],
+            pos0: s.in_cache,
+            seq: &mut s.seq,
+            outputs: Outputs::Last,
+        });
         members.push(i);
     }
     let rows: usize = spans.iter().map(|s| s.tokens.len()).sum();
@@ -188,7 +207,11 @@ fn step<'m>(model: &'m Model, opts: &SchedulerOptions, slots: &mut Vec<Slot<'m>>
         }
         let logits = &logits[row * v..(row + 1) * v];
         if let Some(finish) = advance(model, opts, s, logits, metrics) {
-            let _ = s.job.events.send(Event::Done { finish, prompt_tokens: s.job.prompt.len(), completion_tokens: s.generated });
+            let _ = s.job.events.send(Event::Done {
+                finish,
+                prompt_tokens: s.job.prompt.len(),
+                completion_tokens: s.generated,
+            });
             finished.push(i);
         }
     }
@@ -199,7 +222,13 @@ fn step<'m>(model: &'m Model, opts: &SchedulerOptions, slots: &mut Vec<Slot<'m>>
 }
 
 /// Samples the slot's next token from `logits` and sends its text; the finish reason if the request is done.
-fn advance<'m>(model: &'m Model, opts: &SchedulerOptions, s: &mut Slot<'m>, logits: &[f32], metrics: &Metrics) -> Option<Finish> {
+fn advance<'m>(
+    model: &'m Model,
+    opts: &SchedulerOptions,
+    s: &mut Slot<'m>,
+    logits: &[f32],
+    metrics: &Metrics,
+) -> Option<Finish> {
     let token = s.sampler.sample(logits, &s.history);
     if s.first_token {
         s.first_token = false;
@@ -222,7 +251,13 @@ fn advance<'m>(model: &'m Model, opts: &SchedulerOptions, s: &mut Slot<'m>, logi
         send_text(s, text, logprob);
         return Some(Finish::Stop);
     }
-    let keep = s.job.stop.iter().map(|stop| partial_suffix(&s.held, stop)).max().unwrap_or(0);
+    let keep = s
+        .job
+        .stop
+        .iter()
+        .map(|stop| partial_suffix(&s.held, stop))
+        .max()
+        .unwrap_or(0);
     let text = s.held[..s.held.len() - keep].to_string();
     s.held.drain(..s.held.len() - keep);
     send_text(s, text, logprob);
@@ -242,7 +277,10 @@ fn send_text(s: &Slot<'_>, text: String, logprob: Option<(u32, f32)>) {
 
 /// The length of the longest suffix of `text` that is a proper prefix of `stop` (on character boundaries).
 fn partial_suffix(text: &str, stop: &str) -> usize {
-    (1..stop.len().min(text.len() + 1)).rev().find(|&n| text.is_char_boundary(text.len() - n) && stop.starts_with(&text[text.len() - n..])).unwrap_or(0)
+    (1..stop.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && stop.starts_with(&text[text.len() - n..]))
+        .unwrap_or(0)
 }
 
 /// log p(token) under softmax(logits), in f64 for the sum.

@@ -207,19 +207,18 @@ fn strftime_now(format: &str) -> Result<String, Error> {
 /// was trained on exactly that spelling.
 fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
-    let separators: Option<(String, String)> =
-        match kwargs.get::<Option<Vec<String>>>("separators")? {
-            None => None,
-            Some(pair) => match <[String; 2]>::try_from(pair) {
-                Ok([item, key]) => Some((item, key)),
-                Err(_) => {
-                    return Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: separators must be two strings",
-                    ))
-                }
-            },
-        };
+    let separators: Option<(String, String)> = match kwargs.get::<Option<Vec<String>>>("separators")? {
+        None => None,
+        Some(pair) => match <[String; 2]>::try_from(pair) {
+            Ok([item, key]) => Some((item, key)),
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: separators must be two strings",
+                ))
+            }
+        },
+    };
     let (item, key) = separators.unwrap_or_else(|| {
         let item = if indent.is_some() { "," } else { ", " };
         (item.to_owned(), ": ".to_owned())
@@ -246,22 +245,13 @@ struct JsonStyle {
     sort_keys: bool,
 }
 
-fn write_json(
-    out: &mut String,
-    value: &Value,
-    style: &JsonStyle,
-    depth: usize,
-) -> Result<(), Error> {
+fn write_json(out: &mut String, value: &Value, style: &JsonStyle, depth: usize) -> Result<(), Error> {
     match value.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
-        ValueKind::Number if value.is_integer() => {
-            write!(out, "{value}").expect("writing to a String")
-        }
+        ValueKind::Number if value.is_integer() => write!(out, "{value}").expect("writing to a String"),
         ValueKind::Number => write_float(out, f64::try_from(value.clone())?),
-        ValueKind::String => {
-            write_string(out, value.as_str().unwrap_or_default(), style.ensure_ascii)
-        }
+        ValueKind::String => write_string(out, value.as_str().unwrap_or_default(), style.ensure_ascii),
         ValueKind::Map => {
             // Python turns non-string keys into their JSON text (1 -> "1", true -> "true") and
             // sorts after that.
@@ -280,18 +270,11 @@ fn write_json(
             if style.sort_keys {
                 entries.sort_by(|a, b| a.0.cmp(&b.0));
             }
-            write_container(
-                out,
-                ('{', '}'),
-                &entries,
-                style,
-                depth,
-                |out, (name, item)| {
-                    write_string(out, name, style.ensure_ascii);
-                    out.push_str(&style.key);
-                    write_json(out, item, style, depth + 1)
-                },
-            )?;
+            write_container(out, ('{', '}'), &entries, style, depth, |out, (name, item)| {
+                write_string(out, name, style.ensure_ascii);
+                out.push_str(&style.key);
+                write_json(out, item, style, depth + 1)
+            })?;
         }
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
@@ -382,20 +365,15 @@ mod tests {
 
     /// Real templates and the prompts transformers' reference engine renders from them: see
     /// tests/fixtures/templates/README.md (`render.py` writes `expected.json`).
-    const FIXTURES: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/fixtures/templates"
-    );
+    const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/templates");
 
     fn expected() -> serde_json::Value {
-        let text = std::fs::read_to_string(format!("{FIXTURES}/expected.json"))
-            .expect("expected.json is committed");
+        let text = std::fs::read_to_string(format!("{FIXTURES}/expected.json")).expect("expected.json is committed");
         serde_json::from_str(&text).expect("expected.json parses")
     }
 
     fn conversation(expected: &serde_json::Value, name: &str) -> Vec<Message> {
-        serde_json::from_value(expected["conversations"][name].clone())
-            .expect("a conversation is a message list")
+        serde_json::from_value(expected["conversations"][name].clone()).expect("a conversation is a message list")
     }
 
     /// `{"prompt": …}` must come out exactly; `{"error": …}` must be the template's own
@@ -422,8 +400,7 @@ mod tests {
             let source = std::fs::read_to_string(format!("{FIXTURES}/{file}")).unwrap();
             let bos = entry["bos_token"].as_str().unwrap();
             let eos = entry["eos_token"].as_str().unwrap();
-            let template =
-                ChatTemplate::new(&source, bos, eos).unwrap_or_else(|e| panic!("{file}: {e}"));
+            let template = ChatTemplate::new(&source, bos, eos).unwrap_or_else(|e| panic!("{file}: {e}"));
             for (case, want) in entry["cases"].as_object().unwrap() {
                 check(
                     template.render(&conversation(&expected, case)),
@@ -440,8 +417,7 @@ mod tests {
         let messages = conversation(&expected, "system_user_assistant_user");
         for (name, want) in expected["features"].as_object().unwrap() {
             let source = want["source"].as_str().unwrap();
-            let template =
-                ChatTemplate::new(source, "<s>", "</s>").unwrap_or_else(|e| panic!("{name}: {e}"));
+            let template = ChatTemplate::new(source, "<s>", "</s>").unwrap_or_else(|e| panic!("{name}: {e}"));
             check(template.render(&messages), want, name);
         }
     }
@@ -463,21 +439,15 @@ mod tests {
 
     #[test]
     fn raise_exception_surfaces_the_templates_text() {
-        let template =
-            ChatTemplate::new("{{ raise_exception('System role not supported') }}", "", "")
-                .unwrap();
+        let template = ChatTemplate::new("{{ raise_exception('System role not supported') }}", "", "").unwrap();
         let err = template.render(&[]).unwrap_err();
-        assert_eq!(
-            err,
-            TemplateError::Raised("System role not supported".into())
-        );
+        assert_eq!(err, TemplateError::Raised("System role not supported".into()));
         assert_eq!(err.to_string(), "System role not supported");
     }
 
     #[test]
     fn syntax_error_names_line_and_cause() {
-        let source =
-            "{% for m in messages %}\n{{ m.content }}\n{% if m.role == 'user' %}x\n{% endfor %}";
+        let source = "{% for m in messages %}\n{{ m.content }}\n{% if m.role == 'user' %}x\n{% endfor %}";
         let err = ChatTemplate::new(source, "", "")
             .err()
             .expect("an unclosed if does not parse");
@@ -496,27 +466,19 @@ mod tests {
 
     #[test]
     fn render_error_names_line() {
-        let template =
-            ChatTemplate::new("ok\n{{ messages[0].content.missing.deeper }}", "", "").unwrap();
+        let template = ChatTemplate::new("ok\n{{ messages[0].content.missing.deeper }}", "", "").unwrap();
         let msg = Message {
             role: "user".into(),
             content: "hi".into(),
         };
         let err = template.render(&[msg]).unwrap_err();
-        assert!(
-            matches!(err, TemplateError::Render { line: 2, .. }),
-            "{err:?}"
-        );
+        assert!(matches!(err, TemplateError::Render { line: 2, .. }), "{err:?}");
     }
 
     #[test]
     fn strftime_now_formats_local_time() {
-        let template = ChatTemplate::new(
-            "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}",
-            "",
-            "",
-        )
-        .unwrap();
+        let template =
+            ChatTemplate::new("{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}", "", "").unwrap();
         let out = template.render(&[]).unwrap();
         let (iso, human) = out.split_once('|').unwrap();
         let digits = |s: &str| s.chars().all(|c| c.is_ascii_digit());
@@ -527,11 +489,7 @@ mod tests {
         );
         let words: Vec<&str> = human.split(' ').collect();
         assert_eq!(words.len(), 3, "{human}");
-        assert_eq!(
-            (words[0], words[2]),
-            (parts[2], parts[0]),
-            "same day: {out}"
-        );
+        assert_eq!((words[0], words[2]), (parts[2], parts[0]), "same day: {out}");
         assert!(
             words[1].len() == 3 && words[1].chars().all(|c| c.is_ascii_alphabetic()),
             "month abbreviation: {human}"

@@ -38,7 +38,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let store = Store::open_with(Path::new(store), &gguf, &opts)?;
     let keys: Vec<(usize, usize)> = store.records().collect();
-    let n: usize = if count.contains('.') { (count.parse::<f64>()? * keys.len() as f64).round() as usize } else { count.parse()? };
+    let n: usize = if count.contains('.') {
+        (count.parse::<f64>()? * keys.len() as f64).round() as usize
+    } else {
+        count.parse()?
+    };
     let chosen: Vec<(usize, usize)> = (0..n)
         .map(|_| {
             // xorshift64: a reproducible choice, the same for both layouts.
@@ -59,7 +63,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 })
             })
             .collect();
-        workers.into_iter().map(|w| w.join().expect("reader thread")).sum::<Result<u64, _>>()
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("reader thread"))
+            .sum::<Result<u64, _>>()
     })?;
     let secs = start.elapsed().as_secs_f64();
     println!(

@@ -19,7 +19,9 @@ const RECORDS: usize = 300;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rounds: usize = std::env::args().nth(1).map_or(Ok(3), |s| s.parse())?;
-    let pool: Vec<u8> = (0..RECORDS * RECORD_BYTES).map(|i| (i as u32).wrapping_mul(2_654_435_761) as u8).collect();
+    let pool: Vec<u8> = (0..RECORDS * RECORD_BYTES)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761) as u8)
+        .collect();
     let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3 / RECORDS as f64;
     println!("per {:.2} MB record, ms:", RECORD_BYTES as f64 / 1e6);
     for round in 1..=rounds {

@@ -45,18 +45,37 @@ impl AlignedBuf {
             #[cfg(not(target_os = "linux"))]
             let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
             // SAFETY: a fresh private anonymous mapping (zero-filled, page-aligned); failure is checked.
-            let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    flags,
+                    -1,
+                    0,
+                )
+            };
             if p == libc::MAP_FAILED {
                 return None;
             }
             let ptr = NonNull::new(p.cast::<u8>())?;
-            return Some(AlignedBuf { ptr, len, layout, mapped: true });
+            return Some(AlignedBuf {
+                ptr,
+                len,
+                layout,
+                mapped: true,
+            });
         }
         // SAFETY: the layout has a non-zero size. Zeroed rather than uninitialised so the bytes are valid
         // to view as `&[u8]` before a read fills them; for large buffers the allocator maps fresh zero
         // pages from the kernel, so the zeroing costs nothing extra.
         let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
-        Some(AlignedBuf { ptr, len, layout, mapped: false })
+        Some(AlignedBuf {
+            ptr,
+            len,
+            layout,
+            mapped: false,
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -92,12 +111,7 @@ impl Drop for AlignedBuf {
 
 impl std::fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "AlignedBuf({} bytes, aligned to {})",
-            self.len,
-            self.layout.align()
-        )
+        write!(f, "AlignedBuf({} bytes, aligned to {})", self.len, self.layout.align())
     }
 }
 
@@ -108,7 +122,14 @@ mod tests {
     #[test]
     fn aligned_zeroed_and_writable() {
         // Heap buffers (small, or over-aligned) and mapped ones (a page or more, page-aligned).
-        for (len, align) in [(0, 512), (1, 4096), (12_345, 4096), (1 << 20, 65_536), (4096, 512), (3 << 20, 4096)] {
+        for (len, align) in [
+            (0, 512),
+            (1, 4096),
+            (12_345, 4096),
+            (1 << 20, 65_536),
+            (4096, 512),
+            (3 << 20, 4096),
+        ] {
             let mut b = AlignedBuf::zeroed(len, align).unwrap();
             assert_eq!(b.as_slice().as_ptr() as usize % align, 0);
             assert_eq!(b.len(), len);
@@ -116,9 +137,6 @@ mod tests {
             b.as_mut_slice().fill(7);
             assert!(b.as_slice().iter().all(|&x| x == 7));
         }
-        assert!(
-            AlignedBuf::zeroed(16, 3).is_none(),
-            "alignment must be a power of two"
-        );
+        assert!(AlignedBuf::zeroed(16, 3).is_none(), "alignment must be a power of two");
     }
 }

@@ -183,7 +183,6 @@ struct InFlight {
     warming: bool,
 }
 
-
 /// Who issued a read.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Issuer {
@@ -365,9 +364,7 @@ impl ExpertCache {
 
     /// Whether the record is in memory now (a later request would be a hit unless it is evicted first).
     pub fn is_resident(&self, layer: usize, expert: usize) -> bool {
-        lock(&self.shared.state)
-            .entries
-            .contains_key(&(layer, expert))
+        lock(&self.shared.state).entries.contains_key(&(layer, expert))
     }
 
     /// Whether every record of the store is resident, as in a budget the warming pass has filled: a
@@ -383,11 +380,7 @@ impl ExpertCache {
 
     /// The records of `experts` in `layer`, in the order given. The records returned are the caller's to
     /// keep, outside the budget; a caller that needs the bound computes in `get_layer_with` instead.
-    pub fn get_layer(
-        &self,
-        layer: usize,
-        experts: &[u32],
-    ) -> Result<Vec<Arc<ExpertRecord>>, StoreError> {
+    pub fn get_layer(&self, layer: usize, experts: &[u32]) -> Result<Vec<Arc<ExpertRecord>>, StoreError> {
         let mut out = vec![None; experts.len()];
         self.get_layer_with(layer, experts, &mut |ready| {
             for (i, rec) in ready {
@@ -557,15 +550,13 @@ impl ExpertCache {
     }
 
     /// The shared path of `get_layer_with` (`demand`: counted, recency updated) and `pin` (neither).
-    fn fetch(
-        &self,
-        keys: &[Key],
-        demand: bool,
-        on_ready: &mut dyn FnMut(&Ready),
-    ) -> Result<(), StoreError> {
+    fn fetch(&self, keys: &[Key], demand: bool, on_ready: &mut dyn FnMut(&Ready)) -> Result<(), StoreError> {
         let sizes = keys.iter().map(|&k| self.size_of(k)).collect::<Result<Vec<u64>, _>>()?;
         let shared = &*self.shared;
-        let mut claims = Claims { shared, held: Vec::new() };
+        let mut claims = Claims {
+            shared,
+            held: Vec::new(),
+        };
         let (tx, rx) = mpsc::channel::<Arrival>();
         // Indexes not yet taken (no room for their read yet), how many reads this request awaits, and the
         // read id of each index's claim.
@@ -648,8 +639,7 @@ impl ExpertCache {
 
     fn submit(&self, key: Key, urgency: Urgency) {
         let shared = Arc::clone(&self.shared);
-        self.pool
-            .submit(Box::new(move || shared.read_into_cache(key)), urgency);
+        self.pool.submit(Box::new(move || shared.read_into_cache(key)), urgency);
     }
 }
 
@@ -663,7 +653,13 @@ impl Drop for ExpertCache {
 
 /// Hands `batch` (the records of `keys[i]`, claimed as `ids[i]`) to the request's callback, then ends
 /// the request's claim on each; nothing when it is empty.
-fn hand_over(on_ready: &mut dyn FnMut(&Ready), batch: Vec<(usize, Arc<ExpertRecord>)>, claims: &mut Claims, keys: &[Key], ids: &[u64]) {
+fn hand_over(
+    on_ready: &mut dyn FnMut(&Ready),
+    batch: Vec<(usize, Arc<ExpertRecord>)>,
+    claims: &mut Claims,
+    keys: &[Key],
+    ids: &[u64],
+) {
     if batch.is_empty() {
         return;
     }
@@ -687,7 +683,10 @@ impl Shared {
         if st.closed {
             return None;
         }
-        if st.entries.contains_key(&key) || st.in_flight.contains_key(&key) || st.resident + st.reserved + st.spare + size > self.budget {
+        if st.entries.contains_key(&key)
+            || st.in_flight.contains_key(&key)
+            || st.resident + st.reserved + st.spare + size > self.budget
+        {
             return Some(false);
         }
         st.issue(key, size, None, Issuer::Warming);
@@ -711,7 +710,9 @@ impl Shared {
         let mut st = lock(&self.state);
         let c = &mut st.layers[key.0];
         c.read_ns += ns;
-        c.bytes_read += outcome.as_ref().map_or(0, |_| self.store.record_bytes(key.0, key.1).unwrap_or(0));
+        c.bytes_read += outcome
+            .as_ref()
+            .map_or(0, |_| self.store.record_bytes(key.0, key.1).unwrap_or(0));
         if let Some(f) = st.in_flight.remove(&key) {
             st.reserved -= f.size;
             for (i, tx) in &f.waiters {
@@ -737,7 +738,15 @@ impl State {
 
     /// Take the record of `key` for a request, claiming it: resident, or in flight, or else its read issued
     /// here if the budget has room for it. The request is counted (when `demand`) once taken.
-    fn admit(&mut self, key: Key, size: u64, demand: bool, shared: &Shared, claims: &mut Claims, waiter: (usize, &Sender<Arrival>)) -> Admit {
+    fn admit(
+        &mut self,
+        key: Key,
+        size: u64,
+        demand: bool,
+        shared: &Shared,
+        claims: &mut Claims,
+        waiter: (usize, &Sender<Arrival>),
+    ) -> Admit {
         let c = &mut self.layers[key.0];
         if let Some(e) = self.entries.get_mut(&key) {
             if e.evictable() {
@@ -1125,10 +1134,7 @@ mod tests {
         );
         assert!(matches!(
             c.pin(&[(0, 8)]),
-            Err(StoreError::NoRecord {
-                layer: 0,
-                expert: 8
-            })
+            Err(StoreError::NoRecord { layer: 0, expert: 8 })
         ));
     }
 
@@ -1143,9 +1149,7 @@ mod tests {
         for _ in 0..200 {
             let layer = (rng.next() % spec.n_layer as u64) as usize;
             let k = 1 + (rng.next() % 4) as usize;
-            let experts: Vec<u32> = (0..k)
-                .map(|_| (rng.next() % spec.n_expert as u64) as u32)
-                .collect();
+            let experts: Vec<u32> = (0..k).map(|_| (rng.next() % spec.n_expert as u64) as u32).collect();
             let recs = c.get_layer(layer, &experts).unwrap();
             for (rec, &e) in recs.iter().zip(&experts) {
                 assert_eq!((rec.layer, rec.expert), (layer, e as usize));
@@ -1153,7 +1157,10 @@ mod tests {
             }
             requests[layer] += k as u64;
             let s = c.stats();
-            assert!(s.resident_bytes + s.in_flight_bytes + s.spare_bytes <= s.budget_bytes, "{s:?}");
+            assert!(
+                s.resident_bytes + s.in_flight_bytes + s.spare_bytes <= s.budget_bytes,
+                "{s:?}"
+            );
         }
         let s = c.stats();
         let mut total_bytes = 0;
@@ -1193,7 +1200,10 @@ mod tests {
         }
         assert!(c.holds_every_record());
         for layer in 0..2 {
-            c.get_layer(layer, &(0..8).collect::<Vec<u32>>()).unwrap().iter().for_each(|r| check_record(&f.gguf, r));
+            c.get_layer(layer, &(0..8).collect::<Vec<u32>>())
+                .unwrap()
+                .iter()
+                .for_each(|r| check_record(&f.gguf, r));
         }
         let s = c.stats();
         assert_eq!((s.total.prefetch_issued, s.total.prefetch_used), (15, 15));
@@ -1226,7 +1236,11 @@ mod tests {
         fn wait_begun(&self, n: usize) {
             let t0 = Instant::now();
             while self.begun() < n {
-                assert!(t0.elapsed() < Duration::from_secs(10), "{} reads begun, waiting for {n}", self.begun());
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "{} reads begun, waiting for {n}",
+                    self.begun()
+                );
                 std::thread::sleep(Duration::from_millis(1));
             }
             // Time for an excess read to begin, were any going to.
@@ -1308,7 +1322,10 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         let s = c.stats();
-        assert_eq!((s.total.prefetch_issued, s.total.misses, s.total.bytes_read), (15, 1, 16 * S));
+        assert_eq!(
+            (s.total.prefetch_issued, s.total.misses, s.total.bytes_read),
+            (15, 1, 16 * S)
+        );
     }
 
     /// A cache that regroups its records gives the kernels views of the regroupable matrices (Q4_0 and
@@ -1323,20 +1340,37 @@ mod tests {
             n_expert: 4,
             n_embd: 256,
             n_ff: 512,
-            types: vec![[GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::F16], [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_0]],
+            types: vec![
+                [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::F16],
+                [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_0],
+            ],
             seed: 5,
         };
         let f = fixture_of(&spec, false, Layout::InPlace);
-        let c = ExpertCache::new(Arc::clone(&f.store), &CacheOptions { regroup: true, ..CacheOptions::new(Budget::Bytes(u64::MAX)) }).unwrap();
+        let c = ExpertCache::new(
+            Arc::clone(&f.store),
+            &CacheOptions {
+                regroup: true,
+                ..CacheOptions::new(Budget::Bytes(u64::MAX))
+            },
+        )
+        .unwrap();
         let mut regrouped = 0;
         for layer in 0..2 {
             for rec in c.get_layer(layer, &[0, 1, 2, 3]).unwrap() {
                 for (part, t) in [("gate", rec.gate()), ("up", rec.up()), ("down", rec.down())] {
-                    let want = if t.ty != GgmlType::F16 && regrouped_weights_pay(t.ty) { WeightLayout::Regrouped } else { WeightLayout::Plain };
+                    let want = if t.ty != GgmlType::F16 && regrouped_weights_pay(t.ty) {
+                        WeightLayout::Regrouped
+                    } else {
+                        WeightLayout::Plain
+                    };
                     assert_eq!(t.layout, want, "{part} of ({layer}, {})", rec.expert);
                     regrouped += usize::from(want == WeightLayout::Regrouped);
-                    let plain = WeightView::new(t.ty, t.rows, t.cols, gguf_slice(&f.gguf, layer, rec.expert, part)).unwrap();
-                    let x: Vec<f32> = (0..2 * t.cols).map(|i| ((i * 7919) % 263) as f32 / 131.0 - 1.0).collect();
+                    let plain =
+                        WeightView::new(t.ty, t.rows, t.cols, gguf_slice(&f.gguf, layer, rec.expert, part)).unwrap();
+                    let x: Vec<f32> = (0..2 * t.cols)
+                        .map(|i| ((i * 7919) % 263) as f32 / 131.0 - 1.0)
+                        .collect();
                     let mut acts = Activations::new();
                     acts.quantize(t.ty.act_type(), &x, 2, t.cols).unwrap();
                     let (mut got, mut expected) = (vec![0f32; 2 * t.rows], vec![0f32; 2 * t.rows]);
@@ -1348,7 +1382,10 @@ mod tests {
             }
         }
         // On a CPU with SIMD, five of the six matrices of each record were regrouped.
-        assert!(!regrouped_weights_pay(GgmlType::Q4_0) || regrouped == 4 * 5, "{regrouped}");
+        assert!(
+            !regrouped_weights_pay(GgmlType::Q4_0) || regrouped == 4 * 5,
+            "{regrouped}"
+        );
     }
 
     #[test]
@@ -1359,10 +1396,7 @@ mod tests {
         c.prefetch(1, &[3]).unwrap(); // in flight or resident already: not issued again
         let t0 = Instant::now();
         while !(c.is_resident(1, 2) && c.is_resident(1, 3)) {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "prefetch never landed"
-            );
+            assert!(t0.elapsed() < Duration::from_secs(10), "prefetch never landed");
             std::thread::sleep(Duration::from_millis(1));
         }
         let recs = c.get_layer(1, &[2, 3, 4]).unwrap();
@@ -1374,17 +1408,11 @@ mod tests {
         c.prefetch(0, &[6]).unwrap(); // never used
         let t0 = Instant::now();
         while !c.is_resident(0, 6) {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "prefetch never landed"
-            );
+            assert!(t0.elapsed() < Duration::from_secs(10), "prefetch never landed");
             std::thread::sleep(Duration::from_millis(1));
         }
         let s = c.stats();
-        assert_eq!(
-            (s.layers[1].prefetch_issued, s.layers[1].prefetch_used),
-            (2, 2)
-        );
+        assert_eq!((s.layers[1].prefetch_issued, s.layers[1].prefetch_used), (2, 2));
         assert_eq!((s.layers[1].hits, s.layers[1].misses), (3, 1));
         assert_eq!(
             (
@@ -1395,10 +1423,7 @@ mod tests {
             ),
             (2, 1, 1, 0)
         );
-        assert_eq!(
-            s.total.bytes_read,
-            (s.total.misses + s.total.prefetch_issued) * S
-        );
+        assert_eq!(s.total.bytes_read, (s.total.misses + s.total.prefetch_issued) * S);
     }
 
     /// Once the budget is full, each miss reads into the buffer of the record it evicted, and the bytes
@@ -1411,7 +1436,9 @@ mod tests {
         // Addresses alone would not show it: a fresh mapping often lands where the last one was unmapped.
         for (n, e) in (0..8).chain(0..8).enumerate() {
             c.get_layer_with(n % 2, &[e], &mut |ready| {
-                let [(_, rec)] = ready else { panic!("{} records for one expert", ready.len()) };
+                let [(_, rec)] = ready else {
+                    panic!("{} records for one expert", ready.len())
+                };
                 check_record(&f.gguf, rec);
                 let at = rec.gate().data.as_ptr() as usize;
                 if buffers.len() < 3 {
@@ -1422,7 +1449,10 @@ mod tests {
             })
             .unwrap();
             let s = c.stats();
-            assert_eq!((s.resident_bytes, s.in_flight_bytes, s.spare_bytes), ((n as u64 + 1).min(3) * S, 0, 0));
+            assert_eq!(
+                (s.resident_bytes, s.in_flight_bytes, s.spare_bytes),
+                ((n as u64 + 1).min(3) * S, 0, 0)
+            );
             assert_eq!(s.total.buffers_reused, n.saturating_sub(2) as u64);
         }
         assert_eq!(c.stats().total.evictions, 13);
@@ -1511,10 +1541,7 @@ mod tests {
             assert!(!c.is_resident(1, 3));
         }
         c.prefetch(1, &[3]).unwrap();
-        assert!(matches!(
-            c.get_layer(1, &[3]),
-            Err(StoreError::Digest { .. })
-        ));
+        assert!(matches!(c.get_layer(1, &[3]), Err(StoreError::Digest { .. })));
         assert!(!c.is_resident(1, 3));
         assert!(matches!(c.pin(&[(1, 3)]), Err(StoreError::Digest { .. })));
         // The good neighbours are unaffected.

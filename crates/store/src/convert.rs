@@ -90,11 +90,7 @@ fn write_store(
     let mut records = Vec::with_capacity(layout.layers.len() * layout.n_expert);
     let (mut offset, mut done) = (0u64, 0u64);
     for (lt, entry) in tensors.iter().zip(&layout.layers) {
-        let parts = [
-            (lt.gate, &entry.gate),
-            (lt.up, &entry.up),
-            (lt.down, &entry.down),
-        ];
+        let parts = [(lt.gate, &entry.gate), (lt.up, &entry.up), (lt.down, &entry.down)];
         for expert in 0..layout.n_expert {
             let mut hasher = blake3::Hasher::new();
             for (info, spec) in parts {
@@ -130,9 +126,7 @@ fn write_store(
 
     let manifest = Manifest::new(gguf, layout, align, records)?;
     let man_path = dir.join(MANIFEST_FILE);
-    let json = manifest
-        .to_json()
-        .map_err(|e| StoreError::io(&man_path)(e.into()))?;
+    let json = manifest.to_json().map_err(|e| StoreError::io(&man_path)(e.into()))?;
     let mut f = File::create(&man_path).map_err(StoreError::io(&man_path))?;
     f.write_all(&json)
         .and_then(|()| f.sync_all())
@@ -192,8 +186,8 @@ pub(crate) fn remove_stale_partials(out: &Path) {
             continue;
         };
         // SAFETY: kill with signal 0 sends nothing; it only asks whether the process exists.
-        let gone = unsafe { libc::kill(pid, 0) } == -1
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        let gone =
+            unsafe { libc::kill(pid, 0) } == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
         if gone {
             // A store's partial is a directory, an index's a file.
             let _ = fs::remove_dir_all(entry.path()).or_else(|_| fs::remove_file(entry.path()));
@@ -203,9 +197,7 @@ pub(crate) fn remove_stale_partials(out: &Path) {
 
 /// fsync a directory so the names created in it survive a crash.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(StoreError::io(dir))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(StoreError::io(dir))
 }
 
 /// Whether `dir` is named like a conversion in progress (or one that crashed).
@@ -246,13 +238,7 @@ mod tests {
                 let bin = std::fs::read(out.join(EXPERTS_FILE)).unwrap();
                 assert_eq!(bin.len() as u64 % align, 0);
                 for r in &m.records {
-                    assert_eq!(
-                        r.offset % align,
-                        0,
-                        "record ({}, {}) is aligned",
-                        r.layer,
-                        r.expert
-                    );
+                    assert_eq!(r.offset % align, 0, "record ({}, {}) is aligned", r.layer, r.expert);
                     let rec = &bin[r.offset as usize..][..r.length as usize];
                     let want = [
                         gguf_slice(&gguf, r.layer, r.expert, "gate"),
@@ -322,9 +308,7 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert!(
-            !names
-                .iter()
-                .any(|n| n.contains(".partial-") || n.contains(".old-")),
+            !names.iter().any(|n| n.contains(".partial-") || n.contains(".old-")),
             "{names:?}"
         );
 
@@ -356,10 +340,7 @@ mod tests {
         let out = dir.path().join("dense.titan");
         let err = convert(&gguf, &out, &ConvertOptions::default(), &mut |_, _| {}).unwrap_err();
         assert!(matches!(err, StoreError::NoExperts { .. }), "{err}");
-        assert!(
-            err.to_string().contains("dense.gguf: no expert tensors"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("dense.gguf: no expert tensors"), "{err}");
         assert!(!out.exists());
     }
 
@@ -383,8 +364,7 @@ mod tests {
         let err = Store::open(&renamed, &gguf).err().unwrap();
         assert!(matches!(err, StoreError::ManifestMissing { .. }), "{err}");
         assert!(
-            err.to_string()
-                .contains("half.titan/manifest.json cannot be read"),
+            err.to_string().contains("half.titan/manifest.json cannot be read"),
             "{err}"
         );
     }
@@ -396,9 +376,7 @@ mod tests {
         let out = dir.path().join("m.titan");
         // pid_max on Linux is at most 2^22, so this pid cannot be running; our own pid is.
         let dead = dir.path().join("m.titan.partial-99999999");
-        let alive = dir
-            .path()
-            .join(format!("m.titan.partial-{}", std::process::id()));
+        let alive = dir.path().join(format!("m.titan.partial-{}", std::process::id()));
         std::fs::create_dir(&dead).unwrap();
         std::fs::create_dir(&alive).unwrap();
         std::fs::write(alive.join("junk"), b"x").unwrap();

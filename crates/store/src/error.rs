@@ -19,11 +19,7 @@ pub enum StoreError {
     ManifestParse { path: PathBuf, what: String },
     /// The store was written by a TITAN with another format version.
     #[error("{path}: store format version {found} is not supported (this TITAN reads version {supported}); re-run titan convert", path = path.display())]
-    Version {
-        path: PathBuf,
-        found: u32,
-        supported: u32,
-    },
+    Version { path: PathBuf, found: u32, supported: u32 },
     /// The store was converted from a different model file (or from an older version of it).
     #[error("{dir} was made from {made_from} ({made_size} bytes), not from {model}: run titan convert {model} to make a store for this model", dir = dir.display(), model = model.display())]
     WrongModel {
@@ -42,11 +38,7 @@ pub enum StoreError {
     },
     /// `experts.bin` is shorter than the manifest says.
     #[error("{path} is {actual} bytes but the manifest needs {expected}: the store is truncated; re-run titan convert", path = path.display())]
-    Truncated {
-        path: PathBuf,
-        actual: u64,
-        expected: u64,
-    },
+    Truncated { path: PathBuf, actual: u64, expected: u64 },
     /// The manifest's tables contradict themselves or the model's shapes and types.
     #[error("{path}: {what}; re-run titan convert --layout copy", path = path.display())]
     Inconsistent { path: PathBuf, what: String },

@@ -50,20 +50,12 @@ impl Index {
         let tensors = expert_tensors(gguf)?;
         let layout = ExpertLayout::of(gguf, &tensors)?;
         let n_expert = layout.n_expert;
-        let total: u64 = layout
-            .layers
-            .iter()
-            .map(|l| l.record_length() * n_expert as u64)
-            .sum();
+        let total: u64 = layout.layers.iter().map(|l| l.record_length() * n_expert as u64).sum();
         let mut offsets = Vec::with_capacity(tensors.len());
         let mut digests = Vec::with_capacity(tensors.len() * n_expert);
         let mut done = 0;
         for (lt, entry) in tensors.iter().zip(&layout.layers) {
-            let parts = [
-                (lt.gate, &entry.gate),
-                (lt.up, &entry.up),
-                (lt.down, &entry.down),
-            ];
+            let parts = [(lt.gate, &entry.gate), (lt.up, &entry.up), (lt.down, &entry.down)];
             offsets.push(parts.map(|(t, _)| gguf.data_offset + t.offset));
             for e in 0..n_expert {
                 let mut hasher = blake3::Hasher::new();
@@ -107,17 +99,14 @@ impl Index {
         while !self.source.file_name.is_char_boundary(name_len) {
             name_len -= 1;
         }
-        let mut b = Vec::with_capacity(
-            66 + name_len + self.layers.len() * LAYER_ENTRY + self.digests.len() * 32 + 32,
-        );
+        let mut b = Vec::with_capacity(66 + name_len + self.layers.len() * LAYER_ENTRY + self.digests.len() * 32 + 32);
         b.extend_from_slice(MAGIC);
         for v in [INDEX_VERSION, self.n_layer as u32, self.n_expert as u32] {
             b.extend_from_slice(&v.to_le_bytes());
         }
         b.extend_from_slice(&(self.layers.len() as u32).to_le_bytes());
         b.extend_from_slice(&self.source.file_size.to_le_bytes());
-        let header =
-            blake3::Hash::from_hex(&self.source.header_blake3).map_or([0; 32], |h| *h.as_bytes());
+        let header = blake3::Hash::from_hex(&self.source.header_blake3).map_or([0; 32], |h| *h.as_bytes());
         b.extend_from_slice(&header);
         b.extend_from_slice(&(name_len as u16).to_le_bytes());
         b.extend_from_slice(&name[..name_len]);
@@ -160,9 +149,7 @@ impl Index {
         let bad = |what: &str| ParseError::Bad(what.to_string());
         // A file cut inside the magic (an empty one included) is a truncated index, not a foreign file.
         if !bytes.starts_with(MAGIC) && !MAGIC.starts_with(bytes) {
-            return Err(bad(
-                "not a TITAN expert index (it does not start with TITANIDX)",
-            ));
+            return Err(bad("not a TITAN expert index (it does not start with TITANIDX)"));
         }
         let version = bytes
             .get(8..12)
@@ -177,16 +164,11 @@ impl Index {
         };
         let (body, sum) = bytes.split_at(body_len);
         if blake3::hash(body).as_bytes() != sum {
-            return Err(bad(
-                "its checksum does not match: the index is truncated or damaged",
-            ));
+            return Err(bad("its checksum does not match: the index is truncated or damaged"));
         }
         // The checksum held, so what follows fails only for an index a buggy or hostile writer made;
         // it is still checked, never trusted, before anything is sized by it.
-        let mut r = Reader {
-            bytes: body,
-            at: 12,
-        };
+        let mut r = Reader { bytes: body, at: 12 };
         let n_layer = r.u32("n_layer")? as usize;
         let n_expert = r.u32("n_expert")? as usize;
         let n_moe = r.u32("the layer count")? as usize;
@@ -220,9 +202,8 @@ impl Index {
             let mut offs = [0u64; 3];
             for off in &mut offs {
                 let ty = r.u32("a layer entry")?;
-                let ty = GgmlType::from_id(ty).ok_or_else(|| {
-                    ParseError::Bad(format!("layer {layer} has an unknown type id {ty}"))
-                })?;
+                let ty = GgmlType::from_id(ty)
+                    .ok_or_else(|| ParseError::Bad(format!("layer {layer} has an unknown type id {ty}")))?;
                 let rows = r.u64("a layer entry")?;
                 let cols = r.u64("a layer entry")?;
                 *off = r.u64("a layer entry")?;
@@ -237,14 +218,9 @@ impl Index {
                     bytes,
                 });
             }
-            let [gate, up, down] = <[TensorSpec; 3]>::try_from(specs)
-                .map_err(|_| bad("a layer entry has not three parts"))?;
-            layers.push(LayerEntry {
-                layer,
-                gate,
-                up,
-                down,
-            });
+            let [gate, up, down] =
+                <[TensorSpec; 3]>::try_from(specs).map_err(|_| bad("a layer entry has not three parts"))?;
+            layers.push(LayerEntry { layer, gate, up, down });
             offsets.push(offs);
         }
         let digests = r
@@ -289,21 +265,15 @@ impl<'a> Reader<'a> {
     }
 
     fn u16(&mut self, field: &str) -> Result<u16, ParseError> {
-        Ok(u16::from_le_bytes(
-            self.take(2, field)?.try_into().unwrap_or([0; 2]),
-        ))
+        Ok(u16::from_le_bytes(self.take(2, field)?.try_into().unwrap_or([0; 2])))
     }
 
     fn u32(&mut self, field: &str) -> Result<u32, ParseError> {
-        Ok(u32::from_le_bytes(
-            self.take(4, field)?.try_into().unwrap_or([0; 4]),
-        ))
+        Ok(u32::from_le_bytes(self.take(4, field)?.try_into().unwrap_or([0; 4])))
     }
 
     fn u64(&mut self, field: &str) -> Result<u64, ParseError> {
-        Ok(u64::from_le_bytes(
-            self.take(8, field)?.try_into().unwrap_or([0; 8]),
-        ))
+        Ok(u64::from_le_bytes(self.take(8, field)?.try_into().unwrap_or([0; 8])))
     }
 
     fn rest(&self) -> &'a [u8] {
@@ -336,12 +306,10 @@ pub fn write_index(
         .map_err(StoreError::io(&partial));
     let result = written
         .and_then(|()| fs::rename(&partial, out).map_err(StoreError::io(out)))
-        .and_then(
-            |()| match out.parent().filter(|p| !p.as_os_str().is_empty()) {
-                Some(parent) => sync_dir(parent),
-                None => Ok(()),
-            },
-        );
+        .and_then(|()| match out.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(parent) => sync_dir(parent),
+            None => Ok(()),
+        });
     if result.is_err() {
         // Best effort: the error being returned matters more than a failure to clean up after it.
         let _ = fs::remove_file(&partial);
@@ -404,10 +372,7 @@ mod tests {
             assert!(matches!(e, StoreError::Index { .. }), "cut at {cut}: {msg}");
             assert!(msg.starts_with(&format!("{name}: ")), "{msg}");
             assert!(msg.contains("truncated"), "cut at {cut}: {msg}");
-            assert!(
-                msg.ends_with("re-run titan convert --layout in-place"),
-                "{msg}"
-            );
+            assert!(msg.ends_with("re-run titan convert --layout in-place"), "{msg}");
         }
         for at in [20, 70, bytes.len() - 100, bytes.len() - 1] {
             let mut bad = bytes.clone();
@@ -443,10 +408,7 @@ mod tests {
         rewrite(&bad);
         let (e, msg) = refused(&path, &gguf);
         assert!(matches!(e, StoreError::Index { .. }), "{msg}");
-        assert!(
-            msg.contains("layer 1's expert offsets are not the model's"),
-            "{msg}"
-        );
+        assert!(msg.contains("layer 1's expert offsets are not the model's"), "{msg}");
         let mut bad = good.clone();
         bad.offsets[3][0] = u64::MAX - 8;
         rewrite(&bad);
@@ -460,9 +422,7 @@ mod tests {
         let mut bad = good.clone();
         bad.layers[2].up.ty = "Q4_K".into();
         rewrite(&bad);
-        assert!(refused(&path, &gguf)
-            .1
-            .contains("layer 2's up expert is Q4_K"));
+        assert!(refused(&path, &gguf).1.contains("layer 2's up expert is Q4_K"));
         let mut bad = good.clone();
         // Opening hashes expert i % n_expert of the i-th MoE layer: expert 3 of layer 3 here.
         bad.digests[3 * 6 + 3][0] ^= 1;
@@ -503,22 +463,16 @@ mod tests {
         let path = dir.path().join("m.titan-index");
         write_index(&gguf, &path, false, &mut |_, _| {}).unwrap();
         let store = Store::open_unchecked(&path, &StoreOptions::default()).unwrap();
-        assert_eq!(
-            (store.layout(), store.file_path()),
-            (Layout::InPlace, gguf.path())
-        );
+        assert_eq!((store.layout(), store.file_path()), (Layout::InPlace, gguf.path()));
         let report = store.verify(&mut |_, _| {}).unwrap();
         assert!(report.is_ok() && report.records == 24, "{:?}", report.bad);
 
         std::fs::rename(gguf.path(), dir.path().join("moved.gguf")).unwrap();
-        let err = Store::open_unchecked(&path, &StoreOptions::default())
-            .err()
-            .unwrap();
+        let err = Store::open_unchecked(&path, &StoreOptions::default()).err().unwrap();
         assert!(matches!(err, StoreError::IndexedModel { .. }), "{err}");
         let msg = err.to_string();
         assert!(
-            msg.contains(&format!("indexes {}", gguf.path().display()))
-                && msg.ends_with("pass the model with --model"),
+            msg.contains(&format!("indexes {}", gguf.path().display())) && msg.ends_with("pass the model with --model"),
             "{msg}"
         );
     }
@@ -527,17 +481,9 @@ mod tests {
     fn a_flipped_model_byte_is_caught_by_the_read_that_uses_it() {
         let dir = test_dir();
         let spec = Spec::q4_k_m();
-        let gguf_path = write_model(dir.path(), "m.gguf", &spec)
-            .path()
-            .to_path_buf();
+        let gguf_path = write_model(dir.path(), "m.gguf", &spec).path().to_path_buf();
         let path = dir.path().join("m.titan-index");
-        let index = write_index(
-            &GgufFile::open(&gguf_path).unwrap(),
-            &path,
-            false,
-            &mut |_, _| {},
-        )
-        .unwrap();
+        let index = write_index(&GgufFile::open(&gguf_path).unwrap(), &path, false, &mut |_, _| {}).unwrap();
         // Expert 5 of layer 2 (the second MoE layer): its down slice, one byte in. Open samples expert
         // 1 of that layer, so the damage is found by the read, as it would be after opening.
         let l = &index.layers[1];
@@ -583,9 +529,6 @@ mod tests {
             direct_io: false,
             verify_digests: false,
         };
-        Store::open_with(&path, &gguf, &opts)
-            .unwrap()
-            .read(2, 5)
-            .unwrap();
+        Store::open_with(&path, &gguf, &opts).unwrap().read(2, 5).unwrap();
     }
 }

@@ -74,7 +74,10 @@ pub struct RecordEntry {
 impl LayerEntry {
     pub fn record_length(&self) -> u64 {
         // Saturating: a crafted manifest's sizes must not overflow; no real record comes near u64::MAX.
-        self.gate.bytes.saturating_add(self.up.bytes).saturating_add(self.down.bytes)
+        self.gate
+            .bytes
+            .saturating_add(self.up.bytes)
+            .saturating_add(self.down.bytes)
     }
 }
 
@@ -151,10 +154,9 @@ impl SourceIdentity {
                 what: "header extends past the end of the file".into(),
             })?;
         Ok(SourceIdentity {
-            file_name: path.file_name().map_or_else(
-                || path.display().to_string(),
-                |n| n.to_string_lossy().into_owned(),
-            ),
+            file_name: path
+                .file_name()
+                .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned()),
             file_size: gguf.file_len(),
             header_blake3: blake3::hash(header).to_hex().to_string(),
         })
@@ -211,11 +213,8 @@ pub(crate) fn expert_tensors(gguf: &GgufFile) -> Result<Vec<LayerTensors<'_>>, S
         .map(|layer| {
             let find = |part: &str| {
                 let name = format!("blk.{layer}.ffn_{part}_exps.weight");
-                gguf.tensor(&name).ok_or_else(|| {
-                    model_err(format!(
-                        "layer {layer} has some expert tensors but no {name}"
-                    ))
-                })
+                gguf.tensor(&name)
+                    .ok_or_else(|| model_err(format!("layer {layer} has some expert tensors but no {name}")))
             };
             Ok(LayerTensors {
                 layer,
@@ -228,10 +227,7 @@ pub(crate) fn expert_tensors(gguf: &GgufFile) -> Result<Vec<LayerTensors<'_>>, S
 }
 
 impl ExpertLayout {
-    pub(crate) fn of(
-        gguf: &GgufFile,
-        tensors: &[LayerTensors<'_>],
-    ) -> Result<ExpertLayout, StoreError> {
+    pub(crate) fn of(gguf: &GgufFile, tensors: &[LayerTensors<'_>]) -> Result<ExpertLayout, StoreError> {
         let model_err = |what: String| StoreError::Model {
             path: gguf.path().to_path_buf(),
             what,
@@ -288,8 +284,7 @@ impl ExpertLayout {
             .and_then(|a| gguf.get(&format!("{a}.block_count")))
             .and_then(|v| v.as_u64());
         let n_layer = block_count.and_then(to_usize).unwrap_or(last).max(last);
-        let n_expert = to_usize(n_expert)
-            .ok_or_else(|| model_err(format!("{n_expert} experts overflow usize")))?;
+        let n_expert = to_usize(n_expert).ok_or_else(|| model_err(format!("{n_expert} experts overflow usize")))?;
         Ok(ExpertLayout {
             n_layer,
             n_expert,

@@ -49,7 +49,12 @@ impl Shared {
     fn next(&self) -> Option<Job> {
         let mut q = self.lock();
         loop {
-            if let Some(job) = q.demand.pop_front().or_else(|| q.ahead.pop_front()).or_else(|| q.background.pop_front()) {
+            if let Some(job) = q
+                .demand
+                .pop_front()
+                .or_else(|| q.ahead.pop_front())
+                .or_else(|| q.background.pop_front())
+            {
                 return Some(job);
             }
             if q.closed {
@@ -97,15 +102,20 @@ pub(crate) struct IoPool {
 impl IoPool {
     pub fn new(threads: usize) -> std::io::Result<IoPool> {
         let shared = Arc::new(Shared::default());
-        let mut pool = IoPool { shared, workers: Vec::new() };
+        let mut pool = IoPool {
+            shared,
+            workers: Vec::new(),
+        };
         for i in 0..threads.max(1) {
             let shared = Arc::clone(&pool.shared);
-            let worker = std::thread::Builder::new().name(format!("titan-io-{i}")).spawn(move || {
-                // The lock is held only while taking a job, not while running it.
-                while let Some(job) = shared.next() {
-                    job();
-                }
-            });
+            let worker = std::thread::Builder::new()
+                .name(format!("titan-io-{i}"))
+                .spawn(move || {
+                    // The lock is held only while taking a job, not while running it.
+                    while let Some(job) = shared.next() {
+                        job();
+                    }
+                });
             // On failure, `pool` is dropped here, which stops the workers already started.
             pool.workers.push(worker?);
         }

@@ -100,10 +100,7 @@ mod tests {
         assert_eq!(p.hottest(600, size), vec![(1, 3), (1, 2), (0, 0)]);
         // A record too big to fit is skipped, smaller ones after it still go in.
         assert_eq!(p.hottest(200, size), vec![(0, 0), (0, 3)]);
-        assert_eq!(
-            p.hottest(1000, |l, _| (l == 0).then_some(10)),
-            vec![(0, 0), (0, 3)]
-        );
+        assert_eq!(p.hottest(1000, |l, _| (l == 0).then_some(10)), vec![(0, 0), (0, 3)]);
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("profile.json");

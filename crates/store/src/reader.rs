@@ -15,14 +15,9 @@ use std::sync::mpsc;
 use titan_gguf::GgufFile;
 
 use crate::index::Index;
-use crate::manifest::{
-    expert_tensors, ExpertLayout, LayerEntry, Manifest, SourceIdentity, TensorSpec,
-};
+use crate::manifest::{expert_tensors, ExpertLayout, LayerEntry, Manifest, SourceIdentity, TensorSpec};
 use crate::record::{Part, RecordShape};
-use crate::{
-    AlignedBuf, ExpertRecord, StoreError, DEFAULT_ALIGNMENT, EXPERTS_FILE, MANIFEST_FILE,
-    MIN_ALIGNMENT,
-};
+use crate::{AlignedBuf, ExpertRecord, StoreError, DEFAULT_ALIGNMENT, EXPERTS_FILE, MANIFEST_FILE, MIN_ALIGNMENT};
 
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
@@ -189,11 +184,7 @@ impl Store {
 
     /// Open the store at `path` — a store directory, or an in-place index file — and check that it was
     /// made from `gguf` and matches its expert tensors.
-    pub fn open_with(
-        path: &Path,
-        gguf: &GgufFile,
-        opts: &StoreOptions,
-    ) -> Result<Store, StoreError> {
+    pub fn open_with(path: &Path, gguf: &GgufFile, opts: &StoreOptions) -> Result<Store, StoreError> {
         if crate::convert::is_partial(path) {
             return Err(StoreError::Unfinished {
                 path: path.to_path_buf(),
@@ -280,12 +271,7 @@ impl Store {
     }
 
     /// A store over `gguf`'s own bytes, located by `index` (read from `path`).
-    fn open_in_place(
-        path: &Path,
-        index: Index,
-        gguf: &GgufFile,
-        opts: &StoreOptions,
-    ) -> Result<Store, StoreError> {
+    fn open_in_place(path: &Path, index: Index, gguf: &GgufFile, opts: &StoreOptions) -> Result<Store, StoreError> {
         let bad = |what: String| StoreError::Index {
             path: path.to_path_buf(),
             what,
@@ -302,9 +288,7 @@ impl Store {
             let sizes = [l.gate.bytes, l.up.bytes, l.down.bytes];
             // Expert e of a part is at offset + e × bytes; the last one must end inside the file.
             for (offset, bytes) in offsets.iter().zip(sizes) {
-                let end = bytes
-                    .checked_mul(n_expert)
-                    .and_then(|n| n.checked_add(*offset));
+                let end = bytes.checked_mul(n_expert).and_then(|n| n.checked_add(*offset));
                 if end.is_none_or(|end| end > gguf.file_len()) {
                     return Err(bad(format!(
                         "layer {}'s experts at {offset:#x} run past the end of {}",
@@ -390,11 +374,7 @@ impl Store {
     /// The (layer, expert) pairs whose bytes in `gguf` do not have the digest of their record here: every
     /// expert when `all`, else one per MoE layer (a different one in each, so a few layers already cover
     /// several expert ids). The model's layout must already match the store's.
-    pub fn source_mismatches(
-        &self,
-        gguf: &GgufFile,
-        all: bool,
-    ) -> Result<Vec<(usize, usize)>, StoreError> {
+    pub fn source_mismatches(&self, gguf: &GgufFile, all: bool) -> Result<Vec<(usize, usize)>, StoreError> {
         let tensors = expert_tensors(gguf)?;
         let n_expert = self.n_expert;
         let mut bad = Vec::new();
@@ -406,11 +386,7 @@ impl Store {
             };
             for e in experts {
                 let mut hasher = blake3::Hasher::new();
-                for (t, spec) in [
-                    (lt.gate, &entry.gate),
-                    (lt.up, &entry.up),
-                    (lt.down, &entry.down),
-                ] {
+                for (t, spec) in [(lt.gate, &entry.gate), (lt.up, &entry.up), (lt.down, &entry.down)] {
                     let start = gguf.data_offset + t.offset + e as u64 * spec.bytes;
                     let bytes = usize::try_from(start)
                         .ok()
@@ -502,10 +478,7 @@ impl Store {
 
     /// The largest `record_bytes` of any record.
     pub fn max_record_bytes(&self) -> u64 {
-        (0..self.locs.len())
-            .map(|i| self.plan_of(i).len)
-            .max()
-            .unwrap_or(0)
+        (0..self.locs.len()).map(|i| self.plan_of(i).len).max().unwrap_or(0)
     }
 
     /// Read one record (one positional read per span of its plan), checking its digest unless digests
@@ -596,8 +569,7 @@ impl Store {
         let mut reads = Vec::with_capacity(spans.len());
         let (mut rest, mut cut) = (buf, 0);
         for s in spans {
-            let (dst, tail) =
-                std::mem::take(&mut rest)[(s.at - cut) as usize..].split_at_mut(s.len as usize);
+            let (dst, tail) = std::mem::take(&mut rest)[(s.at - cut) as usize..].split_at_mut(s.len as usize);
             reads.push((dst, s));
             (rest, cut) = (tail, s.at + s.len);
         }
@@ -608,7 +580,10 @@ impl Store {
         std::thread::scope(|scope| {
             let mut result = Ok(());
             let mut others = Vec::new();
-            let io = |source| StoreError::Io { path: self.file_path.clone(), source };
+            let io = |source| StoreError::Io {
+                path: self.file_path.clone(),
+                source,
+            };
             for (dst, s) in reads {
                 match std::thread::Builder::new().spawn_scoped(scope, move || self.read_span(dst, s.offset, s.need)) {
                     Ok(h) => others.push(h),
@@ -617,7 +592,9 @@ impl Store {
             }
             result = result.and(self.read_span(dst, first.offset, first.need));
             for h in others {
-                let joined = h.join().unwrap_or_else(|_| Err(io(std::io::Error::other("a read thread panicked"))));
+                let joined = h
+                    .join()
+                    .unwrap_or_else(|_| Err(io(std::io::Error::other("a read thread panicked"))));
                 result = result.and(joined);
             }
             result
@@ -761,10 +738,7 @@ fn layer_shapes(n_layer: usize, layers: &[LayerEntry]) -> Result<Vec<RecordShape
                 l.layer
             ));
         }
-        shapes.push(
-            record_shape(l)
-                .ok_or_else(|| format!("layer {} has a type TITAN does not know", l.layer))?,
-        );
+        shapes.push(record_shape(l).ok_or_else(|| format!("layer {} has a type TITAN does not know", l.layer))?);
     }
     Ok(shapes)
 }
@@ -804,11 +778,7 @@ fn check_records(m: &Manifest) -> Result<Vec<Loc>, String> {
     for (i, (r, l)) in m
         .records
         .iter()
-        .zip(
-            m.layers
-                .iter()
-                .flat_map(|l| std::iter::repeat_n(l, m.n_expert)),
-        )
+        .zip(m.layers.iter().flat_map(|l| std::iter::repeat_n(l, m.n_expert)))
         .enumerate()
     {
         let expert = i % m.n_expert.max(1);
@@ -836,13 +806,9 @@ fn check_records(m: &Manifest) -> Result<Vec<Loc>, String> {
             .offset
             .checked_add(r.length.next_multiple_of(m.alignment))
             .ok_or_else(|| format!("{what} offset overflows"))?;
-        let digest = blake3::Hash::from_hex(&r.blake3)
-            .map_err(|e| format!("{what} digest {:?}: {e}", r.blake3))?;
+        let digest = blake3::Hash::from_hex(&r.blake3).map_err(|e| format!("{what} digest {:?}: {e}", r.blake3))?;
         // A copied record's parts follow one another: gate, then up, then down.
-        let (gate, up) = (
-            r.offset + l.gate.bytes,
-            r.offset + l.gate.bytes + l.up.bytes,
-        );
+        let (gate, up) = (r.offset + l.gate.bytes, r.offset + l.gate.bytes + l.up.bytes);
         locs.push(Loc {
             parts: [r.offset, gate, up],
             digest: *digest.as_bytes(),
@@ -889,10 +855,7 @@ fn open_records(path: &Path, direct: bool) -> Result<File, StoreError> {
     }
     #[cfg(not(any(target_os = "linux", target_os = "macos")))]
     {
-        let source = std::io::Error::new(
-            std::io::ErrorKind::Unsupported,
-            "no direct I/O on this platform",
-        );
+        let source = std::io::Error::new(std::io::ErrorKind::Unsupported, "no direct I/O on this platform");
         Err(StoreError::DirectIoUnsupported {
             path: path.to_path_buf(),
             source,
@@ -907,10 +870,7 @@ mod tests {
     use titan_kernels::WeightView;
 
     fn check_all_records(store: &Store, gguf: &GgufFile) {
-        assert_eq!(
-            store.records().len(),
-            store.layers().len() * store.n_expert()
-        );
+        assert_eq!(store.records().len(), store.layers().len() * store.n_expert());
         for (layer, expert) in store.records() {
             let rec = store.read(layer, expert).unwrap();
             assert_eq!((rec.layer, rec.expert), (layer, expert));
@@ -920,9 +880,7 @@ mod tests {
                     t.data == gguf_slice(gguf, layer, expert, part),
                     "{part} of ({layer}, {expert})"
                 );
-                let info = gguf
-                    .tensor(&format!("blk.{layer}.ffn_{part}_exps.weight"))
-                    .unwrap();
+                let info = gguf.tensor(&format!("blk.{layer}.ffn_{part}_exps.weight")).unwrap();
                 assert_eq!(
                     (t.ty, t.cols as u64, t.rows as u64),
                     (info.ty, info.dims[0], info.dims[1])
@@ -931,10 +889,7 @@ mod tests {
                 assert_eq!(t.weight_view().data.len(), t.data.len());
                 length += t.data.len() as u64;
             }
-            assert_eq!(
-                rec.resident_bytes(),
-                store.record_bytes(layer, expert).unwrap()
-            );
+            assert_eq!(rec.resident_bytes(), store.record_bytes(layer, expert).unwrap());
             let entry = &store.layers()[store.layer_index(layer).unwrap()];
             assert_eq!(length, entry.record_length());
         }
@@ -987,12 +942,7 @@ mod tests {
 
     #[test]
     fn reads_are_planned_whole_for_a_copy_and_per_part_in_place() {
-        let span = |offset, len, at, need| Span {
-            offset,
-            len,
-            at,
-            need,
-        };
+        let span = |offset, len, at, need| Span { offset, len, at, need };
         // A copied record: aligned, its parts back to back, one read padded at the end.
         let p = plan([(8192, 1000), (9192, 1000), (10192, 3000)], 4096);
         assert_eq!(p.spans(), [span(8192, 8192, 0, 5000)]);
@@ -1010,10 +960,7 @@ mod tests {
         assert_eq!((p.starts, p.len), ([100, 8192 + 3136, 16_384], 20_480));
         // Slices that happen to abut across tensors are one read, as in a copy.
         let p = plan([(512, 512), (1024, 512), (8192, 512)], 512);
-        assert_eq!(
-            p.spans(),
-            [span(512, 1024, 0, 1024), span(8192, 512, 1024, 512)]
-        );
+        assert_eq!(p.spans(), [span(512, 1024, 0, 1024), span(8192, 512, 1024, 512)]);
         assert_eq!((p.starts, p.len), ([0, 512, 1024], 1536));
     }
 
@@ -1068,18 +1015,12 @@ mod tests {
             .iter()
             .map(|e| match e {
                 StoreError::Digest {
-                    layer,
-                    expert,
-                    offset,
-                    ..
+                    layer, expert, offset, ..
                 } => (*layer, *expert, *offset),
                 other => panic!("{other}"),
             })
             .collect();
-        assert_eq!(
-            bad,
-            vec![(ra.layer, ra.expert, off_a), (rb.layer, rb.expert, off_b)]
-        );
+        assert_eq!(bad, vec![(ra.layer, ra.expert, off_a), (rb.layer, rb.expert, off_b)]);
 
         // With O_DIRECT too; and with checking turned off the damaged bytes come back (the user's choice).
         let direct = Store::open_with(
@@ -1127,9 +1068,7 @@ mod tests {
         );
         let msg = err.to_string();
         assert!(
-            msg.contains("experts.bin is")
-                && msg.contains("truncated")
-                && msg.contains("titan convert"),
+            msg.contains("experts.bin is") && msg.contains("truncated") && msg.contains("titan convert"),
             "{msg}"
         );
         std::fs::remove_file(&bin).unwrap();
@@ -1155,17 +1094,12 @@ mod tests {
         assert!(matches!(err, StoreError::WrongModel { .. }), "{err}");
         let msg = err.to_string();
         assert!(
-            msg.contains("was made from a.gguf")
-                && msg.contains(&format!("run titan convert {}", b.path().display())),
+            msg.contains("was made from a.gguf") && msg.contains(&format!("run titan convert {}", b.path().display())),
             "{msg}"
         );
         // A renamed copy of the same model is the same model.
         std::fs::copy(a.path(), dir.path().join("renamed.gguf")).unwrap();
-        Store::open(
-            &out,
-            &GgufFile::open(dir.path().join("renamed.gguf")).unwrap(),
-        )
-        .unwrap();
+        Store::open(&out, &GgufFile::open(dir.path().join("renamed.gguf")).unwrap()).unwrap();
     }
 
     #[test]
@@ -1178,17 +1112,13 @@ mod tests {
         let m: Manifest = serde_json::from_str(&good).unwrap();
         let open_with = |text: &str| {
             std::fs::write(&path, text).unwrap();
-            Store::open(&out, &gguf)
-                .err()
-                .map(|e| (e.to_string(), e))
-                .unwrap()
+            Store::open(&out, &gguf).err().map(|e| (e.to_string(), e)).unwrap()
         };
         let json = |m: &Manifest| serde_json::to_string(m).unwrap();
 
         let (msg, e) = open_with(&good[..good.len() / 2]);
         assert!(
-            matches!(e, StoreError::ManifestParse { .. })
-                && msg.contains("model.titan/manifest.json does not parse: "),
+            matches!(e, StoreError::ManifestParse { .. }) && msg.contains("model.titan/manifest.json does not parse: "),
             "{msg}"
         );
         let (msg, _) = open_with("{\"hello\": 1}");
@@ -1203,8 +1133,7 @@ mod tests {
         bad.records[5].length += 1;
         let (msg, e) = open_with(&json(&bad));
         assert!(
-            matches!(e, StoreError::Inconsistent { .. })
-                && msg.contains("record 5 (layer 1, expert 5)"),
+            matches!(e, StoreError::Inconsistent { .. }) && msg.contains("record 5 (layer 1, expert 5)"),
             "{msg}"
         );
         let mut bad = m.clone();
@@ -1223,9 +1152,7 @@ mod tests {
         bad.layers[1].down.ty = "Q5_K".into();
         let (msg, _) = open_with(&json(&bad));
         assert!(
-            msg.contains(
-                "layer 2's down expert is Q5_K 256×512 (73728 bytes) in the store but Q4_K"
-            ),
+            msg.contains("layer 2's down expert is Q5_K 256×512 (73728 bytes) in the store but Q4_K"),
             "{msg}"
         );
         // A layer count nothing backs is compared, never allocated for.
@@ -1258,10 +1185,7 @@ mod tests {
         // procfs rejects O_DIRECT at open with EINVAL (tmpfs did too before Linux 6.6, so it is no test).
         let path = Path::new("/proc/self/status");
         let err = open_records(path, true).unwrap_err();
-        assert!(
-            matches!(err, StoreError::DirectIoUnsupported { .. }),
-            "{err}"
-        );
+        assert!(matches!(err, StoreError::DirectIoUnsupported { .. }), "{err}");
         assert!(
             err.to_string()
                 .starts_with("/proc/self/status: the filesystem refuses direct I/O (O_DIRECT)"),

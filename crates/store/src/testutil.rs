@@ -79,15 +79,11 @@ impl Rng {
 pub fn write_model(dir: &Path, name: &str, spec: &Spec) -> GgufFile {
     let mut w = GgufWriter::new();
     w.set("general.architecture", Value::String("qwen3moe".into()));
-    w.set(
-        "general.name",
-        Value::String(format!("store test {}", spec.seed)),
-    );
+    w.set("general.name", Value::String(format!("store test {}", spec.seed)));
     w.set("qwen3moe.block_count", Value::U32(spec.n_layer as u32));
     w.set("qwen3moe.expert_count", Value::U32(spec.n_expert as u32));
     let (d, f, n) = (spec.n_embd as u64, spec.n_ff as u64, spec.n_expert as u64);
-    w.add_tensor("token_embd.weight", &[d, 16], GgmlType::F32)
-        .unwrap();
+    w.add_tensor("token_embd.weight", &[d, 16], GgmlType::F32).unwrap();
     let mut moe = 0;
     for l in 0..spec.n_layer {
         w.add_tensor(&format!("blk.{l}.attn_norm.weight"), &[d], GgmlType::F32)
@@ -99,12 +95,8 @@ pub fn write_model(dir: &Path, name: &str, spec: &Spec) -> GgufFile {
         }
         let [g, u, dn] = spec.types[moe % spec.types.len()];
         moe += 1;
-        w.add_tensor(
-            &format!("blk.{l}.ffn_gate_inp.weight"),
-            &[d, n],
-            GgmlType::F32,
-        )
-        .unwrap();
+        w.add_tensor(&format!("blk.{l}.ffn_gate_inp.weight"), &[d, n], GgmlType::F32)
+            .unwrap();
         w.add_tensor(&format!("blk.{l}.ffn_gate_exps.weight"), &[d, f, n], g)
             .unwrap();
         w.add_tensor(&format!("blk.{l}.ffn_up_exps.weight"), &[d, f, n], u)
@@ -113,10 +105,7 @@ pub fn write_model(dir: &Path, name: &str, spec: &Spec) -> GgufFile {
             .unwrap();
     }
     let mut rng = Rng::new(spec.seed);
-    let data: Vec<Vec<u8>> = w
-        .tensor_sizes()
-        .map(|(_, size)| rng.bytes(size as usize))
-        .collect();
+    let data: Vec<Vec<u8>> = w.tensor_sizes().map(|(_, size)| rng.bytes(size as usize)).collect();
     let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
     let path = dir.join(name);
     let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
@@ -127,9 +116,7 @@ pub fn write_model(dir: &Path, name: &str, spec: &Spec) -> GgufFile {
 
 /// The bytes of `part` ("gate", "up", "down") of one expert, straight from the GGUF.
 pub fn gguf_slice<'a>(gguf: &'a GgufFile, layer: usize, expert: usize, part: &str) -> &'a [u8] {
-    let t = gguf
-        .tensor(&format!("blk.{layer}.ffn_{part}_exps.weight"))
-        .unwrap();
+    let t = gguf.tensor(&format!("blk.{layer}.ffn_{part}_exps.weight")).unwrap();
     let per = (t.size / t.dims[2]) as usize;
     &gguf.tensor_data(t)[expert * per..(expert + 1) * per]
 }
@@ -137,12 +124,6 @@ pub fn gguf_slice<'a>(gguf: &'a GgufFile, layer: usize, expert: usize, part: &st
 /// Convert `gguf` into `dir/model.titan` with default options.
 pub fn convert_default(gguf: &GgufFile, dir: &Path) -> PathBuf {
     let out = dir.join("model.titan");
-    crate::convert(
-        gguf,
-        &out,
-        &crate::ConvertOptions::default(),
-        &mut |_, _| {},
-    )
-    .unwrap();
+    crate::convert(gguf, &out, &crate::ConvertOptions::default(), &mut |_, _| {}).unwrap();
     out
 }

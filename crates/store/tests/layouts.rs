@@ -5,16 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use titan_gguf::GgufFile;
-use titan_store::{
-    convert, write_index, ConvertOptions, Layout, Store, StoreOptions, MANIFEST_FILE,
-};
+use titan_store::{convert, write_index, ConvertOptions, Layout, Store, StoreOptions, MANIFEST_FILE};
 
 /// Q4_0, a K-quant mix (Q4_K_M: Q4_K and Q6_K experts) and Q8_0, of two architectures.
-const FILES: &[&str] = &[
-    "qwen3moe/q4_0.gguf",
-    "qwen3moe-k/q4_k_m.gguf",
-    "olmoe/q8_0.gguf",
-];
+const FILES: &[&str] = &["qwen3moe/q4_0.gguf", "qwen3moe-k/q4_k_m.gguf", "olmoe/q8_0.gguf"];
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
@@ -47,9 +41,7 @@ fn copy_and_in_place_give_identical_digests_and_bytes() {
         for (l, offsets) in index.layers.iter().zip(&index.offsets) {
             let sizes = [l.gate.bytes, l.up.bytes, l.down.bytes];
             let parts = (0..index.n_expert as u64).flat_map(|e| (0..3).map(move |p| (p, e)));
-            unaligned += parts
-                .filter(|&(p, e)| (offsets[p] + e * sizes[p]) % 4096 != 0)
-                .count();
+            unaligned += parts.filter(|&(p, e)| (offsets[p] + e * sizes[p]) % 4096 != 0).count();
         }
 
         for direct_io in [false, true] {
@@ -61,20 +53,10 @@ fn copy_and_in_place_give_identical_digests_and_bytes() {
             let b = Store::open_with(&in_place, &gguf, &opts).unwrap();
             assert_eq!((a.layout(), b.layout()), (Layout::Copy, Layout::InPlace));
             assert_eq!(b.file_path(), gguf.path());
-            assert_eq!(
-                a.records().collect::<Vec<_>>(),
-                b.records().collect::<Vec<_>>()
-            );
+            assert_eq!(a.records().collect::<Vec<_>>(), b.records().collect::<Vec<_>>());
             for (layer, expert) in a.records() {
-                let (ra, rb) = (
-                    a.read(layer, expert).unwrap(),
-                    b.read(layer, expert).unwrap(),
-                );
-                for (x, y) in [
-                    (ra.gate(), rb.gate()),
-                    (ra.up(), rb.up()),
-                    (ra.down(), rb.down()),
-                ] {
+                let (ra, rb) = (a.read(layer, expert).unwrap(), b.read(layer, expert).unwrap());
+                for (x, y) in [(ra.gate(), rb.gate()), (ra.up(), rb.up()), (ra.down(), rb.down())] {
                     assert!(x.data == y.data, "{f}: layer {layer} expert {expert}");
                     assert_eq!((x.ty, x.rows, x.cols), (y.ty, y.rows, y.cols));
                 }

@@ -59,7 +59,12 @@ struct Tri<'a> {
 
 impl<'a> Tri<'a> {
     fn new(rng: &'a mut Rng, bits: u32) -> Self {
-        Tri { rng, pool: 0, left: 0, bits }
+        Tri {
+            rng,
+            pool: 0,
+            left: 0,
+            bits,
+        }
     }
 
     #[inline(always)]
@@ -252,7 +257,11 @@ pub(crate) fn encode(ty: GgmlType, sigma: f32, x: &[f32], out: &mut [u8]) {
             }
         }
         GgmlType::Q4_K | GgmlType::Q5_K => {
-            let (bits, bytes, centre, dmin_over_d) = if ty == GgmlType::Q4_K { (3, 144, 8, 1) } else { (4, 176, 16, 2) };
+            let (bits, bytes, centre, dmin_over_d) = if ty == GgmlType::Q4_K {
+                (3, 144, 8, 1)
+            } else {
+                (4, 176, 16, 2)
+            };
             let d = f16::from_f32(sigma / (tri_std(bits) * 6.0));
             let dmin = f16::from_f32(dmin_over_d as f32 * d.to_f32());
             let step = d.to_f32() * 6.0;
@@ -371,7 +380,17 @@ mod tests {
     /// format's grid.
     #[test]
     fn every_type_decodes_to_the_requested_spread() {
-        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::MXFP4] {
+        for ty in [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::MXFP4,
+        ] {
             let n = 256 * 512;
             let mut bytes = vec![0u8; ty.row_bytes(n).unwrap()];
             fill(ty, 0.02, &mut Rng::new(3), &mut bytes);
@@ -389,7 +408,15 @@ mod tests {
     fn encode_round_trips_within_a_step() {
         let mut rng = Rng::new(4);
         let x: Vec<f32> = (0..4096).map(|_| 0.5 * rng.normal()).collect();
-        for (ty, step) in [(GgmlType::Q4_0, 0.155), (GgmlType::Q8_0, 0.0097), (GgmlType::Q4_K, 0.155), (GgmlType::Q5_K, 0.077), (GgmlType::Q6_K, 0.039), (GgmlType::Q5_0, 0.077), (GgmlType::F16, 0.001)] {
+        for (ty, step) in [
+            (GgmlType::Q4_0, 0.155),
+            (GgmlType::Q8_0, 0.0097),
+            (GgmlType::Q4_K, 0.155),
+            (GgmlType::Q5_K, 0.077),
+            (GgmlType::Q6_K, 0.039),
+            (GgmlType::Q5_0, 0.077),
+            (GgmlType::F16, 0.001),
+        ] {
             let mut bytes = vec![0u8; ty.row_bytes(x.len()).unwrap()];
             encode(ty, 0.5, &x, &mut bytes);
             let mut y = vec![0f32; x.len()];
@@ -419,13 +446,19 @@ mod tests {
         b[..2].copy_from_slice(&d.to_le_bytes());
         let q4: [u8; 32] = std::array::from_fn(|i| q[i] & 15);
         pack_q4_0(&q4, &mut b[2..]);
-        assert_eq!(decode(GgmlType::Q4_0, &b, 32), q4.iter().map(|&v| 0.5 * (v as f32 - 8.0)).collect::<Vec<_>>());
+        assert_eq!(
+            decode(GgmlType::Q4_0, &b, 32),
+            q4.iter().map(|&v| 0.5 * (v as f32 - 8.0)).collect::<Vec<_>>()
+        );
 
         let mut b = vec![0u8; 22];
         b[..2].copy_from_slice(&d.to_le_bytes());
         let q5: [u8; 32] = std::array::from_fn(|i| q[i] & 31);
         pack_q5_0(&q5, &mut b[2..]);
-        assert_eq!(decode(GgmlType::Q5_0, &b, 32), q5.iter().map(|&v| 0.5 * (v as f32 - 16.0)).collect::<Vec<_>>());
+        assert_eq!(
+            decode(GgmlType::Q5_0, &b, 32),
+            q5.iter().map(|&v| 0.5 * (v as f32 - 16.0)).collect::<Vec<_>>()
+        );
 
         let sm: [(u8, u8); 8] = std::array::from_fn(|s| (1 + 7 * s as u8, 60 - 5 * s as u8));
         let mut b = vec![0u8; 144];
@@ -434,7 +467,9 @@ mod tests {
         pack_scale_min(&sm, &mut b[4..16]);
         let q4: [u8; 256] = std::array::from_fn(|i| q[i] & 15);
         pack_q4_k(&q4, &mut b[16..]);
-        let want: Vec<f32> = (0..256).map(|e| 0.5 * sm[e / 32].0 as f32 * q4[e] as f32 - 0.25 * sm[e / 32].1 as f32).collect();
+        let want: Vec<f32> = (0..256)
+            .map(|e| 0.5 * sm[e / 32].0 as f32 * q4[e] as f32 - 0.25 * sm[e / 32].1 as f32)
+            .collect();
         assert_eq!(decode(GgmlType::Q4_K, &b, 256), want);
 
         let mut b = vec![0u8; 176];
@@ -443,7 +478,9 @@ mod tests {
         pack_scale_min(&sm, &mut b[4..16]);
         let q5: [u8; 256] = std::array::from_fn(|i| q[i] & 31);
         pack_q5_k(&q5, &mut b[16..]);
-        let want: Vec<f32> = (0..256).map(|e| 0.5 * sm[e / 32].0 as f32 * q5[e] as f32 - 0.25 * sm[e / 32].1 as f32).collect();
+        let want: Vec<f32> = (0..256)
+            .map(|e| 0.5 * sm[e / 32].0 as f32 * q5[e] as f32 - 0.25 * sm[e / 32].1 as f32)
+            .collect();
         assert_eq!(decode(GgmlType::Q5_K, &b, 256), want);
 
         let mut b = vec![0u8; 210];
@@ -452,7 +489,11 @@ mod tests {
             b[192 + s] = (s as i8 - 8) as u8;
         }
         b[208..].copy_from_slice(&d.to_le_bytes());
-        let want: Vec<f32> = (0..256).map(|e| 0.5 * (e / 16) as f32 - 4.0).zip(&q).map(|(ds, &v)| ds * (v as f32 - 32.0)).collect();
+        let want: Vec<f32> = (0..256)
+            .map(|e| 0.5 * (e / 16) as f32 - 4.0)
+            .zip(&q)
+            .map(|(ds, &v)| ds * (v as f32 - 32.0))
+            .collect();
         let got = decode(GgmlType::Q6_K, &b, 256);
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(g, w);

@@ -149,7 +149,9 @@ impl Calibration {
             Role::Bq | Role::Bk | Role::Bv => (0.0, self.qkv_bias),
             Role::Router => (0.0, self.router * fan(e)),
             Role::RouterBias => (0.0, self.bias * self.router),
-            Role::GateExps | Role::UpExps | Role::GateShexp | Role::UpShexp | Role::DenseGate | Role::DenseUp => (0.0, self.ffn_in * fan(e)),
+            Role::GateExps | Role::UpExps | Role::GateShexp | Role::UpShexp | Role::DenseGate | Role::DenseUp => {
+                (0.0, self.ffn_in * fan(e))
+            }
             Role::GateExpsBias | Role::UpExpsBias => (0.0, self.bias * self.ffn_in),
             Role::DownExps => (0.0, expert_out * fan(p.expert_ff) / act),
             Role::DownExpsBias => (0.0, self.bias * expert_out),
@@ -225,8 +227,19 @@ fn score_gain(p: &Preset) -> f32 {
     let Some(y) = p.yarn else { return 1.0 };
     let deepseek = p.arch == Arch::DeepSeek2;
     let log_mul = y.mscale_all_dim.unwrap_or(0.0);
-    let engine = titan_engine::config::Yarn { factor: y.factor, orig_ctx: y.orig_ctx, beta_fast: 32.0, beta_slow: 1.0, log_mul, deepseek };
-    let m = if deepseek { 1.0 + 0.1 * log_mul * y.factor.ln() } else { 1.0 };
+    let engine = titan_engine::config::Yarn {
+        factor: y.factor,
+        orig_ctx: y.orig_ctx,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        log_mul,
+        deepseek,
+    };
+    let m = if deepseek {
+        1.0 + 0.1 * log_mul * y.factor.ln()
+    } else {
+        1.0
+    };
     (engine.rope_mscale() * m).powi(2)
 }
 

@@ -100,7 +100,12 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
     let mut out = Vec::new();
     let mut push = |name: String, dims: &[u64], role: Role, layer: Option<usize>| {
         let ty = tensor_type(p, ft, role, dims, layer);
-        out.push(TensorPlan { name, dims: dims.to_vec(), ty, role });
+        out.push(TensorPlan {
+            name,
+            dims: dims.to_vec(),
+            ty,
+            role,
+        });
     };
     push("token_embd.weight".into(), &[e, v], Role::TokenEmbd, None);
     for i in 0..p.n_layer {
@@ -164,7 +169,11 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
         // The hybrids and gpt-oss name the norm before the experts after its place in the Hugging Face
         // model.
         let post = p.hybrid.is_some() || p.arch == Arch::GptOss;
-        let ffn_norm = if post { "post_attention_norm.weight" } else { "ffn_norm.weight" };
+        let ffn_norm = if post {
+            "post_attention_norm.weight"
+        } else {
+            "ffn_norm.weight"
+        };
         push(n(ffn_norm), &[e], Role::FfnNorm, l);
         if i < p.dense_lead {
             let dff = p.n_ff as u64;
@@ -187,7 +196,11 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
             let sf = p.shared_ff as u64;
             // The converter writes the gate as a one-row matrix; llama-quantize rewrites it as a vector.
             // DeepSeek's shared experts have no gate.
-            let gate_dims: &[u64] = if matches!(ft, FileType::F16 | FileType::Mxfp4) { &[e, 1] } else { &[e] };
+            let gate_dims: &[u64] = if matches!(ft, FileType::F16 | FileType::Mxfp4) {
+                &[e, 1]
+            } else {
+                &[e]
+            };
             if p.arch != Arch::DeepSeek2 {
                 push(n("ffn_gate_inp_shexp.weight"), gate_dims, Role::ShexpGate, l);
             }
@@ -213,7 +226,10 @@ fn tensor_type(p: &Preset, ft: FileType, role: Role, dims: &[u64], layer: Option
     use GgmlType::*;
     // The converter keeps vectors, the router, the shared expert's gate, the convolution and the experts'
     // biases in F32, and llama-quantize leaves them (and every `_norm`, and any `.bias`) alone.
-    let f32_roles = matches!(role, Role::Router | Role::ShexpGate | Role::Conv | Role::GateExpsBias | Role::UpExpsBias | Role::DownExpsBias);
+    let f32_roles = matches!(
+        role,
+        Role::Router | Role::ShexpGate | Role::Conv | Role::GateExpsBias | Role::UpExpsBias | Role::DownExpsBias
+    );
     if dims.len() == 1 || f32_roles {
         return F32;
     }
@@ -266,7 +282,10 @@ mod tests {
     use crate::preset::preset;
 
     fn ty_of(plan: &[TensorPlan], name: &str) -> GgmlType {
-        plan.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")).ty
+        plan.iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no {name}"))
+            .ty
     }
 
     #[test]
@@ -278,7 +297,17 @@ mod tests {
         assert_eq!(ty_of(&plan, "blk.0.ffn_gate_inp.weight"), GgmlType::F32);
         assert_eq!(ty_of(&plan, "blk.0.attn_q_norm.weight"), GgmlType::F32);
         // 48 layers: more bits for 0..6, 42..48 and 6 + 3k + 2.
-        for (l, want) in [(0, true), (5, true), (6, false), (8, true), (9, false), (11, true), (41, true), (42, true), (40, false)] {
+        for (l, want) in [
+            (0, true),
+            (5, true),
+            (6, false),
+            (8, true),
+            (9, false),
+            (11, true),
+            (41, true),
+            (42, true),
+            (40, false),
+        ] {
             let t = if want { GgmlType::Q6_K } else { GgmlType::Q4_K };
             assert_eq!(ty_of(&plan, &format!("blk.{l}.attn_v.weight")), t, "layer {l}");
             assert_eq!(ty_of(&plan, &format!("blk.{l}.ffn_down_exps.weight")), t, "layer {l}");
@@ -304,9 +333,27 @@ mod tests {
     fn hybrid_q4_k_m_follows_llama_quantize() {
         let p = preset("qwen3.6-35b-a3b").unwrap();
         let plan = plan(p, FileType::Q4_K_M);
-        let dims = |name: &str| plan.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")).dims.clone();
+        let dims = |name: &str| {
+            plan.iter()
+                .find(|t| t.name == name)
+                .unwrap_or_else(|| panic!("no {name}"))
+                .dims
+                .clone()
+        };
         // 40 layers: more bits for 0..5, 35..40 and 5 + 3k + 2.
-        for (l, more) in [(0, true), (3, true), (4, true), (5, false), (7, true), (11, false), (13, true), (33, false), (34, true), (35, true), (39, true)] {
+        for (l, more) in [
+            (0, true),
+            (3, true),
+            (4, true),
+            (5, false),
+            (7, true),
+            (11, false),
+            (13, true),
+            (33, false),
+            (34, true),
+            (35, true),
+            (39, true),
+        ] {
             let t = if more { GgmlType::Q6_K } else { GgmlType::Q4_K };
             let mixer = if (l + 1) % 4 == 0 { "attn_v" } else { "attn_qkv" };
             assert_eq!(ty_of(&plan, &format!("blk.{l}.{mixer}.weight")), t, "layer {l}");
@@ -331,12 +378,24 @@ mod tests {
         assert_eq!(dims("blk.39.ffn_gate_exps.weight"), [2048, 512, 256]);
         assert_eq!(dims("token_embd.weight"), [2048, 248320]);
         let linear = plan.iter().filter(|t| t.name.ends_with("ssm_a")).count();
-        assert_eq!((linear, plan.iter().filter(|t| t.name.ends_with("attn_q.weight")).count()), (30, 10));
+        assert_eq!(
+            (
+                linear,
+                plan.iter().filter(|t| t.name.ends_with("attn_q.weight")).count()
+            ),
+            (30, 10)
+        );
 
         // Qwen3.5-122B-A10B: hidden 3072, 32 heads of 256 (16384 rows with the gates), 16 key and 64 value
         // heads of 128 (conv channels 2·2048 + 8192), experts of 1024; 48 layers, more bits from 42.
         let plan = crate::layout::plan(preset("qwen3.5-122b-a10b").unwrap(), FileType::Q4_K_M);
-        let dims = |name: &str| plan.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")).dims.clone();
+        let dims = |name: &str| {
+            plan.iter()
+                .find(|t| t.name == name)
+                .unwrap_or_else(|| panic!("no {name}"))
+                .dims
+                .clone()
+        };
         assert_eq!(dims("blk.47.attn_q.weight"), [3072, 16384]);
         assert_eq!(dims("blk.47.attn_output.weight"), [8192, 3072]);
         assert_eq!(dims("blk.0.attn_qkv.weight"), [3072, 12288]);
@@ -354,7 +413,13 @@ mod tests {
     fn gpt_oss_layout_and_types() {
         let p = preset("gpt-oss-20b").unwrap();
         let plan = plan(p, FileType::Mxfp4_Moe);
-        let dims = |name: &str| plan.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")).dims.clone();
+        let dims = |name: &str| {
+            plan.iter()
+                .find(|t| t.name == name)
+                .unwrap_or_else(|| panic!("no {name}"))
+                .dims
+                .clone()
+        };
         assert_eq!(dims("token_embd.weight"), [2880, 201088]);
         assert_eq!(dims("blk.0.attn_q.weight"), [2880, 4096]);
         assert_eq!(dims("blk.0.attn_k.weight"), [2880, 512]);
@@ -383,7 +448,11 @@ mod tests {
         let plan = crate::layout::plan(p, FileType::Q4_K_M);
         assert_eq!(ty_of(&plan, "blk.0.attn_q.weight"), GgmlType::Q5_0);
         assert_eq!(ty_of(&plan, "blk.0.attn_output.weight"), GgmlType::Q4_K, "4096 columns");
-        assert_eq!(ty_of(&plan, "blk.0.attn_v.weight"), GgmlType::Q8_0, "more bits, falling back");
+        assert_eq!(
+            ty_of(&plan, "blk.0.attn_v.weight"),
+            GgmlType::Q8_0,
+            "more bits, falling back"
+        );
         assert_eq!(ty_of(&plan, "blk.3.attn_v.weight"), GgmlType::Q5_0);
         assert_eq!(ty_of(&plan, "blk.0.ffn_down_exps.weight"), GgmlType::Q8_0);
         assert_eq!(ty_of(&plan, "output.weight"), GgmlType::Q8_0);
@@ -396,7 +465,13 @@ mod tests {
     fn deepseek_layout_and_types() {
         let p = preset("deepseek-v2-lite").unwrap();
         let plan = plan(p, FileType::Q4_K_M);
-        let dims = |name: &str| plan.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")).dims.clone();
+        let dims = |name: &str| {
+            plan.iter()
+                .find(|t| t.name == name)
+                .unwrap_or_else(|| panic!("no {name}"))
+                .dims
+                .clone()
+        };
         assert_eq!(dims("blk.0.attn_q.weight"), [2048, 3072]);
         assert_eq!(dims("blk.0.attn_kv_a_mqa.weight"), [2048, 576]);
         assert_eq!(dims("blk.0.attn_kv_a_norm.weight"), [512]);
@@ -408,8 +483,15 @@ mod tests {
         assert_eq!(dims("blk.26.ffn_gate_exps.weight"), [2048, 1408, 64]);
         assert_eq!(dims("blk.26.ffn_down_shexp.weight"), [2816, 2048]);
         assert_eq!(dims("token_embd.weight"), [2048, 102400]);
-        assert!(plan.iter().all(|t| !(t.name.starts_with("blk.0.") && t.name.contains("exp"))), "layer 0 is dense");
-        assert!(plan.iter().all(|t| !t.name.contains("ffn_gate_inp_shexp")), "DeepSeek's shared experts have no gate");
+        assert!(
+            plan.iter()
+                .all(|t| !(t.name.starts_with("blk.0.") && t.name.contains("exp"))),
+            "layer 0 is dense"
+        );
+        assert!(
+            plan.iter().all(|t| !t.name.contains("ffn_gate_inp_shexp")),
+            "DeepSeek's shared experts have no gate"
+        );
         for (name, ty) in [
             ("blk.0.ffn_down.weight", GgmlType::Q8_0),
             ("blk.0.ffn_gate.weight", GgmlType::Q4_K),

@@ -57,7 +57,13 @@ pub struct SynthOptions {
 
 impl SynthOptions {
     pub fn new(preset: Preset, ty: FileType) -> Self {
-        SynthOptions { preset, ty, seed: 0, layers: None, calibration: Calibration::default() }
+        SynthOptions {
+            preset,
+            ty,
+            seed: 0,
+            layers: None,
+            calibration: Calibration::default(),
+        }
     }
 
     /// The preset with the layer override applied.
@@ -93,7 +99,10 @@ pub fn synth(opts: &SynthOptions, out: &Path, progress: &mut dyn FnMut(u64, u64)
     validate(&p)?;
     let plan = layout::plan(&p, opts.ty);
     if let Some(t) = plan.iter().find(|t| !blocks::supported(t.ty)) {
-        return Err(SynthError::Invalid(format!("tensor {} would need type {}, which synth cannot write", t.name, t.ty)));
+        return Err(SynthError::Invalid(format!(
+            "tensor {} would need type {}, which synth cannot write",
+            t.name, t.ty
+        )));
     }
 
     let mut w = GgufWriter::new();
@@ -108,7 +117,10 @@ pub fn synth(opts: &SynthOptions, out: &Path, progress: &mut dyn FnMut(u64, u64)
     let data_bytes: u64 = w.tensor_sizes().map(|(_, s)| s.next_multiple_of(align)).sum();
 
     let tmp = temp_path(out);
-    let io = |source| SynthError::Io { path: tmp.display().to_string(), source };
+    let io = |source| SynthError::Io {
+        path: tmp.display().to_string(),
+        source,
+    };
     let mut header = Vec::new();
     w.write_header(&mut header).map_err(io)?;
     // Progress counts bytes of the file: header, tensor data and padding.
@@ -132,7 +144,13 @@ pub fn synth(opts: &SynthOptions, out: &Path, progress: &mut dyn FnMut(u64, u64)
             if !sent {
                 break;
             }
-            let data = TensorData { t, p: &p, cal: &opts.calibration, topics: &topics, seed: tensor_seed(opts.seed, index) };
+            let data = TensorData {
+                t,
+                p: &p,
+                cal: &opts.calibration,
+                topics: &topics,
+                seed: tensor_seed(opts.seed, index),
+            };
             write_tensor(&data, &mut |buf| {
                 done += buf.len() as u64;
                 sent = sent && send.send(buf).is_ok();
@@ -140,15 +158,33 @@ pub fn synth(opts: &SynthOptions, out: &Path, progress: &mut dyn FnMut(u64, u64)
             });
         }
         drop(send);
-        writer.join().unwrap_or_else(|_| Err(std::io::Error::other("the writer thread panicked")))
+        writer
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the writer thread panicked")))
     });
     if let Err(e) = result {
         let _ = std::fs::remove_file(&tmp);
         return Err(io(e));
     }
-    std::fs::rename(&tmp, out).map_err(|source| SynthError::Io { path: out.display().to_string(), source })?;
-    let bytes = std::fs::metadata(out).map_err(|source| SynthError::Io { path: out.display().to_string(), source })?.len();
-    Ok(SynthInfo { path: out.to_path_buf(), preset: p, ty: opts.ty, seed: opts.seed, bytes, tensors: plan.len(), elapsed: t0.elapsed() })
+    std::fs::rename(&tmp, out).map_err(|source| SynthError::Io {
+        path: out.display().to_string(),
+        source,
+    })?;
+    let bytes = std::fs::metadata(out)
+        .map_err(|source| SynthError::Io {
+            path: out.display().to_string(),
+            source,
+        })?
+        .len();
+    Ok(SynthInfo {
+        path: out.to_path_buf(),
+        preset: p,
+        ty: opts.ty,
+        seed: opts.seed,
+        bytes,
+        tensors: plan.len(),
+        elapsed: t0.elapsed(),
+    })
 }
 
 fn validate(p: &Preset) -> Result<(), SynthError> {
@@ -161,27 +197,46 @@ fn validate(p: &Preset) -> Result<(), SynthError> {
     }
     // The hidden size need only be whole blocks of 32 (gpt-oss's is 2880): where a K-quant's 256 do not
     // divide a row, the planner falls back as llama-quantize does.
-    if !p.n_embd.is_multiple_of(32) || !p.q_dim().is_multiple_of(256) || !p.expert_ff.is_multiple_of(32) || !p.shared_ff.is_multiple_of(32) || !p.n_ff.is_multiple_of(32) {
+    if !p.n_embd.is_multiple_of(32)
+        || !p.q_dim().is_multiple_of(256)
+        || !p.expert_ff.is_multiple_of(32)
+        || !p.shared_ff.is_multiple_of(32)
+        || !p.n_ff.is_multiple_of(32)
+    {
         return bad("the hidden and feed-forward sizes must be multiples of 32 and the attention's of 256".into());
     }
     if p.dense_lead >= p.n_layer || p.dense_lead > 0 && p.n_ff == 0 {
         return bad("the dense leading layers need a feed-forward size and must leave a layer with experts".into());
     }
     if let Some(m) = &p.latent {
-        let whole = [m.kv_lora, m.nope, m.rope, m.v_dim].iter().all(|d| d.is_multiple_of(32));
+        let whole = [m.kv_lora, m.nope, m.rope, m.v_dim]
+            .iter()
+            .all(|d| d.is_multiple_of(32));
         if !whole || p.head_dim != m.nope + m.rope || p.n_head_kv != 1 {
-            return bad("latent attention needs sizes of whole 32-blocks, query heads of nope + rope and one KV head".into());
+            return bad(
+                "latent attention needs sizes of whole 32-blocks, query heads of nope + rope and one KV head".into(),
+            );
         }
     }
-    if p.arch == Arch::DeepSeek2 && (p.shared_ff == 0 || !p.shared_ff.is_multiple_of(p.expert_ff) || p.latent.is_none()) {
-        return bad("deepseek2 needs latent attention and a whole number of shared experts of the routed experts' size".into());
+    if p.arch == Arch::DeepSeek2 && (p.shared_ff == 0 || !p.shared_ff.is_multiple_of(p.expert_ff) || p.latent.is_none())
+    {
+        return bad(
+            "deepseek2 needs latent attention and a whole number of shared experts of the routed experts' size".into(),
+        );
     }
     if let Some(h) = &p.hybrid {
-        if h.full_attention_interval == 0 || h.conv_kernel == 0 || h.n_k_heads == 0 || !h.n_v_heads.is_multiple_of(h.n_k_heads) {
+        if h.full_attention_interval == 0
+            || h.conv_kernel == 0
+            || h.n_k_heads == 0
+            || !h.n_v_heads.is_multiple_of(h.n_k_heads)
+        {
             return bad("the linear attention needs a full-attention interval, convolution taps, and value heads a multiple of the key heads".into());
         }
         if !h.value_dim().is_multiple_of(256) || h.rope_dims > p.head_dim || !h.rope_dims.is_multiple_of(2) {
-            return bad("the linear attention's value size must be a multiple of 256 and the rotated dimensions fit a head".into());
+            return bad(
+                "the linear attention's value size must be a multiple of 256 and the rotated dimensions fit a head"
+                    .into(),
+            );
         }
         if p.shared_ff == 0 {
             return bad(format!("{} needs a shared expert", p.arch.gguf_name()));
@@ -209,7 +264,10 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
     let u = |x: usize| Value::U32(x as u32);
     set("general.architecture".into(), Value::String(a.into()));
     set("general.type".into(), Value::String("model".into()));
-    set("general.name".into(), Value::String(format!("TITAN synth {} (random weights)", p.name)));
+    set(
+        "general.name".into(),
+        Value::String(format!("TITAN synth {} (random weights)", p.name)),
+    );
     set("general.file_type".into(), Value::U32(opts.ty.llama_ftype()));
     if opts.ty != FileType::F16 {
         set("general.quantization_version".into(), Value::U32(2));
@@ -281,7 +339,13 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
         set(format!("{a}.rope.dimension_count"), u(p.head_dim));
     }
     if let Some(h) = &p.hybrid {
-        set(format!("{a}.rope.dimension_sections"), Value::Array(ValueType::I32, h.rope_sections.iter().map(|&s| Value::I32(s as i32)).collect()));
+        set(
+            format!("{a}.rope.dimension_sections"),
+            Value::Array(
+                ValueType::I32,
+                h.rope_sections.iter().map(|&s| Value::I32(s as i32)).collect(),
+            ),
+        );
         set(format!("{a}.rope.dimension_count"), u(h.rope_dims));
         set(format!("{a}.ssm.conv_kernel"), u(h.conv_kernel));
         set(format!("{a}.ssm.state_size"), u(h.head_dim));
@@ -289,7 +353,10 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
         set(format!("{a}.ssm.time_step_rank"), u(h.n_v_heads));
         set(format!("{a}.ssm.inner_size"), u(h.value_dim()));
         let recurrent = (0..p.n_layer).map(|i| Value::Bool(h.is_recurrent(i))).collect();
-        set(format!("{a}.attention.recurrent_layers"), Value::Array(ValueType::Bool, recurrent));
+        set(
+            format!("{a}.attention.recurrent_layers"),
+            Value::Array(ValueType::Bool, recurrent),
+        );
         set(format!("{a}.full_attention_interval"), u(h.full_attention_interval));
     }
     for (k, v) in vocab::metadata(p) {
@@ -297,7 +364,10 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
     }
     set("titan.synth.preset".into(), Value::String(p.name.into()));
     set("titan.synth.seed".into(), Value::U64(opts.seed));
-    set("titan.synth.calibration".into(), Value::String(format!("{:?}", opts.calibration)));
+    set(
+        "titan.synth.calibration".into(),
+        Value::String(format!("{:?}", opts.calibration)),
+    );
     kv
 }
 
@@ -314,7 +384,11 @@ impl Topics {
         let n = p.n_vocab.div_ceil(size);
         let mut rng = Rng::new(seed ^ 0x7091_c5ee_d0f1_0a1c);
         let centres = (0..n * p.n_embd).map(|_| rng.normal()).collect();
-        Topics { dim: p.n_embd, size, centres }
+        Topics {
+            dim: p.n_embd,
+            size,
+            centres,
+        }
     }
 
     fn centre(&self, token: usize) -> &[f32] {
@@ -340,7 +414,11 @@ impl TensorData<'_> {
         match t.role {
             Role::TokenEmbd | Role::Output => {
                 // row = sigma · (sqrt(share) · topic centre + sqrt(1 - share) · own noise)
-                let share = if t.role == Role::TokenEmbd { self.cal.topic_share } else { self.cal.head_topic };
+                let share = if t.role == Role::TokenEmbd {
+                    self.cal.topic_share
+                } else {
+                    self.cal.head_topic
+                };
                 let (a, b) = (share.sqrt(), (1.0 - share).sqrt());
                 let cols = t.cols();
                 let row_bytes = t.ty.row_bytes(cols).expect("planned");

@@ -210,7 +210,11 @@ impl fmt::Display for Preset {
             )?;
         }
         if let Some(m) = &self.latent {
-            write!(f, " (latent attention: kv_lora {}, nope {} + rope {}, v {})", m.kv_lora, m.nope, m.rope, m.v_dim)?;
+            write!(
+                f,
+                " (latent attention: kv_lora {}, nope {} + rope {}, v {})",
+                m.kv_lora, m.nope, m.rope, m.v_dim
+            )?;
         }
         if self.dense_lead > 0 {
             write!(f, ", first {} dense of ffn {}", self.dense_lead, self.n_ff)?;
@@ -446,7 +450,11 @@ static PRESETS: [Preset; 8] = [
         hybrid: None,
         dense_lead: 0,
         expert_weights_scale: None,
-        yarn: Some(Yarn { factor: 32.0, orig_ctx: 4096, mscale_all_dim: None }),
+        yarn: Some(Yarn {
+            factor: 32.0,
+            orig_ctx: 4096,
+            mscale_all_dim: None,
+        }),
         sliding_window: 128,
         latent: None,
     },
@@ -479,9 +487,18 @@ static PRESETS: [Preset; 8] = [
         hybrid: None,
         dense_lead: 1,
         expert_weights_scale: Some(1.0),
-        yarn: Some(Yarn { factor: 40.0, orig_ctx: 4096, mscale_all_dim: Some(0.707) }),
+        yarn: Some(Yarn {
+            factor: 40.0,
+            orig_ctx: 4096,
+            mscale_all_dim: Some(0.707),
+        }),
         sliding_window: 0,
-        latent: Some(Latent { kv_lora: 512, nope: 128, rope: 64, v_dim: 128 }),
+        latent: Some(Latent {
+            kv_lora: 512,
+            nope: 128,
+            rope: 64,
+            v_dim: 128,
+        }),
     },
 ];
 
@@ -515,8 +532,15 @@ pub enum FileType {
 }
 
 impl FileType {
-    pub const ALL: [FileType; 7] =
-        [FileType::F16, FileType::Q8_0, FileType::Q6_K, FileType::Q4_0, FileType::Q4_K_M, FileType::Mxfp4, FileType::Mxfp4_Moe];
+    pub const ALL: [FileType; 7] = [
+        FileType::F16,
+        FileType::Q8_0,
+        FileType::Q6_K,
+        FileType::Q4_0,
+        FileType::Q4_K_M,
+        FileType::Mxfp4,
+        FileType::Mxfp4_Moe,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -571,10 +595,24 @@ mod tests {
     fn hybrid_presets_are_consistent() {
         for p in presets().iter().filter(|p| p.arch == Arch::Qwen35Moe) {
             let h = p.hybrid.expect("qwen35moe presets are hybrids");
-            assert_eq!(2 * h.rope_sections.iter().sum::<u32>() as usize, h.rope_dims, "{}", p.name);
+            assert_eq!(
+                2 * h.rope_sections.iter().sum::<u32>() as usize,
+                h.rope_dims,
+                "{}",
+                p.name
+            );
             assert_eq!(h.rope_dims * 4, p.head_dim, "{}: partial_rotary_factor 0.25", p.name);
-            assert!(h.n_v_heads.is_multiple_of(h.n_k_heads) && p.n_layer.is_multiple_of(h.full_attention_interval), "{}", p.name);
-            assert_eq!((0..p.n_layer).filter(|&i| !h.is_recurrent(i)).count(), p.n_layer / 4, "{}", p.name);
+            assert!(
+                h.n_v_heads.is_multiple_of(h.n_k_heads) && p.n_layer.is_multiple_of(h.full_attention_interval),
+                "{}",
+                p.name
+            );
+            assert_eq!(
+                (0..p.n_layer).filter(|&i| !h.is_recurrent(i)).count(),
+                p.n_layer / 4,
+                "{}",
+                p.name
+            );
         }
     }
 }

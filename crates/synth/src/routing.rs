@@ -66,10 +66,18 @@ impl RoutingReport {
 
 impl fmt::Display for RoutingReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "routing over {} sampled tokens ({} experts, top-{}):", self.tokens, self.n_expert, self.k)?;
+        writeln!(
+            f,
+            "routing over {} sampled tokens ({} experts, top-{}):",
+            self.tokens, self.n_expert, self.k
+        )?;
         writeln!(f, "  layer  experts used  overlap(t, t-1)")?;
         for l in &self.layers {
-            writeln!(f, "  {:>5}  {:>5} / {:<5} {:>8.2}", l.layer, l.experts_used, self.n_expert, l.mean_overlap)?;
+            writeln!(
+                f,
+                "  {:>5}  {:>5} / {:<5} {:>8.2}",
+                l.layer, l.experts_used, self.n_expert, l.mean_overlap
+            )?;
         }
         write!(
             f,
@@ -94,9 +102,20 @@ pub fn routing_report(model_path: &Path, tokens: usize, seed: u64) -> Result<Rou
     let model = Model::load(model_path)?;
     let c = &model.config;
     let (n_expert, k, n_layer) = (c.n_expert, c.n_expert_used, c.n_layer);
-    let eog: Vec<usize> = (0..c.n_vocab as u32).filter(|&t| model.tokenizer.is_eog(t)).map(|t| t as usize).collect();
+    let eog: Vec<usize> = (0..c.n_vocab as u32)
+        .filter(|&t| model.tokenizer.is_eog(t))
+        .map(|t| t as usize)
+        .collect();
 
-    let mut sampler = Sampler::new(SamplerOptions { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, repeat_penalty: 1.0, repeat_last_n: 0, seed });
+    let mut sampler = Sampler::new(SamplerOptions {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        repeat_last_n: 0,
+        seed,
+    });
     let mut token = (splitmix(seed) % c.n_vocab as u64) as u32;
     while eog.contains(&(token as usize)) {
         token = (token + 1) % c.n_vocab as u32;
@@ -107,9 +126,17 @@ pub fn routing_report(model_path: &Path, tokens: usize, seed: u64) -> Result<Rou
     let mut ids: Vec<Vec<Vec<u32>>> = vec![Vec::with_capacity(tokens); n_layer];
     for pos in 0..tokens.max(1) {
         let mut trace = Trace::default();
-        let mut logits = model.forward_traced(&[token], pos, &mut seq, Outputs::Last, Some(&mut trace))?.to_vec();
+        let mut logits = model
+            .forward_traced(&[token], pos, &mut seq, Outputs::Last, Some(&mut trace))?
+            .to_vec();
         for r in trace.records.iter().filter(|r| r.name.ends_with(".topk_ids")) {
-            let layer: usize = r.name.split('.').nth(1).and_then(|l| l.strip_prefix('l')).and_then(|l| l.parse().ok()).unwrap_or(usize::MAX);
+            let layer: usize = r
+                .name
+                .split('.')
+                .nth(1)
+                .and_then(|l| l.strip_prefix('l'))
+                .and_then(|l| l.parse().ok())
+                .unwrap_or(usize::MAX);
             if let Some(steps) = ids.get_mut(layer) {
                 steps.push(r.u32s().collect());
             }
@@ -143,5 +170,13 @@ pub fn routing_report(model_path: &Path, tokens: usize, seed: u64) -> Result<Rou
         })
         .collect();
     let text = model.tokenizer.decode(&history[1..]).unwrap_or_default();
-    Ok(RoutingReport { n_expert, k, tokens: tokens.max(1), layers, token_ids: history, text, elapsed: t0.elapsed() })
+    Ok(RoutingReport {
+        n_expert,
+        k,
+        tokens: tokens.max(1),
+        layers,
+        token_ids: history,
+        text,
+        elapsed: t0.elapsed(),
+    })
 }

@@ -83,8 +83,14 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
             };
             set("pre", Value::String(pre.into()));
             set("tokens", strings(tokens));
-            set("token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()));
-            set("merges", strings(merges.iter().map(|(a, b)| format!("{a} {b}")).collect()));
+            set(
+                "token_type",
+                Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()),
+            );
+            set(
+                "merges",
+                strings(merges.iter().map(|(a, b)| format!("{a} {b}")).collect()),
+            );
             // (bos, eos, padding) as offsets from the first control token, and whether BOS is added.
             let (bos, eos, pad, add_bos) = match p.vocab {
                 VocabKind::Qwen2 | VocabKind::Qwen35 => (0, 2, 0, false),
@@ -96,7 +102,10 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
             set("bos_token_id", Value::U32(eot + bos));
             set("eos_token_id", Value::U32(eot + eos));
             // OLMoE pads with token 1.
-            set("padding_token_id", Value::U32(if p.vocab == VocabKind::Olmo { 1 } else { eot + pad }));
+            set(
+                "padding_token_id",
+                Value::U32(if p.vocab == VocabKind::Olmo { 1 } else { eot + pad }),
+            );
             set("add_bos_token", Value::Bool(add_bos));
             if matches!(p.vocab, VocabKind::Qwen2 | VocabKind::Qwen35) {
                 set("chat_template", Value::String(CHATML.into()));
@@ -120,12 +129,17 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
             tokens.truncate(n);
             types.truncate(n);
             // Scores: specials and bytes 0, pieces in decreasing order of preference.
-            let scores: Vec<Value> = (0..tokens.len()).map(|i| Value::F32(if i < 259 { 0.0 } else { -((i - 259) as f32) })).collect();
+            let scores: Vec<Value> = (0..tokens.len())
+                .map(|i| Value::F32(if i < 259 { 0.0 } else { -((i - 259) as f32) }))
+                .collect();
             set("model", Value::String("llama".into()));
             set("pre", Value::String("default".into()));
             set("tokens", strings(tokens));
             set("scores", Value::Array(ValueType::F32, scores));
-            set("token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()));
+            set(
+                "token_type",
+                Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()),
+            );
             set("bos_token_id", Value::U32(1));
             set("eos_token_id", Value::U32(2));
             set("unknown_token_id", Value::U32(0));
@@ -157,8 +171,16 @@ const DEEPSEEK_TOKENS: [(usize, &str); 2] = [(0, "<｜begin▁of▁sentence｜>"
 const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 /// A few real GPT-2 merges, so the tokenizer has some to apply (`Ġ` is the space byte).
-const MERGES: [(&str, &str); 8] =
-    [("Ġ", "t"), ("Ġ", "a"), ("h", "e"), ("i", "n"), ("r", "e"), ("o", "n"), ("Ġt", "he"), ("e", "r")];
+const MERGES: [(&str, &str); 8] = [
+    ("Ġ", "t"),
+    ("Ġ", "a"),
+    ("h", "e"),
+    ("i", "n"),
+    ("r", "e"),
+    ("o", "n"),
+    ("Ġt", "he"),
+    ("e", "r"),
+];
 
 fn strings(v: Vec<String>) -> Value {
     Value::Array(ValueType::String, v.into_iter().map(Value::String).collect())

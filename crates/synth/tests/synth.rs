@@ -27,12 +27,24 @@ fn tiny(name: &str) -> Preset {
     p.n_vocab = 2048;
     p.n_layer = 2;
     if let Some(m) = &mut p.latent {
-        *m = Latent { kv_lora: 128, nope: 32, rope: 32, v_dim: 32 };
+        *m = Latent {
+            kv_lora: 128,
+            nope: 32,
+            rope: 32,
+            v_dim: 32,
+        };
         p.n_head_kv = 1;
     }
     if let Some(h) = &mut p.hybrid {
         // rope sections cover the rotated half-dimension, as [11, 11, 10] covers 32 of 64
-        *h = Hybrid { n_k_heads: 2, n_v_heads: 4, head_dim: 64, rope_dims: 16, rope_sections: [3, 3, 2, 0], ..*h };
+        *h = Hybrid {
+            n_k_heads: 2,
+            n_v_heads: 4,
+            head_dim: 64,
+            rope_dims: 16,
+            rope_sections: [3, 3, 2, 0],
+            ..*h
+        };
         p.n_layer = h.full_attention_interval;
     }
     p
@@ -52,23 +64,51 @@ fn write(p: &Preset, ty: FileType, seed: u64, dir: &Path, file: &str) -> PathBuf
 #[test]
 fn every_architecture_loads_and_runs_in_titan() {
     let dir = tempfile::tempdir().unwrap();
-    let names = ["olmoe-1b-7b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "mixtral-8x7b", "qwen3.6-35b-a3b", "qwen3.5-122b-a10b", "gpt-oss-20b", "deepseek-v2-lite"];
+    let names = [
+        "olmoe-1b-7b",
+        "qwen3-30b-a3b",
+        "qwen1.5-moe-a2.7b",
+        "mixtral-8x7b",
+        "qwen3.6-35b-a3b",
+        "qwen3.5-122b-a10b",
+        "gpt-oss-20b",
+        "deepseek-v2-lite",
+    ];
     for name in names {
-        for ty in [FileType::Q4_0, FileType::Q4_K_M, FileType::Q8_0, FileType::F16, FileType::Mxfp4, FileType::Mxfp4_Moe] {
+        for ty in [
+            FileType::Q4_0,
+            FileType::Q4_K_M,
+            FileType::Q8_0,
+            FileType::F16,
+            FileType::Mxfp4,
+            FileType::Mxfp4_Moe,
+        ] {
             let p = tiny(name);
             let path = write(&p, ty, 1, dir.path(), &format!("{name}-{ty}.gguf"));
             let model = Model::load(&path).unwrap_or_else(|e| panic!("{name} {ty}: {e}"));
             assert_eq!(model.config.n_layer, p.n_layer);
             if let Some(h) = &p.hybrid {
                 let linear: Vec<bool> = model.config.mixers.iter().map(|&m| m == Mixer::DeltaNet).collect();
-                assert_eq!(linear, (0..p.n_layer).map(|i| h.is_recurrent(i)).collect::<Vec<_>>(), "{name}: the layer pattern");
+                assert_eq!(
+                    linear,
+                    (0..p.n_layer).map(|i| h.is_recurrent(i)).collect::<Vec<_>>(),
+                    "{name}: the layer pattern"
+                );
                 assert_eq!(model.config.rope_dims, h.rope_dims);
             }
             assert_eq!(model.config.n_expert, p.n_expert);
             assert_eq!(model.config.n_vocab, p.n_vocab);
             assert_eq!(model.config.dense_lead, p.dense_lead);
-            assert_eq!(model.config.mla.map(|m| (m.q_lora, m.kv_lora, m.nope, m.rope, m.v_dim)), p.latent.map(|m| (0, m.kv_lora, m.nope, m.rope, m.v_dim)), "{name}");
-            assert_eq!(model.config.yarn.map(|y| (y.factor, y.orig_ctx)), p.yarn.map(|y| (y.factor, y.orig_ctx)), "{name}");
+            assert_eq!(
+                model.config.mla.map(|m| (m.q_lora, m.kv_lora, m.nope, m.rope, m.v_dim)),
+                p.latent.map(|m| (0, m.kv_lora, m.nope, m.rope, m.v_dim)),
+                "{name}"
+            );
+            assert_eq!(
+                model.config.yarn.map(|y| (y.factor, y.orig_ctx)),
+                p.yarn.map(|y| (y.factor, y.orig_ctx)),
+                "{name}"
+            );
             assert_eq!(model.config.sliding_window, p.sliding_window, "{name}");
             let mut seq = model.new_sequence(8);
             let logits = model.forward(&[1, 300, 301, 1000], 0, &mut seq, Outputs::All).unwrap();
@@ -112,7 +152,10 @@ fn metadata_and_shapes_are_llama_cpps() {
 
     let p = tiny("qwen1.5-moe-a2.7b");
     let f = GgufFile::open(write(&p, FileType::Q4_0, 3, dir.path(), "q2.gguf")).unwrap();
-    assert_eq!(f.get_u64("qwen2moe.expert_shared_feed_forward_length").unwrap(), Some(256));
+    assert_eq!(
+        f.get_u64("qwen2moe.expert_shared_feed_forward_length").unwrap(),
+        Some(256)
+    );
     assert_eq!(f.tensor("blk.0.attn_k.bias").unwrap().dims, vec![256]);
     assert_eq!(f.tensor("blk.0.ffn_gate_inp_shexp.weight").unwrap().dims, vec![256]);
     assert_eq!(f.tensor("blk.0.ffn_down_shexp.weight").unwrap().dims, vec![256, 256]);
@@ -129,12 +172,16 @@ fn metadata_and_shapes_are_llama_cpps() {
 fn same_seed_same_bytes_other_seed_other_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let p = tiny("olmoe-1b-7b");
-    let hash = |file: &str, seed| blake3::hash(&std::fs::read(write(&p, FileType::Q4_K_M, seed, dir.path(), file)).unwrap());
+    let hash =
+        |file: &str, seed| blake3::hash(&std::fs::read(write(&p, FileType::Q4_K_M, seed, dir.path(), file)).unwrap());
     let a = hash("a.gguf", 11);
     assert_eq!(a, hash("b.gguf", 11));
     assert_ne!(a, hash("c.gguf", 12));
     // No temporary file is left behind.
-    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names.len(), 3, "{names:?}");
 }
 
@@ -165,20 +212,60 @@ fn hybrid_metadata_and_shapes_are_llama_cpps() {
     let dir = tempfile::tempdir().unwrap();
     let p = tiny("qwen3.6-35b-a3b");
     let f = GgufFile::open(write(&p, FileType::Q4_0, 3, dir.path(), "h.gguf")).unwrap();
-    let u = |k: &str| f.get_u64(&format!("qwen35moe.{k}")).unwrap().unwrap_or_else(|| panic!("missing {k}"));
+    let u = |k: &str| {
+        f.get_u64(&format!("qwen35moe.{k}"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("missing {k}"))
+    };
     assert_eq!(f.get_str("general.architecture").unwrap(), Some("qwen35moe"));
     assert_eq!(f.get_str("tokenizer.ggml.pre").unwrap(), Some("qwen35"));
     assert_eq!(u("block_count"), 4);
     assert_eq!(u("context_length"), 262144);
-    assert_eq!(f.get_u64("qwen35moe.feed_forward_length").unwrap(), None, "the config has no intermediate_size");
-    assert_eq!((u("attention.head_count"), u("attention.head_count_kv"), u("attention.key_length"), u("attention.value_length")), (4, 2, 64, 64));
-    assert_eq!((u("expert_feed_forward_length"), u("expert_shared_feed_forward_length")), (128, 256));
-    assert_eq!((u("ssm.conv_kernel"), u("ssm.state_size"), u("ssm.group_count"), u("ssm.time_step_rank"), u("ssm.inner_size")), (4, 64, 2, 4, 256));
+    assert_eq!(
+        f.get_u64("qwen35moe.feed_forward_length").unwrap(),
+        None,
+        "the config has no intermediate_size"
+    );
+    assert_eq!(
+        (
+            u("attention.head_count"),
+            u("attention.head_count_kv"),
+            u("attention.key_length"),
+            u("attention.value_length")
+        ),
+        (4, 2, 64, 64)
+    );
+    assert_eq!(
+        (u("expert_feed_forward_length"), u("expert_shared_feed_forward_length")),
+        (128, 256)
+    );
+    assert_eq!(
+        (
+            u("ssm.conv_kernel"),
+            u("ssm.state_size"),
+            u("ssm.group_count"),
+            u("ssm.time_step_rank"),
+            u("ssm.inner_size")
+        ),
+        (4, 64, 2, 4, 256)
+    );
     assert_eq!((u("full_attention_interval"), u("rope.dimension_count")), (4, 16));
     assert_eq!(f.get_f64("qwen35moe.rope.freq_base").unwrap(), Some(1e7));
-    let sections: Vec<i64> = f.get_array("qwen35moe.rope.dimension_sections").unwrap().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+    let sections: Vec<i64> = f
+        .get_array("qwen35moe.rope.dimension_sections")
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
     assert_eq!(sections, [3, 3, 2, 0]);
-    let recurrent: Vec<bool> = f.get_array("qwen35moe.attention.recurrent_layers").unwrap().unwrap().iter().map(|v| v.as_bool().unwrap()).collect();
+    let recurrent: Vec<bool> = f
+        .get_array("qwen35moe.attention.recurrent_layers")
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_bool().unwrap())
+        .collect();
     assert_eq!(recurrent, [true, true, true, false]);
 
     let t = |n: &str| f.tensor(n).unwrap_or_else(|| panic!("missing {n}"));
@@ -237,7 +324,11 @@ fn hybrid_decay_spreads_over_zero_to_one() {
     };
     let (e, nv) = (p.n_embd, 32);
     let (embd, norm) = (read("token_embd.weight"), read("blk.0.attn_norm.weight"));
-    let (alpha, dt, a) = (read("blk.0.ssm_alpha.weight"), read("blk.0.ssm_dt.bias"), read("blk.0.ssm_a"));
+    let (alpha, dt, a) = (
+        read("blk.0.ssm_alpha.weight"),
+        read("blk.0.ssm_dt.bias"),
+        read("blk.0.ssm_a"),
+    );
     assert!(a.iter().all(|&x| x < 0.0), "ssm_a holds -exp(A_log): {a:?}");
     let mut decay = Vec::new();
     for token in (0..p.n_vocab).step_by(37) {
@@ -294,7 +385,11 @@ fn gpt_oss_and_deepseek_routing_is_realistic() {
         let path = write(&p, FileType::Q4_0, 5, dir.path(), &format!("{name}.gguf"));
         let r = routing_report(&path, 96, 1).unwrap();
         println!("{name}: {r}");
-        assert_eq!(r.layers.len(), 6 - p.dense_lead, "{name}: the dense layer routes nothing");
+        assert_eq!(
+            r.layers.len(),
+            6 - p.dense_lead,
+            "{name}: the dense layer routes nothing"
+        );
         assert!(r.min_experts_used() >= 28, "{name}: {r}");
         assert!((0.15..=0.5).contains(&r.mean_overlap()), "{name}: {r}");
         assert!(r.max_overlap() <= 0.6, "{name}: {r}");
@@ -309,23 +404,38 @@ fn gpt_oss_and_deepseek_routing_is_realistic() {
 fn gpt_oss_and_deepseek_match_the_converters_files() {
     let dir = tempfile::tempdir().unwrap();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
-    for (name, fixture, ty, layers) in
-        [("gpt-oss-20b", "gpt-oss/mxfp4_moe.gguf", FileType::Mxfp4_Moe, 4), ("deepseek-v2-lite", "deepseek2-lite/q4_0.gguf", FileType::Q4_0, 26)]
-    {
+    for (name, fixture, ty, layers) in [
+        ("gpt-oss-20b", "gpt-oss/mxfp4_moe.gguf", FileType::Mxfp4_Moe, 4),
+        ("deepseek-v2-lite", "deepseek2-lite/q4_0.gguf", FileType::Q4_0, 26),
+    ] {
         let real = GgufFile::open(fixtures.join(fixture)).unwrap();
         let mut p = tiny(name);
         p.n_layer = layers;
         let ours = GgufFile::open(write(&p, ty, 2, dir.path(), &format!("{name}.gguf"))).unwrap();
         let arch = p.arch.gguf_name();
         let keys = |f: &GgufFile| {
-            let mut k: Vec<String> = f.metadata.iter().map(|(k, _)| k.clone()).filter(|k| k.starts_with(&format!("{arch}."))).collect();
+            let mut k: Vec<String> = f
+                .metadata
+                .iter()
+                .map(|(k, _)| k.clone())
+                .filter(|k| k.starts_with(&format!("{arch}.")))
+                .collect();
             k.sort();
             k
         };
         assert_eq!(keys(&ours), keys(&real), "{name}: architecture keys");
-        assert_eq!(ours.get_u64("general.file_type").unwrap(), real.get_u64("general.file_type").unwrap(), "{name}");
+        assert_eq!(
+            ours.get_u64("general.file_type").unwrap(),
+            real.get_u64("general.file_type").unwrap(),
+            "{name}"
+        );
         let tensors = |f: &GgufFile| {
-            let mut t: Vec<(String, usize, GgmlType)> = f.tensors.iter().map(|t| (t.name.clone(), t.dims.len(), t.ty)).filter(|t| t.0 != "output.weight").collect();
+            let mut t: Vec<(String, usize, GgmlType)> = f
+                .tensors
+                .iter()
+                .map(|t| (t.name.clone(), t.dims.len(), t.ty))
+                .filter(|t| t.0 != "output.weight")
+                .collect();
             t.sort_by(|a, b| a.0.cmp(&b.0));
             t
         };

@@ -26,7 +26,10 @@ impl Merges {
             // a char boundary).
             let split = line.bytes().skip(1).position(|b| b == b' ').map(|i| i + 1);
             let Some(split) = split else {
-                return Err(TokenizerError::BadMerge { rank, merge: line.to_string() });
+                return Err(TokenizerError::BadMerge {
+                    rank,
+                    merge: line.to_string(),
+                });
             };
             let (left, right) = (&line[..split], &line[split + 1..]);
             let lookup = |text: &str| {
@@ -80,7 +83,9 @@ impl Merges {
         let mut heap = BinaryHeap::new();
         let push = |heap: &mut BinaryHeap<_>, syms: &[Sym], left: Option<usize>, right: Option<usize>| {
             let (Some(l), Some(r)) = (left, right) else { return };
-            let (Some(lid), Some(rid)) = (syms[l].id, syms[r].id) else { return };
+            let (Some(lid), Some(rid)) = (syms[l].id, syms[r].id) else {
+                return;
+            };
             if let Some(&(rank, _)) = self.pairs.get(&(lid, rid)) {
                 heap.push(Reverse((rank, l, lid, r, rid)));
             }
@@ -93,7 +98,9 @@ impl Merges {
             if !syms[l].alive || !syms[r].alive || syms[l].id != Some(lid) || syms[r].id != Some(rid) {
                 continue;
             }
-            let Some(&(_, merged)) = self.pairs.get(&(lid, rid)) else { continue };
+            let Some(&(_, merged)) = self.pairs.get(&(lid, rid)) else {
+                continue;
+            };
             syms[l].id = Some(merged);
             syms[r].alive = false;
             let after = syms[r].next;

@@ -136,7 +136,10 @@ pub struct StreamDecoder<'a> {
 
 impl<'a> StreamDecoder<'a> {
     pub(crate) fn new(tokenizer: &'a Tokenizer) -> Self {
-        Self { tokenizer, pending: Vec::new() }
+        Self {
+            tokenizer,
+            pending: Vec::new(),
+        }
     }
 
     /// Adds one token; returns the text that became complete. An id out of range adds nothing.

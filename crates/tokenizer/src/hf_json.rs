@@ -23,34 +23,53 @@ pub(crate) struct Loaded {
 
 fn read_json(path: &Path) -> Result<Value, TokenizerError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io { path: shown.clone(), source })?;
-    serde_json::from_str(&text).map_err(|e| TokenizerError::Json { path: shown, message: e.to_string() })
+    let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
+        path: shown.clone(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| TokenizerError::Json {
+        path: shown,
+        message: e.to_string(),
+    })
 }
 
 pub(crate) fn load(path: &Path) -> Result<Loaded, TokenizerError> {
     let shown = path.display().to_string();
-    let unsupported = |what: String| TokenizerError::UnsupportedJson { path: shown.clone(), what };
+    let unsupported = |what: String| TokenizerError::UnsupportedJson {
+        path: shown.clone(),
+        what,
+    };
     let root = read_json(path)?;
     let model = &root["model"];
     if let Some(kind) = model["type"].as_str() {
         if kind != "BPE" {
-            return Err(unsupported(format!("model type {kind:?}; only byte-level BPE is supported")));
+            return Err(unsupported(format!(
+                "model type {kind:?}; only byte-level BPE is supported"
+            )));
         }
     }
-    let vocab = model["vocab"].as_object().ok_or_else(|| unsupported("model.vocab is not an object".into()))?;
+    let vocab = model["vocab"]
+        .as_object()
+        .ok_or_else(|| unsupported("model.vocab is not an object".into()))?;
 
     // Token table: ids from model.vocab and added_tokens; holes become unused placeholders,
     // as llama.cpp's converter writes them.
     let mut entries: Vec<(u32, String, i32)> = Vec::with_capacity(vocab.len());
     for (text, id) in vocab {
-        let id = id.as_u64().ok_or_else(|| unsupported(format!("vocab id of {text:?} is not a number")))?;
+        let id = id
+            .as_u64()
+            .ok_or_else(|| unsupported(format!("vocab id of {text:?} is not a number")))?;
         entries.push((id as u32, text.clone(), 1));
     }
     for added in root["added_tokens"].as_array().map(Vec::as_slice).unwrap_or_default() {
         let (Some(id), Some(text)) = (added["id"].as_u64(), added["content"].as_str()) else {
             return Err(unsupported(format!("added token without id/content: {added}")));
         };
-        let kind = if added["special"].as_bool().unwrap_or(false) { 3 } else { 4 };
+        let kind = if added["special"].as_bool().unwrap_or(false) {
+            3
+        } else {
+            4
+        };
         entries.push((id as u32, text.to_string(), kind));
     }
     let n = entries.iter().map(|e| e.0 as usize + 1).max().unwrap_or(0);
@@ -61,14 +80,20 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, TokenizerError> {
         tokens[id as usize] = Some(text);
         types[id as usize] = kind;
     }
-    let tokens: Vec<String> =
-        tokens.into_iter().enumerate().map(|(i, t)| t.unwrap_or_else(|| format!("[PAD{i}]"))).collect();
+    let tokens: Vec<String> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| t.unwrap_or_else(|| format!("[PAD{i}]")))
+        .collect();
 
     let mut merges = Vec::new();
     for m in model["merges"].as_array().map(Vec::as_slice).unwrap_or_default() {
         match m {
             Value::String(s) => merges.push(s.clone()),
-            Value::Array(pair) => match (pair.first().and_then(Value::as_str), pair.get(1).and_then(Value::as_str)) {
+            Value::Array(pair) => match (
+                pair.first().and_then(Value::as_str),
+                pair.get(1).and_then(Value::as_str),
+            ) {
                 (Some(a), Some(b)) if pair.len() == 2 => merges.push(format!("{a} {b}")),
                 _ => return Err(unsupported(format!("merge {m} is not a pair of strings"))),
             },
@@ -78,7 +103,9 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, TokenizerError> {
 
     let stages = pre_stages(&root["pre_tokenizer"]).map_err(unsupported)?;
     if stages.is_empty() {
-        return Err(unsupported("no pre-tokenizer: a byte-level BPE needs ByteLevel or a Split regex".into()));
+        return Err(unsupported(
+            "no pre-tokenizer: a byte-level BPE needs ByteLevel or a Split regex".into(),
+        ));
     }
 
     let id_of = |name: &str| tokens.iter().position(|t| t == name).map(|i| i as u32);
@@ -106,7 +133,11 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, TokenizerError> {
     }
     // ... and from tokenizer_config.json, which has the last word when present.
     let mut clean_spaces = false;
-    if let Some(config_path) = path.parent().map(|d| d.join("tokenizer_config.json")).filter(|p| p.exists()) {
+    if let Some(config_path) = path
+        .parent()
+        .map(|d| d.join("tokenizer_config.json"))
+        .filter(|p| p.exists())
+    {
         let config = read_json(&config_path)?;
         let token_name = |v: &Value| v.as_str().or_else(|| v["content"].as_str()).map(str::to_string);
         if let Some(id) = token_name(&config["bos_token"]).and_then(|t| id_of(&t)) {
@@ -160,7 +191,9 @@ fn pre_stages(node: &Value) -> Result<Vec<Stage>, String> {
         Some("Split") => {
             let behavior = node["behavior"].as_str().unwrap_or("");
             if behavior != "Isolated" || node["invert"].as_bool().unwrap_or(false) {
-                return Err(format!("Split with behavior {behavior:?} (only Isolated, not inverted, is supported)"));
+                return Err(format!(
+                    "Split with behavior {behavior:?} (only Isolated, not inverted, is supported)"
+                ));
             }
             let pattern = match (node["pattern"]["Regex"].as_str(), node["pattern"]["String"].as_str()) {
                 (Some(re), _) => re.to_string(),
@@ -170,7 +203,11 @@ fn pre_stages(node: &Value) -> Result<Vec<Stage>, String> {
             stages.push(Stage::from_pattern(&pattern).map_err(|e| e.to_string())?);
         }
         Some("Digits") => {
-            let pattern = if node["individual_digits"].as_bool().unwrap_or(false) { r"\p{N}" } else { r"\p{N}+" };
+            let pattern = if node["individual_digits"].as_bool().unwrap_or(false) {
+                r"\p{N}"
+            } else {
+                r"\p{N}+"
+            };
             stages.push(Stage::from_pattern(pattern).map_err(|e| e.to_string())?);
         }
         other => return Err(format!("pre-tokenizer {other:?} is not supported")),

@@ -68,7 +68,11 @@ pub enum TokenizerError {
     VocabTooLarge(usize),
     /// A per-token array is shorter than the token list.
     #[error("tokenizer.ggml.{what} has {len} entries for {n_tokens} tokens")]
-    ShortArray { what: &'static str, len: usize, n_tokens: usize },
+    ShortArray {
+        what: &'static str,
+        len: usize,
+        n_tokens: usize,
+    },
     #[error("duplicate token {text:?} in the vocabulary (ids {first} and {second})")]
     DuplicateToken { text: String, first: u32, second: u32 },
     /// The vocabulary asks for a special token it does not define.
@@ -140,7 +144,10 @@ impl Tokenizer {
         let model = match (kind, splitter) {
             (Kind::Bpe, Some(pre)) => {
                 let lines = merge_lines.ok_or(TokenizerError::MissingMerges)?;
-                Model::Bpe { merges: Merges::parse(lines.iter().map(String::as_str), &vocab)?, pre }
+                Model::Bpe {
+                    merges: Merges::parse(lines.iter().map(String::as_str), &vocab)?,
+                    pre,
+                }
             }
             _ => Model::Spm,
         };
@@ -206,9 +213,10 @@ impl Tokenizer {
         let mut bytes = Vec::new();
         let mut strip_space = self.vocab.add_space_prefix;
         for &id in ids {
-            let piece = self
-                .token_bytes(id)
-                .ok_or(TokenizerError::IdOutOfRange { id, vocab_size: self.vocab_size() })?;
+            let piece = self.token_bytes(id).ok_or(TokenizerError::IdOutOfRange {
+                id,
+                vocab_size: self.vocab_size(),
+            })?;
             let piece = match piece {
                 [b' ', rest @ ..] if strip_space => rest,
                 _ => piece,

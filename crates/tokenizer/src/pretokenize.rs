@@ -14,8 +14,7 @@ use crate::TokenizerError;
 /// GPT-2's pattern as llama.cpp spells it, and as Hugging Face's ByteLevel spells it.
 const GPT2_LLAMA: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 const GPT2_HF: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
-const LLAMA3_HF: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const LLAMA3_HF: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const LLAMA3_LLAMA: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_HF: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -61,9 +60,7 @@ const STARCODER: &[&str] = &[
 const QWEN35: &[&str] = &[
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 ];
-const PORO: &[&str] = &[
-    " ?[^(\\s|.,!?\u{2026}\u{3002}\u{FF0C}\u{3001}\u{964}\u{6D4}\u{60C})]+",
-];
+const PORO: &[&str] = &[" ?[^(\\s|.,!?\u{2026}\u{3002}\u{FF0C}\u{3001}\u{964}\u{6D4}\u{60C})]+"];
 const VIKING: &[&str] = &[
     " ?[^(\\s|.,!?\u{2026}\u{3002}\u{FF0C}\u{3001}\u{964}\u{6D4}\u{60C})]+",
     "\\p{N}",
@@ -83,9 +80,8 @@ const BAILINGMOE: &[&str] = &[
 const SEED_CODER: &[&str] = &[
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 ];
-const UFAKZEKA: &[&str] = &[
-    "[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-];
+const UFAKZEKA: &[&str] =
+    &["[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"];
 const LAGUNA: &[&str] = &[
     "[^\\n]+|[\\n]+",
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
@@ -134,7 +130,9 @@ pub(crate) fn for_pre_name(pre: Option<&str>) -> Result<PreConfig, TokenizerErro
         "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum"
         | "modern-bert" | "exaone4" | "mpt" | "olmo" | "jais" => (&[GPT2_LLAMA], true),
         "trillion" | "granite-docling" => (&[GPT2_LLAMA], false),
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "hunyuan" | "solar-open" | "grok-2" => (&[QWEN2_LLAMA], false),
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "hunyuan" | "solar-open" | "grok-2" => {
+            (&[QWEN2_LLAMA], false)
+        }
         "stablelm2" | "megrez" => (&[QWEN2_LLAMA], true),
         "qwen35" => (QWEN35, false),
         "poro-chat" => (PORO, false),
@@ -153,12 +151,23 @@ pub(crate) fn for_pre_name(pre: Option<&str>) -> Result<PreConfig, TokenizerErro
     };
     let llama3_family = matches!(
         name,
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "jina-v5-nano"
+        "llama3"
+            | "llama-v3"
+            | "llama-bpe"
+            | "falcon3"
+            | "falcon-h1"
+            | "pixtral"
+            | "midm-2.0"
+            | "lfm2"
+            | "jina-v5-nano"
     );
     Ok(PreConfig {
         splitter: PreTokenizer::from_patterns(patterns)?,
         ignore_merges: llama3_family
-            || matches!(name, "glm4" | "glm5" | "tekken" | "granite-embed-multi-97m" | "minicpm5"),
+            || matches!(
+                name,
+                "glm4" | "glm5" | "tekken" | "granite-embed-multi-97m" | "minicpm5"
+            ),
         clean_spaces,
         add_bos: llama3_family || name == "tekken",
         no_default_bos: matches!(name, "chatglm-bpe" | "glm4" | "glm5"),
@@ -170,7 +179,9 @@ pub(crate) enum Stage {
     /// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
     Gpt2,
     /// Llama 3's pattern with `\p{N}{1,max_digits}`; `max_digits == 1` is Qwen 2's.
-    Llama3 { max_digits: usize },
+    Llama3 {
+        max_digits: usize,
+    },
     Regex(Box<fancy_regex::Regex>),
 }
 
@@ -206,7 +217,12 @@ pub(crate) struct PreTokenizer {
 
 impl PreTokenizer {
     pub(crate) fn from_patterns(patterns: &[&str]) -> Result<Self, TokenizerError> {
-        Ok(Self { stages: patterns.iter().map(|p| Stage::from_pattern(p)).collect::<Result<_, _>>()? })
+        Ok(Self {
+            stages: patterns
+                .iter()
+                .map(|p| Stage::from_pattern(p))
+                .collect::<Result<_, _>>()?,
+        })
     }
 
     pub(crate) fn from_stages(stages: Vec<Stage>) -> Self {
@@ -216,7 +232,11 @@ impl PreTokenizer {
     /// Split `text` into words (byte ranges of `text`, in order, covering it entirely).
     pub(crate) fn split<'t>(&self, text: &'t str) -> Vec<&'t str> {
         let chars: Vec<char> = text.chars().collect();
-        let mut lens: Vec<usize> = if chars.is_empty() { Vec::new() } else { vec![chars.len()] };
+        let mut lens: Vec<usize> = if chars.is_empty() {
+            Vec::new()
+        } else {
+            vec![chars.len()]
+        };
         for stage in &self.stages {
             let mut next = Vec::with_capacity(lens.len() * 2);
             let mut start = 0;
@@ -327,7 +347,12 @@ fn split_llama3(cs: &[char], max_digits: usize, out: &mut Vec<usize>) {
                 emit(out, &mut prev, pos);
                 continue;
             }
-            if pos + 2 < n && matches!((c1, cs[pos + 2].to_ascii_lowercase()), ('r', 'e') | ('v', 'e') | ('l', 'l')) {
+            if pos + 2 < n
+                && matches!(
+                    (c1, cs[pos + 2].to_ascii_lowercase()),
+                    ('r', 'e') | ('v', 'e') | ('l', 'l')
+                )
+            {
                 pos += 3;
                 emit(out, &mut prev, pos);
                 continue;
@@ -396,7 +421,10 @@ fn split_regex(re: &fancy_regex::Regex, cs: &[char], out: &mut Vec<usize>) {
     // llama.cpp hands std::regex a copy of the text with every non-ASCII whitespace replaced by
     // U+000B (std::regex's \s is ASCII-only). Doing the same keeps literal classes that contain
     // such a character (deepseek's `　-。`) matching exactly what llama.cpp matches.
-    let text: String = cs.iter().map(|&c| if !c.is_ascii() && is_whitespace(c) { '\u{0B}' } else { c }).collect();
+    let text: String = cs
+        .iter()
+        .map(|&c| if !c.is_ascii() && is_whitespace(c) { '\u{0B}' } else { c })
+        .collect();
     let mut prev = 0; // in chars
     let mut byte_cursor = 0;
     let mut char_cursor = 0;
@@ -422,7 +450,12 @@ mod tests {
     use super::*;
 
     fn split_with(patterns: &[&str], text: &str) -> Vec<String> {
-        PreTokenizer::from_patterns(patterns).unwrap().split(text).into_iter().map(String::from).collect()
+        PreTokenizer::from_patterns(patterns)
+            .unwrap()
+            .split(text)
+            .into_iter()
+            .map(String::from)
+            .collect()
     }
 
     /// Every hand-written splitter agrees with its regex, run through the generic regex stage.
@@ -443,7 +476,11 @@ mod tests {
             let re = fancy_regex::Regex::new(pattern).unwrap();
             PreTokenizer::from_stages(vec![Stage::Regex(Box::new(re))])
         };
-        for (native, pattern) in [(GPT2_LLAMA, GPT2_HF), (LLAMA3_LLAMA, LLAMA3_HF), (QWEN2_LLAMA, QWEN2_HF)] {
+        for (native, pattern) in [
+            (GPT2_LLAMA, GPT2_HF),
+            (LLAMA3_LLAMA, LLAMA3_HF),
+            (QWEN2_LLAMA, QWEN2_HF),
+        ] {
             let native = PreTokenizer::from_patterns(&[native]).unwrap();
             assert!(matches!(native.stages[0], Stage::Gpt2 | Stage::Llama3 { .. }));
             let regex = generic(pattern);
@@ -455,7 +492,10 @@ mod tests {
 
     #[test]
     fn gpt2_split_examples() {
-        assert_eq!(split_with(&[GPT2_LLAMA], "Hello  world's\n"), ["Hello", " ", " world", "'s", "\n"]);
+        assert_eq!(
+            split_with(&[GPT2_LLAMA], "Hello  world's\n"),
+            ["Hello", " ", " world", "'s", "\n"]
+        );
         assert_eq!(split_with(&[GPT2_LLAMA], "I'M 2024!!"), ["I", "'", "M", " 2024", "!!"]);
     }
 
@@ -463,7 +503,10 @@ mod tests {
     fn llama3_and_qwen2_split_digits_differently() {
         assert_eq!(split_with(&[LLAMA3_LLAMA], "x 1234567"), ["x", " ", "123", "456", "7"]);
         assert_eq!(split_with(&[QWEN2_LLAMA], "x 123"), ["x", " ", "1", "2", "3"]);
-        assert_eq!(split_with(&[LLAMA3_LLAMA], "I'M ok\n\n  x"), ["I", "'M", " ok", "\n\n", " ", " x"]);
+        assert_eq!(
+            split_with(&[LLAMA3_LLAMA], "I'M ok\n\n  x"),
+            ["I", "'M", " ok", "\n\n", " ", " x"]
+        );
     }
 
     #[test]
@@ -479,10 +522,35 @@ mod tests {
     #[test]
     fn every_listed_pre_tokenizer_compiles() {
         for name in [
-            "default", "llama3", "llama-bpe", "dbrx", "chatglm-bpe", "glm4", "deepseek-llm", "deepseek-coder",
-            "deepseek-v3", "spark2_5", "falcon", "starcoder", "command-r", "gpt-2", "olmo", "qwen2", "stablelm2",
-            "qwen35", "poro-chat", "viking", "tekken", "gpt-4o", "granite-embed-multi-97m", "bailingmoe",
-            "seed-coder", "ufakzeka", "laguna", "exaone-moe", "minicpm5",
+            "default",
+            "llama3",
+            "llama-bpe",
+            "dbrx",
+            "chatglm-bpe",
+            "glm4",
+            "deepseek-llm",
+            "deepseek-coder",
+            "deepseek-v3",
+            "spark2_5",
+            "falcon",
+            "starcoder",
+            "command-r",
+            "gpt-2",
+            "olmo",
+            "qwen2",
+            "stablelm2",
+            "qwen35",
+            "poro-chat",
+            "viking",
+            "tekken",
+            "gpt-4o",
+            "granite-embed-multi-97m",
+            "bailingmoe",
+            "seed-coder",
+            "ufakzeka",
+            "laguna",
+            "exaone-moe",
+            "minicpm5",
         ] {
             assert!(for_pre_name(Some(name)).is_ok(), "{name}");
         }

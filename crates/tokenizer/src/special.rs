@@ -14,13 +14,20 @@ pub(crate) enum Fragment<'t> {
 }
 
 pub(crate) fn partition<'t>(vocab: &Vocab, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
-    let mut fragments = if text.is_empty() { Vec::new() } else { vec![Fragment::Text(text)] };
+    let mut fragments = if text.is_empty() {
+        Vec::new()
+    } else {
+        vec![Fragment::Text(text)]
+    };
     for &id in &vocab.specials {
         if !parse_special && vocab.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) != 0 {
             continue;
         }
         let needle = vocab.texts[id as usize].as_str();
-        if !fragments.iter().any(|f| matches!(f, Fragment::Text(t) if t.contains(needle))) {
+        if !fragments
+            .iter()
+            .any(|f| matches!(f, Fragment::Text(t) if t.contains(needle)))
+        {
             continue;
         }
         let mut next = Vec::with_capacity(fragments.len() + 2);

@@ -21,7 +21,9 @@ struct Bigram {
 impl Ord for Bigram {
     fn cmp(&self, other: &Self) -> Ordering {
         // Max-heap: higher score first, then the smaller left index.
-        self.score.total_cmp(&other.score).then_with(|| other.left.cmp(&self.left))
+        self.score
+            .total_cmp(&other.score)
+            .then_with(|| other.left.cmp(&self.left))
     }
 }
 impl PartialOrd for Bigram {
@@ -41,7 +43,13 @@ impl Eq for Bigram {}
 pub(crate) fn byte_token(vocab: &Vocab, byte: u8) -> Option<u32> {
     vocab
         .id(&format!("<0x{byte:02X}>"))
-        .or_else(|| if byte.is_ascii() { vocab.id(&(byte as char).to_string()) } else { None })
+        .or_else(|| {
+            if byte.is_ascii() {
+                vocab.id(&(byte as char).to_string())
+            } else {
+                None
+            }
+        })
         .or(vocab.unk)
 }
 
@@ -55,7 +63,12 @@ pub(crate) fn encode(vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
     let mut syms: Vec<Sym> = text
         .char_indices()
         .enumerate()
-        .map(|(i, (start, c))| Sym { start, len: c.len_utf8(), prev: i.checked_sub(1), next: Some(i + 1) })
+        .map(|(i, (start, c))| Sym {
+            start,
+            len: c.len_utf8(),
+            prev: i.checked_sub(1),
+            next: Some(i + 1),
+        })
         .collect();
     let Some(last) = syms.last_mut() else { return };
     last.next = None;
@@ -66,7 +79,12 @@ pub(crate) fn encode(vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
         let len = syms[l].len + syms[r].len;
         let start = syms[l].start;
         if let Some(id) = vocab.id(&text[start..start + len]) {
-            heap.push(Bigram { score: vocab.scores[id as usize], left: l, right: r, len });
+            heap.push(Bigram {
+                score: vocab.scores[id as usize],
+                left: l,
+                right: r,
+                len,
+            });
         }
     };
     for i in 1..syms.len() {

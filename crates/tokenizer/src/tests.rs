@@ -75,7 +75,10 @@ fn llama3_ignore_merges_takes_whole_words() {
     s.bos = Some(s.tokens.len() as u32 - 1);
     let llama3 = Tokenizer::from_spec(s).unwrap();
     // llama3 adds BOS by default
-    assert_eq!(llama3.encode("abc", true, false), ids(&llama3, &["<|begin_of_text|>", "abc"]));
+    assert_eq!(
+        llama3.encode("abc", true, false),
+        ids(&llama3, &["<|begin_of_text|>", "abc"])
+    );
 }
 
 #[test]
@@ -126,12 +129,25 @@ fn spm_spec(pieces: &[(&str, f32)]) -> VocabSpec {
         types.push(1);
         scores.push(*s);
     }
-    VocabSpec { model: "llama".into(), tokens, scores: Some(scores), token_types: Some(types), ..VocabSpec::default() }
+    VocabSpec {
+        model: "llama".into(),
+        tokens,
+        scores: Some(scores),
+        token_types: Some(types),
+        ..VocabSpec::default()
+    }
 }
 
 #[test]
 fn spm_merges_by_score_with_space_prefix_and_bos() {
-    let pieces = [("▁", -1.0), ("h", -2.0), ("i", -2.0), ("▁h", -3.0), ("hi", -1.5), ("▁hi", -0.5)];
+    let pieces = [
+        ("▁", -1.0),
+        ("h", -2.0),
+        ("i", -2.0),
+        ("▁h", -3.0),
+        ("hi", -1.5),
+        ("▁hi", -0.5),
+    ];
     let t = Tokenizer::from_spec(spm_spec(&pieces)).unwrap();
     // "▁hi": "hi" (-1.5) beats "▁h" (-3.0), then "▁"+"hi" = "▁hi"
     assert_eq!(t.encode("hi", true, false), ids(&t, &["<s>", "▁hi"]));
@@ -142,11 +158,23 @@ fn spm_merges_by_score_with_space_prefix_and_bos() {
 
 #[test]
 fn spm_score_order_decides_the_split() {
-    let t = Tokenizer::from_spec(spm_spec(&[("▁", -1.0), ("a", -1.0), ("b", -1.0), ("▁a", -5.0), ("ab", -2.0)]))
-        .unwrap();
+    let t = Tokenizer::from_spec(spm_spec(&[
+        ("▁", -1.0),
+        ("a", -1.0),
+        ("b", -1.0),
+        ("▁a", -5.0),
+        ("ab", -2.0),
+    ]))
+    .unwrap();
     assert_eq!(t.encode("ab", false, false), ids(&t, &["▁", "ab"]));
-    let t = Tokenizer::from_spec(spm_spec(&[("▁", -1.0), ("a", -1.0), ("b", -1.0), ("▁a", -1.0), ("ab", -2.0)]))
-        .unwrap();
+    let t = Tokenizer::from_spec(spm_spec(&[
+        ("▁", -1.0),
+        ("a", -1.0),
+        ("b", -1.0),
+        ("▁a", -1.0),
+        ("ab", -2.0),
+    ]))
+    .unwrap();
     assert_eq!(t.encode("ab", false, false), ids(&t, &["▁a", "b"]));
 }
 
@@ -190,7 +218,10 @@ fn errors_say_what_is_wrong() {
     assert!(e.to_string().contains("\"bert\""), "{e}");
 
     let e = Tokenizer::from_spec(bpe_spec("kimi-k2", &[], &[])).err().unwrap();
-    assert!(matches!(&e, TokenizerError::UnknownPreTokenizer(p) if p == "kimi-k2"), "{e}");
+    assert!(
+        matches!(&e, TokenizerError::UnknownPreTokenizer(p) if p == "kimi-k2"),
+        "{e}"
+    );
 
     let mut s = bpe_spec("gpt-2", &[], &[]);
     s.merges = Some(vec!["a zz".into()]);
@@ -204,25 +235,44 @@ fn errors_say_what_is_wrong() {
     let mut s = bpe_spec("gpt-2", &[], &[]);
     s.tokens.push("a".into());
     s.token_types = None;
-    assert!(matches!(Tokenizer::from_spec(s), Err(TokenizerError::DuplicateToken { .. })));
+    assert!(matches!(
+        Tokenizer::from_spec(s),
+        Err(TokenizerError::DuplicateToken { .. })
+    ));
 
     let mut s = bpe_spec("gpt-2", &[], &[]);
     s.add_bos = Some(true);
     s.tokens.truncate(10); // the default BOS id (11) is now out of range
     s.token_types = None;
-    assert!(matches!(Tokenizer::from_spec(s), Err(TokenizerError::MissingSpecial { .. })));
+    assert!(matches!(
+        Tokenizer::from_spec(s),
+        Err(TokenizerError::MissingSpecial { .. })
+    ));
 
     let t = Tokenizer::from_spec(bpe_spec("gpt-2", &[], &[])).unwrap();
     let e = t.decode(&[5, 999_999]).err().unwrap();
-    assert!(matches!(e, TokenizerError::IdOutOfRange { id: 999_999, vocab_size: 256 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            TokenizerError::IdOutOfRange {
+                id: 999_999,
+                vocab_size: 256
+            }
+        ),
+        "{e}"
+    );
     assert_eq!(t.token_bytes(999_999), None);
 }
 
 #[test]
 fn tokenizer_json_maps_onto_the_same_bpe() {
     let spec = bpe_spec("qwen2", &["Ġ h", "Ġh i", "h i"], &[]);
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        spec.tokens.iter().enumerate().map(|(i, t)| (t.clone(), serde_json::json!(i))).collect();
+    let vocab: serde_json::Map<String, serde_json::Value> = spec
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), serde_json::json!(i)))
+        .collect();
     let n = spec.tokens.len();
     let json = serde_json::json!({
         "added_tokens": [{"id": n, "content": "<|im_end|>", "special": true}],
@@ -242,7 +292,10 @@ fn tokenizer_json_maps_onto_the_same_bpe() {
 
     let from_spec = Tokenizer::from_spec(spec).unwrap();
     let text = "hi hi, 123 it's\n\n done";
-    assert_eq!(from_json.encode(text, true, false), from_spec.encode(text, false, false));
+    assert_eq!(
+        from_json.encode(text, true, false),
+        from_spec.encode(text, false, false)
+    );
     assert_eq!(from_json.encode("hi<|im_end|>", false, true).last(), Some(&(n as u32)));
     assert!(from_json.is_eog(n as u32));
     assert_eq!(from_json.bos(), None);

@@ -68,29 +68,74 @@ pub(crate) struct Vocab {
 
 // Texts llama.cpp recognises when the GGUF does not name the token (`load`, "auto-detect").
 const EOT_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>",
-    "[EOT]", "<\u{FF5C}end\u{2581}of\u{2581}sentence\u{FF5C}>", "<end_of_utterance>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<\u{FF5C}end\u{2581}of\u{2581}sentence\u{FF5C}>",
+    "<end_of_utterance>",
 ];
 const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
 const FIM_PRE_TEXTS: &[&str] = &[
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\u{FF5C}fim\u{2581}begin\u{FF5C}>", "<PRE>", "\u{2581}<PRE>",
-    "<|code_prefix|>", "<|prefix|>",
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<\u{FF5C}fim\u{2581}begin\u{FF5C}>",
+    "<PRE>",
+    "\u{2581}<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
 ];
 const FIM_SUF_TEXTS: &[&str] = &[
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\u{FF5C}fim\u{2581}hole\u{FF5C}>", "<SUF>", "\u{2581}<SUF>",
-    "<|code_suffix|>", "<|suffix|>",
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<\u{FF5C}fim\u{2581}hole\u{FF5C}>",
+    "<SUF>",
+    "\u{2581}<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
 ];
 const FIM_MID_TEXTS: &[&str] = &[
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\u{FF5C}fim\u{2581}end\u{FF5C}>", "<MID>", "\u{2581}<MID>",
-    "<|code_middle|>", "<|middle|>",
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<\u{FF5C}fim\u{2581}end\u{FF5C}>",
+    "<MID>",
+    "\u{2581}<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
 ];
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
 const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
-    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
-    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<\u{FF5C}end\u{2581}of\u{2581}sentence\u{FF5C}>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\u{FF5C}end\u{2581}of\u{2581}sentence\u{FF5C}>",
     "[e~[",
 ];
 /// gpt-oss: llama.cpp always renders these as text.
@@ -99,7 +144,12 @@ const ALWAYS_RENDERED: &[&str] = &["<|channel|>", "<|message|>", "<|start|>", "<
 impl Vocab {
     /// `llama_defaults`: fill missing BOS/EOS/UNK ids with llama.cpp's per-model defaults (GGUF);
     /// a tokenizer.json names its own.
-    pub(crate) fn build(spec: VocabSpec, kind: Kind, pre: PreFlags, llama_defaults: bool) -> Result<Self, TokenizerError> {
+    pub(crate) fn build(
+        spec: VocabSpec,
+        kind: Kind,
+        pre: PreFlags,
+        llama_defaults: bool,
+    ) -> Result<Self, TokenizerError> {
         let n = spec.tokens.len();
         if n == 0 {
             return Err(TokenizerError::EmptyVocab);
@@ -109,7 +159,11 @@ impl Vocab {
         }
         let scores = match spec.scores {
             Some(s) if s.len() < n => {
-                return Err(TokenizerError::ShortArray { what: "scores", len: s.len(), n_tokens: n })
+                return Err(TokenizerError::ShortArray {
+                    what: "scores",
+                    len: s.len(),
+                    n_tokens: n,
+                })
             }
             Some(mut s) => {
                 s.truncate(n);
@@ -119,7 +173,11 @@ impl Vocab {
         };
         let mut attrs = match &spec.token_types {
             Some(t) if t.len() < n => {
-                return Err(TokenizerError::ShortArray { what: "token_types", len: t.len(), n_tokens: n })
+                return Err(TokenizerError::ShortArray {
+                    what: "token_types",
+                    len: t.len(),
+                    n_tokens: n,
+                })
             }
             Some(t) => t[..n].iter().map(|&t| attr::from_token_type(t)).collect(),
             None => vec![attr::NORMAL; n],
@@ -133,7 +191,11 @@ impl Vocab {
                 *text = format!("[EMPTY_{i}]");
             }
             if let Some(first) = ids.insert(text.clone(), i as u32) {
-                return Err(TokenizerError::DuplicateToken { text: text.clone(), first, second: i as u32 });
+                return Err(TokenizerError::DuplicateToken {
+                    text: text.clone(),
+                    first,
+                    second: i as u32,
+                });
             }
         }
 
@@ -160,10 +222,16 @@ impl Vocab {
         let add_bos = spec.add_bos.unwrap_or(default_add_bos);
         let add_eos = spec.add_eos.unwrap_or(false);
         if add_bos && bos.is_none() {
-            return Err(TokenizerError::MissingSpecial { flag: "add_bos", token: "bos" });
+            return Err(TokenizerError::MissingSpecial {
+                flag: "add_bos",
+                token: "bos",
+            });
         }
         if add_eos && eos.is_none() {
-            return Err(TokenizerError::MissingSpecial { flag: "add_eos", token: "eos" });
+            return Err(TokenizerError::MissingSpecial {
+                flag: "add_eos",
+                token: "eos",
+            });
         }
 
         // Text-based detection. llama.cpp walks a hash map, so when several texts match one slot

@@ -12,7 +12,11 @@ use std::sync::Arc;
 pub enum Cut {
     /// `into` bytes into the first TITAN frame of `kind` (whose payload must be longer), in the direction
     /// from the dialled side (`replies: true`) or towards it.
-    MidFrame { replies: bool, kind: titan_net::Kind, into: usize },
+    MidFrame {
+        replies: bool,
+        kind: titan_net::Kind,
+        into: usize,
+    },
     /// After `bytes` bytes from the dialled side (an HTTP response: headers, then part of the body).
     Replies { bytes: usize },
 }
@@ -33,7 +37,9 @@ impl Cutter {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
                 // A target not listening yet: the client sees its connection close, as if refused.
-                let Ok(server) = TcpStream::connect(&target) else { continue };
+                let Ok(server) = TcpStream::connect(&target) else {
+                    continue;
+                };
                 let cut = (!flag.load(Ordering::SeqCst)).then_some(cut);
                 relay(client, server, cut, Arc::clone(&flag));
             }
@@ -54,11 +60,24 @@ fn relay(client: TcpStream, server: TcpStream, cut: Option<Cut>, done: Arc<Atomi
     let (towards, replies): (Option<Limit>, Option<Limit>) = match cut {
         None => (None, None),
         Some(Cut::Replies { bytes }) => (None, Some(Box::new(after_bytes(bytes)))),
-        Some(Cut::MidFrame { replies: true, kind, into }) => (None, Some(Box::new(mid_frame(kind, into)))),
-        Some(Cut::MidFrame { replies: false, kind, into }) => (Some(Box::new(mid_frame(kind, into))), None),
+        Some(Cut::MidFrame {
+            replies: true,
+            kind,
+            into,
+        }) => (None, Some(Box::new(mid_frame(kind, into)))),
+        Some(Cut::MidFrame {
+            replies: false,
+            kind,
+            into,
+        }) => (Some(Box::new(mid_frame(kind, into))), None),
     };
     let sockets = Arc::new([client.try_clone().unwrap(), server.try_clone().unwrap()]);
-    let (c, s, socks, d) = (client.try_clone().unwrap(), server.try_clone().unwrap(), Arc::clone(&sockets), Arc::clone(&done));
+    let (c, s, socks, d) = (
+        client.try_clone().unwrap(),
+        server.try_clone().unwrap(),
+        Arc::clone(&sockets),
+        Arc::clone(&done),
+    );
     std::thread::spawn(move || pump(c, s, towards, &socks, &d));
     std::thread::spawn(move || pump(server, client, replies, &sockets, &done));
 }
@@ -107,7 +126,10 @@ fn mid_frame(kind: titan_net::Kind, into: usize) -> impl FnMut(&[u8]) -> Option<
             let header = seen.get(at..at + 20)?;
             let len = u32::from_le_bytes(header[16..20].try_into().unwrap()) as usize;
             if header[5] == kind as u8 {
-                assert!(into < 20 + len, "a {kind:?} frame of {len} payload bytes: cutting {into} bytes in would cut between frames");
+                assert!(
+                    into < 20 + len,
+                    "a {kind:?} frame of {len} payload bytes: cutting {into} bytes in would cut between frames"
+                );
                 return (seen.len() >= at + into).then_some(at + into);
             }
             at += 20 + len;

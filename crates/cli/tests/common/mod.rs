@@ -12,7 +12,9 @@ pub mod cutter;
 pub const TOKEN: &str = "cluster-test-token-0123456789abcdef";
 
 pub fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(rel)
 }
 
 pub fn titan() -> Command {
@@ -40,7 +42,16 @@ impl Worker {
         let token = token_file(dir);
         let log = dir.join(format!("{name}.log"));
         let mut child = titan()
-            .args(["worker", "--listen", listen, "--threads", "1", "--max-frame", "1048576", "--token-file"])
+            .args([
+                "worker",
+                "--listen",
+                listen,
+                "--threads",
+                "1",
+                "--max-frame",
+                "1048576",
+                "--token-file",
+            ])
             .arg(&token)
             .arg(flag)
             .arg(what)
@@ -49,8 +60,14 @@ impl Worker {
             .spawn()
             .expect("titan worker starts");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("worker said {line:?}")).to_string();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("worker said {line:?}"))
+            .to_string();
         Worker { child, addr, log }
     }
 
@@ -93,7 +110,18 @@ pub fn token_file(dir: &Path) -> PathBuf {
 /// `titan trace` of a fixed greedy run, on this machine alone or with `extra` (the cluster options).
 pub fn trace(model: &Path, out: &Path, extra: &[&str]) -> Output {
     let o = titan()
-        .args(["trace", "-p", "The quick brown fox", "-n", "6", "--temp", "0", "--threads", "2", "-m"])
+        .args([
+            "trace",
+            "-p",
+            "The quick brown fox",
+            "-n",
+            "6",
+            "--temp",
+            "0",
+            "--threads",
+            "2",
+            "-m",
+        ])
         .arg(model)
         .arg("-o")
         .arg(out)
@@ -123,12 +151,33 @@ pub fn read_at_least(out: &mut impl Read, n: usize) -> Vec<u8> {
 
 /// A long greedy generation: its text on this machine alone, and the same run started (streaming its output)
 /// as the backbone of `n` fresh workers, with `extra` options.
-pub fn long_run_on_workers(m: &Path, dir: &Path, n: usize, tokens: &str, extra: &[&str]) -> (Vec<u8>, Vec<Worker>, Child) {
+pub fn long_run_on_workers(
+    m: &Path,
+    dir: &Path,
+    n: usize,
+    tokens: &str,
+    extra: &[&str],
+) -> (Vec<u8>, Vec<Worker>, Child) {
     // Past the fixtures' 512-token training context: long enough to kill and restart a worker mid-run.
-    let args = ["run", "-p", "Hello", "-n", tokens, "-c", "4096", "--allow-long-context", "--temp", "0", "--threads", "1"];
+    let args = [
+        "run",
+        "-p",
+        "Hello",
+        "-n",
+        tokens,
+        "-c",
+        "4096",
+        "--allow-long-context",
+        "--temp",
+        "0",
+        "--threads",
+        "1",
+    ];
     let single = titan().args(args).arg("-m").arg(m).output().unwrap();
     assert!(single.status.success(), "{}", stderr(&single));
-    let workers: Vec<Worker> = (0..n).map(|i| Worker::start(m, dir, &format!("w{i}"), "127.0.0.1:0")).collect();
+    let workers: Vec<Worker> = (0..n)
+        .map(|i| Worker::start(m, dir, &format!("w{i}"), "127.0.0.1:0"))
+        .collect();
     let nodes = workers.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
     let run = titan()
         .args(args)
@@ -168,7 +217,16 @@ pub fn fetching_workers(backbone: &str, caches: &[PathBuf], addrs: &[String], di
     for (i, (cache, addr)) in caches.iter().zip(addrs).enumerate() {
         let log = dir.join(format!("{name}{i}.log"));
         let child = titan()
-            .args(["worker", "--backbone", backbone, "--listen", addr, "--threads", "1", "--token-file"])
+            .args([
+                "worker",
+                "--backbone",
+                backbone,
+                "--listen",
+                addr,
+                "--threads",
+                "1",
+                "--token-file",
+            ])
             .arg(token_file(dir))
             .arg("--cache-dir")
             .arg(cache)
@@ -176,7 +234,11 @@ pub fn fetching_workers(backbone: &str, caches: &[PathBuf], addrs: &[String], di
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        started.push(Worker { child, addr: addr.clone(), log });
+        started.push(Worker {
+            child,
+            addr: addr.clone(),
+            log,
+        });
     }
     started
 }
@@ -199,22 +261,54 @@ pub fn wait_listening(workers: &mut [Worker]) {
 /// The bytes a fetching worker says it downloaded.
 pub fn downloaded(w: &Worker) -> u64 {
     let log = w.log();
-    log.lines().find_map(|l| l.strip_prefix("worker: downloaded ")?.split(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("{log}"))
+    log.lines()
+        .find_map(|l| l.strip_prefix("worker: downloaded ")?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{log}"))
 }
 
 pub fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum()
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum()
 }
 
 /// Runs a backbone trace that serves slices at `slices` to `nodes`, while `start_workers` starts them.
-pub fn trace_serving_slices(m: &Path, out: &Path, nodes: &[String], slices: &str, dir: &Path, start_workers: impl FnOnce() -> Vec<Worker>) -> (Output, Vec<Worker>) {
+pub fn trace_serving_slices(
+    m: &Path,
+    out: &Path,
+    nodes: &[String],
+    slices: &str,
+    dir: &Path,
+    start_workers: impl FnOnce() -> Vec<Worker>,
+) -> (Output, Vec<Worker>) {
     let nodes = nodes.join(",");
     let backbone = titan()
-        .args(["trace", "-p", "The quick brown fox", "-n", "6", "--temp", "0", "--threads", "2", "-m"])
+        .args([
+            "trace",
+            "-p",
+            "The quick brown fox",
+            "-n",
+            "6",
+            "--temp",
+            "0",
+            "--threads",
+            "2",
+            "-m",
+        ])
         .arg(m)
         .arg("-o")
         .arg(out)
-        .args(["--nodes", &nodes, "--token-file", token_file(dir).to_str().unwrap(), "--serve-slices", slices, "--join-timeout", "120"])
+        .args([
+            "--nodes",
+            &nodes,
+            "--token-file",
+            token_file(dir).to_str().unwrap(),
+            "--serve-slices",
+            slices,
+            "--join-timeout",
+            "120",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -229,5 +323,7 @@ pub fn trace_serving_slices(m: &Path, out: &Path, nodes: &[String], slices: &str
 
 /// The requests a worker's log says it served, over its closed connections ("…: closed (12 requests)").
 pub fn requests_served(log: &str) -> u64 {
-    log.lines().filter_map(|l| l.split("closed (").nth(1)?.split(' ').next()?.parse::<u64>().ok()).sum()
+    log.lines()
+        .filter_map(|l| l.split("closed (").nth(1)?.split(' ').next()?.parse::<u64>().ok())
+        .sum()
 }

@@ -42,18 +42,14 @@ pub fn run(data: &[u8]) {
             }
         }
         1 => {
-            let Ok(uri) = format!("/v1/slice?{}", String::from_utf8_lossy(text)).parse::<Uri>()
-            else {
+            let Ok(uri) = format!("/v1/slice?{}", String::from_utf8_lossy(text)).parse::<Uri>() else {
                 return;
             };
             let Ok(Query(q)) = Query::<SliceQuery>::try_from_uri(&uri) else {
                 return;
             };
             if let Some(spec) = q.spec() {
-                assert!(
-                    spec.layers.start() <= spec.layers.end()
-                        && spec.experts.start() <= spec.experts.end()
-                );
+                assert!(spec.layers.start() <= spec.layers.end() && spec.experts.start() <= spec.experts.end());
             }
         }
         2 => {
@@ -63,10 +59,7 @@ pub fn run(data: &[u8]) {
             let mut headers = HeaderMap::new();
             headers.insert(header::RANGE, value);
             if let Ok(Some((start, end))) = byte_range(&headers, len) {
-                assert!(
-                    start < end && end <= len,
-                    "range {start}..{end} of {len} bytes"
-                );
+                assert!(start < end && end <= len, "range {start}..{end} of {len} bytes");
             }
         }
         // What a node reads back from the backbone (`fetch`): UTF-8 text, then JSON.

@@ -58,12 +58,7 @@ fn compute(body: &[u8], shape: Shape) {
     assert!(job.layer < shape.n_layer);
     assert_eq!(job.input.cols(), shape.n_embd);
     assert_eq!(job.starts.len(), job.ids.len() + 1);
-    assert!(
-        job.ids.windows(2).all(|w| w[0] < w[1])
-            && job.ids.iter().all(|&id| (id as usize) < shape.n_expert)
-    );
+    assert!(job.ids.windows(2).all(|w| w[0] < w[1]) && job.ids.iter().all(|&id| (id as usize) < shape.n_expert));
     assert!(job.rows.iter().all(|&r| r < job.input.rows()));
-    assert!(
-        job.starts.windows(2).all(|w| w[0] <= w[1]) && job.starts.last() == Some(&job.rows.len())
-    );
+    assert!(job.starts.windows(2).all(|w| w[0] <= w[1]) && job.starts.last() == Some(&job.rows.len()));
 }

@@ -16,16 +16,10 @@ pub fn run(data: &[u8]) {
     let _ = shard.expert_bytes();
     for l in shard.spec.layers.clone() {
         for e in shard.spec.experts.clone() {
-            let w = shard
-                .weights(l, e)
-                .expect("an expert the shard holds has weights");
+            let w = shard.weights(l, e).expect("an expert the shard holds has weights");
             assert_eq!(
                 (w.gate.rows, w.up.rows, w.down.cols),
-                (
-                    shard.config.expert_ff,
-                    shard.config.expert_ff,
-                    shard.config.expert_ff
-                )
+                (shard.config.expert_ff, shard.config.expert_ff, shard.config.expert_ff)
             );
         }
     }

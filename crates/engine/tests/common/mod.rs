@@ -13,12 +13,17 @@ pub fn fixtures() -> PathBuf {
 
 pub fn manifest() -> Value {
     let p = fixtures().join("manifest.json");
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e} (run tools/make_fixtures.sh)", p.display()));
+    let text =
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e} (run tools/make_fixtures.sh)", p.display()));
     serde_json::from_str(&text).expect("manifest.json parses")
 }
 
 pub fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("an array of ids").iter().map(|x| x.as_u64().expect("an id") as u32).collect()
+    v.as_array()
+        .expect("an array of ids")
+        .iter()
+        .map(|x| x.as_u64().expect("an id") as u32)
+        .collect()
 }
 
 /// A float32 .npy file: (shape, data).
@@ -31,11 +36,22 @@ pub fn read_npy(rel: &str) -> (Vec<usize>, Vec<f32>) {
         _ => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
     };
     let header = std::str::from_utf8(&b[start..start + hlen]).unwrap();
-    assert!(header.contains("'<f4'"), "{}: expected float32, header {header}", p.display());
+    assert!(
+        header.contains("'<f4'"),
+        "{}: expected float32, header {header}",
+        p.display()
+    );
     assert!(header.contains("'fortran_order': False"));
     let shape_str = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
-    let shape: Vec<usize> = shape_str.split(',').filter(|s| !s.trim().is_empty()).map(|s| s.trim().parse().unwrap()).collect();
-    let data: Vec<f32> = b[start + hlen..].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let shape: Vec<usize> = shape_str
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().unwrap())
+        .collect();
+    let data: Vec<f32> = b[start + hlen..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     assert_eq!(data.len(), shape.iter().product::<usize>(), "{}: size", p.display());
     (shape, data)
 }

@@ -24,10 +24,7 @@ pub fn run(data: &[u8]) {
     );
     for (key, value) in &g.metadata {
         let _ = value.to_string();
-        assert!(
-            g.get(key).is_some(),
-            "metadata key {key:?} listed but not found"
-        );
+        assert!(g.get(key).is_some(), "metadata key {key:?} listed but not found");
         let _ = (
             g.get_u64(key),
             g.get_f64(key),
@@ -35,13 +32,7 @@ pub fn run(data: &[u8]) {
             g.get_str(key),
             g.get_array(key),
         );
-        let _ = (
-            g.strings(key),
-            g.f32s(key),
-            g.i64s(key),
-            g.u64_of(key),
-            g.require(key),
-        );
+        let _ = (g.strings(key), g.f32s(key), g.i64s(key), g.u64_of(key), g.require(key));
     }
     for t in &g.tensors {
         let found = g.tensor(&t.name).expect("a listed tensor is found by name");

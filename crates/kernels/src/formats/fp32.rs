@@ -55,11 +55,7 @@ mod tests {
         let a = vec![1.0f32; 9];
         let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let lanes = [1e8 + 0.5, 1.0, 3.0, 1.0, -1e8, 1.0, 5.0, 1.0f32];
-        let tree = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
-            + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-        assert_eq!(
-            super::vec_dot(&bytes(&w), &bytes(&a)).to_bits(),
-            tree.to_bits()
-        );
+        let tree = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+        assert_eq!(super::vec_dot(&bytes(&w), &bytes(&a)).to_bits(), tree.to_bits());
     }
 }

@@ -35,11 +35,7 @@ pub(crate) fn scale(e: u8) -> f32 {
 fn unpack(block: &[u8]) -> [i8; BLOCK_LEN] {
     let qs = &block[1..BLOCK_BYTES];
     std::array::from_fn(|i| {
-        let nibble = if i < 16 {
-            qs[i] & 0x0F
-        } else {
-            qs[i - 16] >> 4
-        };
+        let nibble = if i < 16 { qs[i] & 0x0F } else { qs[i - 16] >> 4 };
         KVALUES[usize::from(nibble)]
     })
 }
@@ -47,10 +43,7 @@ fn unpack(block: &[u8]) -> [i8; BLOCK_LEN] {
 /// As ggml's `dequantize_row_mxfp4`: `f32(k) · scale(e)`, one rounding (only below 2^-126 or above
 /// f32::MAX can it be inexact).
 pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (block, out) in src
-        .chunks_exact(BLOCK_BYTES)
-        .zip(dst.chunks_exact_mut(BLOCK_LEN))
-    {
+    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK_LEN)) {
         let d = scale(block[0]);
         for (y, k) in out.iter_mut().zip(unpack(block)) {
             *y = f32::from(k) * d;

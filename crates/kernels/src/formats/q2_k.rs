@@ -26,10 +26,7 @@ fn unpack(block: &[u8]) -> [i8; QK_K] {
 }
 
 pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (block, out) in src
-        .chunks_exact(BLOCK_BYTES)
-        .zip(dst.chunks_exact_mut(BLOCK_LEN))
-    {
+    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK_LEN)) {
         let (d, dmin) = (f16_at(block, D), f16_at(block, DMIN));
         let q = unpack(block);
         for (s, (ys, qs)) in out.chunks_exact_mut(16).zip(q.chunks_exact(16)).enumerate() {

@@ -45,17 +45,10 @@ pub(crate) fn scales(block: &[u8]) -> [i8; 16] {
 }
 
 pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (block, out) in src
-        .chunks_exact(BLOCK_BYTES)
-        .zip(dst.chunks_exact_mut(BLOCK_LEN))
-    {
+    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK_LEN)) {
         let d = f16_at(block, D);
         let q = unpack(block);
-        for ((ys, qs), sc) in out
-            .chunks_exact_mut(16)
-            .zip(q.chunks_exact(16))
-            .zip(scales(block))
-        {
+        for ((ys, qs), sc) in out.chunks_exact_mut(16).zip(q.chunks_exact(16)).zip(scales(block)) {
             let dl = d * f32::from(sc);
             for (y, &q) in ys.iter_mut().zip(qs) {
                 *y = dl * f32::from(q);
@@ -78,9 +71,7 @@ pub(crate) fn vec_dot(w: &[u8], act: &[u8]) -> f32 {
         let sumi: i32 = scales(wb)
             .iter()
             .enumerate()
-            .map(|(s, &sc)| {
-                i32::from(sc) * dot_i8(&q[16 * s..16 * (s + 1)], &a[16 * s..16 * (s + 1)])
-            })
+            .map(|(s, &sc)| i32::from(sc) * dot_i8(&q[16 * s..16 * (s + 1)], &a[16 * s..16 * (s + 1)]))
             .sum();
         acc.add(b, (f16_at(wb, D) * q8_k::scale(ab)) * sumi as f32);
     }

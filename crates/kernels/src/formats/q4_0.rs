@@ -14,20 +14,13 @@ pub(crate) const BLOCK_BYTES: usize = 18;
 fn unpack(block: &[u8]) -> [i8; BLOCK_LEN] {
     let qs = &block[2..BLOCK_BYTES];
     std::array::from_fn(|i| {
-        let nibble = if i < 16 {
-            qs[i] & 0x0F
-        } else {
-            qs[i - 16] >> 4
-        };
+        let nibble = if i < 16 { qs[i] & 0x0F } else { qs[i - 16] >> 4 };
         nibble as i8 - 8
     })
 }
 
 pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (block, out) in src
-        .chunks_exact(BLOCK_BYTES)
-        .zip(dst.chunks_exact_mut(BLOCK_LEN))
-    {
+    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK_LEN)) {
         let d = f16_at(block, 0);
         for (y, q) in out.iter_mut().zip(unpack(block)) {
             *y = d * f32::from(q);

@@ -14,20 +14,11 @@ pub(crate) const BLOCK_BYTES: usize = 20;
 #[inline(always)]
 fn unpack(block: &[u8]) -> [i8; BLOCK_LEN] {
     let qs = &block[4..BLOCK_BYTES];
-    std::array::from_fn(|i| {
-        (if i < 16 {
-            qs[i] & 0x0F
-        } else {
-            qs[i - 16] >> 4
-        }) as i8
-    })
+    std::array::from_fn(|i| (if i < 16 { qs[i] & 0x0F } else { qs[i - 16] >> 4 }) as i8)
 }
 
 pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (block, out) in src
-        .chunks_exact(BLOCK_BYTES)
-        .zip(dst.chunks_exact_mut(BLOCK_LEN))
-    {
+    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK_LEN)) {
         let (d, m) = (f16_at(block, 0), f16_at(block, 2));
         for (y, q) in out.iter_mut().zip(unpack(block)) {
             *y = d * f32::from(q) + m;

@@ -41,10 +41,7 @@ fn unpack(block: &[u8]) -> [i8; QK_K] {
 }
 
 pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (block, out) in src
-        .chunks_exact(BLOCK_BYTES)
-        .zip(dst.chunks_exact_mut(BLOCK_LEN))
-    {
+    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK_LEN)) {
         let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
         let q = unpack(block);
         for (s, (ys, qs)) in out.chunks_exact_mut(32).zip(q.chunks_exact(32)).enumerate() {
@@ -116,11 +113,7 @@ mod tests {
             }
         }
         for s in 0..8 {
-            assert_eq!(
-                super::scale_min(&packed, s),
-                (sc[s], mn[s]),
-                "sub-block {s}"
-            );
+            assert_eq!(super::scale_min(&packed, s), (sc[s], mn[s]), "sub-block {s}");
         }
     }
 }

@@ -35,10 +35,7 @@ fn scale(block: &[u8], s: usize) -> i8 {
 }
 
 pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (block, out) in src
-        .chunks_exact(BLOCK_BYTES)
-        .zip(dst.chunks_exact_mut(BLOCK_LEN))
-    {
+    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK_LEN)) {
         let d = f16_at(block, D);
         let q = unpack(block);
         for (s, (ys, qs)) in out.chunks_exact_mut(16).zip(q.chunks_exact(16)).enumerate() {
@@ -62,9 +59,7 @@ pub(crate) fn vec_dot(w: &[u8], act: &[u8]) -> f32 {
         let q = unpack(wb);
         let a = q8_k::quants(ab);
         let sumi: i32 = (0..QK_K / 16)
-            .map(|s| {
-                i32::from(scale(wb, s)) * dot_i8(&q[16 * s..16 * (s + 1)], &a[16 * s..16 * (s + 1)])
-            })
+            .map(|s| i32::from(scale(wb, s)) * dot_i8(&q[16 * s..16 * (s + 1)], &a[16 * s..16 * (s + 1)]))
             .sum();
         acc.add(b, (f16_at(wb, D) * q8_k::scale(ab)) * sumi as f32);
     }

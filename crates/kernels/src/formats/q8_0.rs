@@ -22,10 +22,7 @@ pub(crate) fn quants(block: &[u8]) -> &[u8] {
 }
 
 pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (block, out) in src
-        .chunks_exact(BLOCK_BYTES)
-        .zip(dst.chunks_exact_mut(BLOCK_LEN))
-    {
+    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK_LEN)) {
         let d = scale(block);
         for (y, &q) in out.iter_mut().zip(quants(block)) {
             *y = f32::from(q as i8) * d;
@@ -37,10 +34,7 @@ pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
 /// `roundf`'s rounding (half away from zero, Rust's `f32::round`); `d` is stored rounded to f16 (nearest
 /// even) while the quants were computed with the unrounded `d`, exactly as the reference does.
 pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
-    for (x, block) in src
-        .chunks_exact(BLOCK_LEN)
-        .zip(dst.chunks_exact_mut(BLOCK_BYTES))
-    {
+    for (x, block) in src.chunks_exact(BLOCK_LEN).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
         let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };

@@ -29,10 +29,7 @@ pub(crate) fn quants(block: &[u8]) -> &[u8] {
 }
 
 pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (block, out) in src
-        .chunks_exact(BLOCK_BYTES)
-        .zip(dst.chunks_exact_mut(BLOCK_LEN))
-    {
+    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK_LEN)) {
         let d = scale(block);
         for (y, &q) in out.iter_mut().zip(quants(block)) {
             *y = f32::from(q as i8) * d;
@@ -43,10 +40,7 @@ pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
 /// llama.cpp's `quantize_row_q8_1_ref`: quants as Q8_0 (`d = amax / 127`, `roundf`, half away from
 /// zero), and `s = f16(f32(Σ qs) · d)` with the unrounded f32 `d`.
 pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
-    for (x, block) in src
-        .chunks_exact(BLOCK_LEN)
-        .zip(dst.chunks_exact_mut(BLOCK_BYTES))
-    {
+    for (x, block) in src.chunks_exact(BLOCK_LEN).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
         let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };

@@ -30,10 +30,7 @@ pub(crate) fn bsum(block: &[u8], j: usize) -> i32 {
 }
 
 pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (block, out) in src
-        .chunks_exact(BLOCK_BYTES)
-        .zip(dst.chunks_exact_mut(BLOCK_LEN))
-    {
+    for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK_LEN)) {
         let d = scale(block);
         for (y, &q) in out.iter_mut().zip(quants(block)) {
             *y = d * f32::from(q as i8);
@@ -46,10 +43,7 @@ pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
 /// even (ggml's magic-number trick, Rust's `round_ties_even`), `d = 1 / iscale` stored as f32. An
 /// all-zero block gets `d = 0` and zero quants.
 pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
-    for (x, block) in src
-        .chunks_exact(BLOCK_LEN)
-        .zip(dst.chunks_exact_mut(BLOCK_BYTES))
-    {
+    for (x, block) in src.chunks_exact(BLOCK_LEN).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
         let (mut amax, mut max) = (0f32, 0f32);
         for &v in x {
             if v.abs() > amax {

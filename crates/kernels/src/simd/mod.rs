@@ -77,8 +77,7 @@ impl Isa {
             }
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => {
-                std::arch::is_aarch64_feature_detected!("neon")
-                    && std::arch::is_aarch64_feature_detected!("dotprod")
+                std::arch::is_aarch64_feature_detected!("neon") && std::arch::is_aarch64_feature_detected!("dotprod")
             }
             _ => false,
         }
@@ -194,9 +193,7 @@ impl DotKernel {
             self.max_rows
         );
         assert!(
-            row_bytes > 0
-                && w.len().is_multiple_of(row_bytes)
-                && out.len() == w.len() / row_bytes * acts.len(),
+            row_bytes > 0 && w.len().is_multiple_of(row_bytes) && out.len() == w.len() / row_bytes * acts.len(),
             "dot kernel: weights must be whole rows and out one value per (weight row, activation row)"
         );
         // SAFETY: `dot_kernel` only stores an ISA-specific function after `Isa::is_available`
@@ -319,7 +316,10 @@ pub(crate) fn elementwise_kernel(isa: Isa) -> ElementwiseKernel {
         return x86::elementwise_kernel();
     }
     let _ = isa;
-    ElementwiseKernel { silu_mul: crate::activation::silu_mul_scalar, exp: crate::activation::exp_scalar }
+    ElementwiseKernel {
+        silu_mul: crate::activation::silu_mul_scalar,
+        exp: crate::activation::exp_scalar,
+    }
 }
 
 /// `Σ a[i] · b[i]` over the shorter length, in `Lanes8`'s order.
@@ -366,7 +366,11 @@ pub(crate) fn float_kernel(isa: Isa) -> FloatKernel {
     }
     let _ = isa;
     use crate::float_dot::{add_scaled_scalar, delta_rule_rows_scalar, dot_scalar};
-    FloatKernel { dot: dot_scalar, add_scaled: add_scaled_scalar, delta_rule_rows: delta_rule_rows_scalar }
+    FloatKernel {
+        dot: dot_scalar,
+        add_scaled: add_scaled_scalar,
+        delta_rule_rows: delta_rule_rows_scalar,
+    }
 }
 
 /// The scalar twin of the regrouped-weight kernels: each group is restored to its plain blocks, and
@@ -418,8 +422,7 @@ fn scalar_regrouped_rows(ty: GgmlType) -> DotFn {
 /// The scalar twin of every dot kernel: one `vec_dot` per activation row.
 fn scalar_dot_rows(ty: GgmlType) -> DotFn {
     use crate::formats::{
-        bf16, fp16, fp32, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1,
-        q8_k,
+        bf16, fp16, fp32, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,
     };
     macro_rules! rows {
         ($m:ident) => {{

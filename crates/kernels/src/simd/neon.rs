@@ -225,11 +225,7 @@ unsafe fn transpose_words(x: [uint8x16_t; 4]) -> [int8x16_t; 4] {
 /// `stride` apart from `w`; half 0 is blocks 0..4, half 1 blocks 4..8).
 #[inline(always)]
 unsafe fn transpose_quads(w: *const u8, stride: usize, at: usize) -> [[int8x16_t; 2]; 4] {
-    let half = |h: usize| {
-        transpose_words(array::from_fn(|k| {
-            vld1q_u8(w.add((4 * h + k) * stride + at))
-        }))
-    };
+    let half = |h: usize| transpose_words(array::from_fn(|k| vld1q_u8(w.add((4 * h + k) * stride + at))));
     let (lo, hi) = (half(0), half(1));
     array::from_fn(|m| [lo[m], hi[m]])
 }
@@ -283,10 +279,7 @@ impl Grouped for Q8_0 {
     #[inline(always)]
     unsafe fn prep(w: *const u8) -> [[int8x16_t; 2]; 8] {
         // Half h of a block (bytes 2 + 16h ..) gives registers 2m + h.
-        let halves = [
-            transpose_quads(w, Self::BYTES, 2),
-            transpose_quads(w, Self::BYTES, 18),
-        ];
+        let halves = [transpose_quads(w, Self::BYTES, 2), transpose_quads(w, Self::BYTES, 18)];
         array::from_fn(|j| halves[j % 2][j / 2])
     }
 
@@ -306,15 +299,11 @@ impl Grouped for Q5_0 {
         let quads = transpose_quads(w, Self::BYTES, 6);
         // Half h: blocks 4h..4h + 4's qh, one per 32-bit lane.
         let qh: [uint8x16_t; 2] = array::from_fn(|h| {
-            let v: [u32; 4] = array::from_fn(|k| {
-                (w.add((4 * h + k) * Self::BYTES + 2) as *const u32).read_unaligned()
-            });
+            let v: [u32; 4] = array::from_fn(|k| (w.add((4 * h + k) * Self::BYTES + 2) as *const u32).read_unaligned());
             vreinterpretq_u8_u32(vld1q_u32(v.as_ptr()))
         });
         // Offsets of each 32-bit lane's first byte, for `tbl`.
-        let lane_bytes = vreinterpretq_u8_u32(vld1q_u32(
-            [0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C].as_ptr(),
-        ));
+        let lane_bytes = vreinterpretq_u8_u32(vld1q_u32([0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C].as_ptr()));
         let (m4, sixteen, ten) = (vdupq_n_u8(0x0F), vdupq_n_s8(16), vdupq_n_u8(0x10));
         array::from_fn(|j| {
             let (m, h) = (j / 2, j % 2);
@@ -325,11 +314,7 @@ impl Grouped for Q5_0 {
             let bit = vreinterpretq_u8_u32(vdupq_n_u32(0x0804_0201 << (4 * (m % 2))));
             array::from_fn(|half| {
                 let q = vreinterpretq_u8_s8(quads[m][half]);
-                let nibbles = if h == 0 {
-                    vandq_u8(q, m4)
-                } else {
-                    vshrq_n_u8::<4>(q)
-                };
+                let nibbles = if h == 0 { vandq_u8(q, m4) } else { vshrq_n_u8::<4>(q) };
                 let fifth = vandq_u8(vtstq_u8(vqtbl1q_u8(qh[half], pick), bit), ten);
                 vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(nibbles, fifth)), sixteen)
             })
@@ -371,9 +356,7 @@ impl Grouped for Mxfp4 {
         // on each lane: `(e - 1) << 23`, or `0x0020_0000 << e` for the subnormals e < 2 (`ushl`
         // takes the low byte of `e` as a signed count, so lanes with larger `e` shift elsewhere and
         // are not selected).
-        let e = (0..8).fold(0u64, |acc, k| {
-            acc | u64::from(*w.add(k * Self::BYTES)) << (8 * k)
-        });
+        let e = (0..8).fold(0u64, |acc, k| acc | u64::from(*w.add(k * Self::BYTES)) << (8 * k));
         let e = vmovl_u8(vcreate_u8(e));
         let (one, two) = (vdupq_n_u32(1), vdupq_n_u32(2));
         let scale = |e: uint32x4_t| {
@@ -388,11 +371,7 @@ impl Grouped for Mxfp4 {
 /// One group: block `k`'s term `(d_w · d_a) · f32(sumi)` is added to lane `k` of each row's
 /// accumulators (groups start at multiples of 8 blocks, so lane `k` is lane `block % 8`).
 #[inline(always)]
-unsafe fn grouped_step<K: Grouped, const R: usize>(
-    w: *const u8,
-    a: [*const u8; R],
-    acc: &mut [[float32x4_t; 2]; R],
-) {
+unsafe fn grouped_step<K: Grouped, const R: usize>(w: *const u8, a: [*const u8; R], acc: &mut [[float32x4_t; 2]; R]) {
     let p = K::prep(w);
     let d_w = K::scales(w);
     for (acc, a) in acc.iter_mut().zip(a) {
@@ -523,11 +502,7 @@ impl Offset32 for Q5_1 {
 /// Eight blocks: block `k`'s term `(d_w · d_a) · f32(sumi) + m_w · s_a` is added to lane `k` of each
 /// row's accumulators (the eight start at a multiple of 8 blocks, so lane `k` is lane `block % 8`).
 #[inline(always)]
-unsafe fn offset32_step<K: Offset32, const R: usize>(
-    w: *const u8,
-    a: [*const u8; R],
-    acc: &mut [[float32x4_t; 2]; R],
-) {
+unsafe fn offset32_step<K: Offset32, const R: usize>(w: *const u8, a: [*const u8; R], acc: &mut [[float32x4_t; 2]; R]) {
     const AB: usize = q8_1::BLOCK_BYTES;
     let q: [[int8x16_t; 2]; 8] = array::from_fn(|k| K::quants(w.add(k * K::BYTES)));
     let (d_w, m_w) = (f16x8(w, K::BYTES), f16x8(w.add(2), K::BYTES));
@@ -535,16 +510,11 @@ unsafe fn offset32_step<K: Offset32, const R: usize>(
     for (acc, a) in acc.iter_mut().zip(a) {
         let s: [int32x4_t; 8] = array::from_fn(|k| {
             let aq = a.add(k * AB + 4);
-            sdot(
-                sdot(zero, q[k][0], load_s8(aq)),
-                q[k][1],
-                load_s8(aq.add(16)),
-            )
+            sdot(sdot(zero, q[k][0], load_s8(aq)), q[k][1], load_s8(aq.add(16)))
         });
         // Lane j of `vpaddq(x, y)`: x's lanes 2j, 2j + 1 (j < 2), then y's: two rounds leave block
         // k's sum in lane k % 4.
-        let sums =
-            [0, 4].map(|h| vpaddq_s32(vpaddq_s32(s[h], s[h + 1]), vpaddq_s32(s[h + 2], s[h + 3])));
+        let sums = [0, 4].map(|h| vpaddq_s32(vpaddq_s32(s[h], s[h + 1]), vpaddq_s32(s[h + 2], s[h + 3])));
         let (d_a, s_a) = (f16x8(a, AB), f16x8(a.add(2), AB));
         for h in 0..2 {
             let scaled = vmulq_f32(vmulq_f32(d_w[h], d_a[h]), vcvtq_f32_s32(sums[h]));
@@ -618,10 +588,7 @@ fn scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
         ((u2 >> 4) & low4) | (((u1 >> 6) & top2) << 4), // mins 4..8
     ];
     let bytes: [u8; 16] = array::from_fn(|i| words[i / 4].to_le_bytes()[i % 4]);
-    (
-        array::from_fn(|s| bytes[s]),
-        array::from_fn(|s| bytes[8 + s]),
-    )
+    (array::from_fn(|s| bytes[s]), array::from_fn(|s| bytes[8 + s]))
 }
 
 /// `Σ_s min_s · (bsums_2s + bsums_2s+1)` for Q4_K/Q5_K, `mins` holding min_s in i16 lane s.
@@ -642,11 +609,7 @@ unsafe fn mins_dot(ab: *const u8, mins: int16x8_t) -> i32 {
 
 /// Q4_K and Q5_K share scales, mins and the float formula; they differ in Q5_K's fifth bits.
 #[inline(always)]
-unsafe fn q45_k_rows<const R: usize, const BYTES: usize, const Q5: bool>(
-    w: &[u8],
-    acts: [&[u8]; R],
-    out: &mut [f32],
-) {
+unsafe fn q45_k_rows<const R: usize, const BYTES: usize, const Q5: bool>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
     const AB: usize = q8_k::BLOCK_BYTES;
     let nb = w.len() / BYTES;
     for a in acts {
@@ -682,21 +645,14 @@ unsafe fn q45_k_rows<const R: usize, const BYTES: usize, const Q5: bool>(
                     qh[h] = vshrq_n_u8::<2>(qh[h]);
                 }
             }
-            let (lo, hi) = (
-                lo.map(|v| vreinterpretq_s8_u8(v)),
-                hi.map(|v| vreinterpretq_s8_u8(v)),
-            );
+            let (lo, hi) = (lo.map(|v| vreinterpretq_s8_u8(v)), hi.map(|v| vreinterpretq_s8_u8(v)));
             let (s0, s1) = (i32::from(scales[2 * j]), i32::from(scales[2 * j + 1]));
             for r in 0..R {
                 // Quants <= 31, |a| <= 128: a lane of one sub-block <= 8 · 3968; times a 6-bit
                 // scale, far inside i32.
                 let aq = a[r].add(Q8K_QS + 64 * j);
                 let sub0 = sdot(sdot(zero, lo[0], load_s8(aq)), lo[1], load_s8(aq.add(16)));
-                let sub1 = sdot(
-                    sdot(zero, hi[0], load_s8(aq.add(32))),
-                    hi[1],
-                    load_s8(aq.add(48)),
-                );
+                let sub1 = sdot(sdot(zero, hi[0], load_s8(aq.add(32))), hi[1], load_s8(aq.add(48)));
                 acc[r] = vmlaq_n_s32(acc[r], sub0, s0);
                 acc[r] = vmlaq_n_s32(acc[r], sub1, s1);
             }
@@ -1033,9 +989,7 @@ unsafe fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
         block[..2].copy_from_slice(&f16_bytes(d));
         for h in 0..2 {
             // `fcvtas`: round half away from zero (`f32::round`), saturating, NaN to 0.
-            let q = to_i8x16(array::from_fn(|k| {
-                vcvtaq_s32_f32(vmulq_n_f32(v[4 * h + k], id))
-            }));
+            let q = to_i8x16(array::from_fn(|k| vcvtaq_s32_f32(vmulq_n_f32(v[4 * h + k], id))));
             vst1q_s8(block.as_mut_ptr().add(2 + 16 * h) as *mut i8, q);
         }
     }
@@ -1063,9 +1017,7 @@ unsafe fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
         let iscale = -127.0 / x[first];
         for c in 0..16 {
             // `fcvtns`: round half to even (`round_ties_even`), saturating, NaN to 0.
-            let q = to_i8x16(array::from_fn(|k| {
-                vcvtnq_s32_f32(vmulq_n_f32(v[4 * c + k], iscale))
-            }));
+            let q = to_i8x16(array::from_fn(|k| vcvtnq_s32_f32(vmulq_n_f32(v[4 * c + k], iscale))));
             vst1q_s8(block.as_mut_ptr().add(Q8K_QS + 16 * c) as *mut i8, q);
             // Sixteen quants sum to at most 16 · 128 in magnitude: exact in i16.
             let sum = vaddlvq_s8(q);

@@ -7,10 +7,7 @@ use crate::testutil::{f16_scale_fields, random_row, Rng};
 
 /// The SIMD ISAs available here (the tests pass vacuously on a CPU with none).
 fn simd_isas() -> Vec<Isa> {
-    available_isas()
-        .into_iter()
-        .filter(|&i| i != Isa::Scalar)
-        .collect()
+    available_isas().into_iter().filter(|&i| i != Isa::Scalar).collect()
 }
 
 #[test]
@@ -34,7 +31,11 @@ fn required_isas_are_available() {
             available_isas()
         );
         // Its own kernels, not the scalar fallback, are what the tests below compare with scalar.
-        assert_eq!(dot_kernel(isa, GgmlType::Q8_0, WeightLayout::Plain).isa, isa, "{isa} Q8_0 kernel");
+        assert_eq!(
+            dot_kernel(isa, GgmlType::Q8_0, WeightLayout::Plain).isa,
+            isa,
+            "{isa} Q8_0 kernel"
+        );
     }
 }
 
@@ -231,8 +232,10 @@ fn mxfp4_kernels_match_scalar_for_every_exponent() {
         for rows in 1..=kernel.max_rows {
             let mut got = vec![0f32; W_ROWS * rows];
             kernel.run(&w, row_bytes, &act_refs[..rows], &mut got);
-            let want: Vec<f32> =
-                expected.chunks_exact(MAX_ROWS).flat_map(|r| r[..rows].to_vec()).collect();
+            let want: Vec<f32> = expected
+                .chunks_exact(MAX_ROWS)
+                .flat_map(|r| r[..rows].to_vec())
+                .collect();
             assert_eq!(bits(&got), bits(&want), "{isa}, {rows} rows");
         }
     }
@@ -268,7 +271,10 @@ fn regrouped_weights_give_the_plain_scalar_bits_on_every_isa() {
                 for rows in 1..=kernel.max_rows {
                     let mut got = vec![0f32; W_ROWS * rows];
                     kernel.run(&regrouped, row_bytes, &act_refs[..rows], &mut got);
-                    let want: Vec<f32> = expected.chunks_exact(MAX_ROWS).flat_map(|r| r[..rows].to_vec()).collect();
+                    let want: Vec<f32> = expected
+                        .chunks_exact(MAX_ROWS)
+                        .flat_map(|r| r[..rows].to_vec())
+                        .collect();
                     assert_eq!(bits(&got), bits(&want), "{isa} {ty}, {n} columns, {rows} rows");
                 }
             }
@@ -294,7 +300,11 @@ fn matmul_of_regrouped_weights_equals_plain_on_every_isa() {
                     let mut some = Activations::new();
                     some.gather_from(&acts, &(0..n_act).collect::<Vec<_>>());
                     let expected = matmul_on(Isa::Scalar, &plain, &some);
-                    assert_eq!(bits(&matmul_on(isa, &w, &some)), bits(&expected), "{isa} {ty}, {cols} columns, {n_act} rows");
+                    assert_eq!(
+                        bits(&matmul_on(isa, &w, &some)),
+                        bits(&expected),
+                        "{isa} {ty}, {cols} columns, {n_act} rows"
+                    );
                 }
             }
         }
@@ -305,8 +315,14 @@ fn matmul_of_regrouped_weights_equals_plain_on_every_isa() {
 fn q4_0_and_q8_0_rows_of_a_group_or_more_are_regrouped() {
     let src = vec![0u8; 18 * 9];
     let mut dst = vec![0u8; 18 * 9];
-    assert!(!regroup_weights(GgmlType::Q4_0, 128, &src[..72], &mut dst[..72]), "4 blocks: not a whole group");
-    assert!(regroup_weights(GgmlType::Q4_0, 288, &src, &mut dst), "a group and a plain block");
+    assert!(
+        !regroup_weights(GgmlType::Q4_0, 128, &src[..72], &mut dst[..72]),
+        "4 blocks: not a whole group"
+    );
+    assert!(
+        regroup_weights(GgmlType::Q4_0, 288, &src, &mut dst),
+        "a group and a plain block"
+    );
     let (src, dst) = (&src[..18 * 8], &mut dst[..18 * 8]);
     assert!(!regroup_weights(GgmlType::Q4_1, 256, src, dst));
     assert!(!regroup_weights(GgmlType::Q4_0, 256, src, &mut dst[..100]));
@@ -316,12 +332,7 @@ fn q4_0_and_q8_0_rows_of_a_group_or_more_are_regrouped() {
 #[test]
 fn every_quantiser_matches_scalar_bytes() {
     for isa in simd_isas() {
-        for act_ty in [
-            GgmlType::F32,
-            GgmlType::Q8_0,
-            GgmlType::Q8_1,
-            GgmlType::Q8_K,
-        ] {
+        for act_ty in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K] {
             let mut rng = Rng::new(77 + isa as u64);
             for blocks in [1, 2, 3, 8, 13] {
                 let n = blocks * QK_K;
@@ -367,17 +378,9 @@ fn quantisers_round_exact_ties_like_scalar() {
 }
 
 /// A random weight matrix of `rows` rows and `n_act` quantised activation rows.
-fn problem(
-    ty: GgmlType,
-    rows: usize,
-    cols: usize,
-    n_act: usize,
-    seed: u64,
-) -> (Vec<u8>, Activations) {
+fn problem(ty: GgmlType, rows: usize, cols: usize, n_act: usize, seed: u64) -> (Vec<u8>, Activations) {
     let mut rng = Rng::new(seed);
-    let w: Vec<u8> = (0..rows)
-        .flat_map(|_| weights(ty, cols, &mut rng))
-        .collect();
+    let w: Vec<u8> = (0..rows).flat_map(|_| weights(ty, cols, &mut rng)).collect();
     let x: Vec<f32> = (0..n_act)
         .flat_map(|i| activations(cols, &mut rng, u8::from(i == 6)))
         .collect();
@@ -416,7 +419,12 @@ fn matmul_on_every_isa_equals_scalar_vec_dot_for_one_to_seventeen_rows() {
                 for i in 0..n_act {
                     for r in 0..rows {
                         let mut e = [0f32];
-                        dot_kernel(Isa::Scalar, ty, WeightLayout::Plain).run(w.row(r), w.row_bytes(), &[acts.row(i)], &mut e);
+                        dot_kernel(Isa::Scalar, ty, WeightLayout::Plain).run(
+                            w.row(r),
+                            w.row_bytes(),
+                            &[acts.row(i)],
+                            &mut e,
+                        );
                         assert_eq!(
                             out[i * rows + r].to_bits(),
                             e[0].to_bits(),
@@ -470,12 +478,7 @@ fn matmul_many_equals_separate_matmuls() {
 
 #[test]
 fn matmul_bits_do_not_depend_on_thread_count_on_any_isa() {
-    let pool = |n| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build()
-            .unwrap()
-    };
+    let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
     let (one, two) = (pool(1), pool(2));
     for isa in available_isas() {
         for ty in [
@@ -551,12 +554,31 @@ fn gathering_a_missing_row_panics() {
 /// Inputs at every threshold of `expf`'s branches (a few ulps either side, both signs), the special
 /// values, and a sweep over every 97th bit pattern (44 million values: every exponent, sign and range).
 fn exp_inputs() -> Vec<f32> {
-    let thresholds = [0x3900_0000u32, 0x3eb1_7218, 0x3f85_1592, 0x42ae_ac50, 0x42b1_7218, 0x42cf_f1b5, 0x7f80_0000];
+    let thresholds = [
+        0x3900_0000u32,
+        0x3eb1_7218,
+        0x3f85_1592,
+        0x42ae_ac50,
+        0x42b1_7218,
+        0x42cf_f1b5,
+        0x7f80_0000,
+    ];
     let mut x: Vec<f32> = thresholds
         .iter()
         .flat_map(|&t| (t - 3..=t + 3).flat_map(|b| [f32::from_bits(b), -f32::from_bits(b)]))
         .collect();
-    x.extend([0.0, -0.0, 1.0, -1.0, f32::MIN_POSITIVE, 1e-45, f32::MAX, f32::MIN, f32::NAN, -f32::NAN]);
+    x.extend([
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        f32::MIN_POSITIVE,
+        1e-45,
+        f32::MAX,
+        f32::MIN,
+        f32::NAN,
+        -f32::NAN,
+    ]);
     x.extend((0..=u32::MAX / 97).map(|i| f32::from_bits(i * 97)));
     x
 }
@@ -569,8 +591,19 @@ fn exp_matches_libm_bit_for_bit_on_every_isa() {
     for isa in simd_isas() {
         let mut got = x.clone();
         crate::activation::exp_in_place_on(isa, &mut got);
-        let bad = got.iter().zip(&expected).zip(&x).find(|((g, e), _)| g.to_bits() != e.to_bits());
-        assert!(bad.is_none(), "{isa}: exp({:e} = {:#x}) gives {:e}, libm {:e}", bad.unwrap().1, bad.unwrap().1.to_bits(), bad.unwrap().0 .0, bad.unwrap().0 .1);
+        let bad = got
+            .iter()
+            .zip(&expected)
+            .zip(&x)
+            .find(|((g, e), _)| g.to_bits() != e.to_bits());
+        assert!(
+            bad.is_none(),
+            "{isa}: exp({:e} = {:#x}) gives {:e}, libm {:e}",
+            bad.unwrap().1,
+            bad.unwrap().1.to_bits(),
+            bad.unwrap().0 .0,
+            bad.unwrap().0 .1
+        );
     }
 }
 
@@ -578,7 +611,11 @@ fn exp_matches_libm_bit_for_bit_on_every_isa() {
 fn silu_in_place_matches_scalar_silu_on_every_isa() {
     let mut rng = Rng::new(19);
     // Lengths around the 8 lanes and the 64-element chunks, inputs over exp's whole range.
-    let x: Vec<f32> = exp_inputs().into_iter().step_by(997).chain((0..3000).map(|_| rng.normal() * 30.0)).collect();
+    let x: Vec<f32> = exp_inputs()
+        .into_iter()
+        .step_by(997)
+        .chain((0..3000).map(|_| rng.normal() * 30.0))
+        .collect();
     for len in [0, 1, 7, 8, 9, 63, 64, 65, 1000, x.len()] {
         let expected: Vec<f32> = x[..len].iter().map(|&v| crate::activation::silu(v)).collect();
         for isa in std::iter::once(Isa::Scalar).chain(simd_isas()) {
@@ -593,7 +630,11 @@ fn silu_in_place_matches_scalar_silu_on_every_isa() {
 fn silu_mul_matches_scalar_on_every_isa() {
     let mut rng = Rng::new(17);
     // Lengths around the 8 lanes, and gates over exp's whole range (its special values included).
-    let gates: Vec<f32> = exp_inputs().into_iter().step_by(1001).chain((0..3000).map(|_| rng.normal() * 30.0)).collect();
+    let gates: Vec<f32> = exp_inputs()
+        .into_iter()
+        .step_by(1001)
+        .chain((0..3000).map(|_| rng.normal() * 30.0))
+        .collect();
     for len in [0, 1, 7, 8, 9, 1000, gates.len()] {
         let up: Vec<f32> = (0..len).map(|_| rng.normal()).collect();
         let mut expected = gates[..len].to_vec();

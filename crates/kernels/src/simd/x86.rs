@@ -30,9 +30,9 @@ use std::arch::x86_64::*;
 use std::array;
 
 use super::{ActLayout, DotFn, DotKernel, Isa, QuantFn, MAX_ROWS};
-use crate::WeightLayout;
 use crate::accum::Lanes8;
 use crate::formats::{f16_at, f16_bytes, mxfp4, q3_k, q8_0, q8_1, q8_k};
+use crate::WeightLayout;
 use crate::{grouped, GgmlType};
 
 /// The dot-product kernel for `ty` on `isa`, if there is a SIMD one. The caller checks the CPU.
@@ -343,10 +343,7 @@ unsafe fn transpose_quads(w: *const u8, stride: usize, at: usize) -> [__m256i; 4
 #[inline(always)]
 unsafe fn offset_dot<D: IntDot, const SHIFT: i32, const RUN: usize>(u: &[__m256i; 8], a: *const u8) -> __m256i {
     // |Σa| <= 32 · 128, so even 128 · Σa is far inside i32.
-    let acc = _mm256_sub_epi32(
-        _mm256_setzero_si256(),
-        _mm256_slli_epi32::<SHIFT>(load(a.add(32))),
-    );
+    let acc = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<SHIFT>(load(a.add(32))));
     let mut s = [_mm256_setzero_si256(); 8];
     for (j, s) in s.iter_mut().enumerate() {
         *s = load(a.add(grouped::QUANTS_AT + 32 * j));
@@ -406,10 +403,7 @@ impl Grouped for Q8_0 {
         let mut q: [__m256i; 8] = if REGROUPED {
             array::from_fn(|j| load(w.add(grouped::WEIGHT_SCALES_BYTES + 32 * j)))
         } else {
-            let halves = [
-                transpose_quads(w, Self::BYTES, 2),
-                transpose_quads(w, Self::BYTES, 18),
-            ];
+            let halves = [transpose_quads(w, Self::BYTES, 2), transpose_quads(w, Self::BYTES, 18)];
             array::from_fn(|j| halves[j % 2][j / 2])
         };
         // A loop, not `array::map`: its closure is not always inlined, and an intrinsic left in a
@@ -468,8 +462,7 @@ impl Grouped for Q5_0 {
             qh_of(7),
         );
         // Offsets of each 32-bit lane's first byte within its 128-bit half, for `shuffle_epi8`.
-        let lane_bytes =
-            _mm256_broadcastsi128_si256(_mm_setr_epi32(0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C));
+        let lane_bytes = _mm256_broadcastsi128_si256(_mm_setr_epi32(0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C));
         let m4 = _mm256_set1_epi8(0x0F);
         // A loop, not `array::from_fn`: a closure this size is not inlined, and its intrinsics would
         // then be calls (measured: decode as slow as scalar).
@@ -485,10 +478,7 @@ impl Grouped for Q5_0 {
             // Register j holds elements 16h + 4m + t (t = 0..4) of each block, whose fifth bits are
             // bits 4(m % 2) + t of qh's byte 2h + m / 2: that byte goes to all four bytes of the
             // lane, and byte t keeps its bit.
-            let spread = _mm256_shuffle_epi8(
-                qh,
-                _mm256_add_epi8(lane_bytes, _mm256_set1_epi8((2 * h + m / 2) as i8)),
-            );
+            let spread = _mm256_shuffle_epi8(qh, _mm256_add_epi8(lane_bytes, _mm256_set1_epi8((2 * h + m / 2) as i8)));
             let bit = _mm256_set1_epi32(0x0804_0201 << (4 * (m % 2)));
             let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
             *u = _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
@@ -530,8 +520,7 @@ impl Grouped for Mxfp4 {
     unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8) -> Self::Prep {
         // Always plain blocks: MXFP4 rows are never regrouped (`grouped::weights_regroupable`).
         let quads = transpose_quads(w, Self::BYTES, 1);
-        let table =
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(MXFP4_UNSIGNED.as_ptr() as *const __m128i));
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(MXFP4_UNSIGNED.as_ptr() as *const __m128i));
         let m4 = _mm256_set1_epi8(0x0F);
         array::from_fn(|j| {
             let q = quads[j / 2];
@@ -548,9 +537,7 @@ impl Grouped for Mxfp4 {
     unsafe fn scales(w: *const u8) -> __m256 {
         // The exponent bytes, 17 apart, packed by scalar loads as in `f16x8`, then `mxfp4::scale`
         // on each lane: `(e - 1) << 23`, or `0x0020_0000 << e` for the subnormals e < 2.
-        let e = (0..8).fold(0u64, |acc, k| {
-            acc | u64::from(*w.add(k * Self::BYTES)) << (8 * k)
-        });
+        let e = (0..8).fold(0u64, |acc, k| acc | u64::from(*w.add(k * Self::BYTES)) << (8 * k));
         let e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e as i64));
         let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
         let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
@@ -692,10 +679,7 @@ trait Offset32 {
 unsafe fn nibbles(qs: *const u8) -> __m256i {
     let q = _mm_loadu_si128(qs as *const __m128i);
     let m4 = _mm_set1_epi8(0x0F);
-    _mm256_setr_m128i(
-        _mm_and_si128(q, m4),
-        _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
-    )
+    _mm256_setr_m128i(_mm_and_si128(q, m4), _mm_and_si128(_mm_srli_epi16::<4>(q), m4))
 }
 
 /// Bit `i` of the u32 at `p` as 0x10 in byte `i`: the fifth bits of 32 Q5_1 elements.
@@ -705,12 +689,7 @@ unsafe fn fifth_bits(p: *const u8) -> __m256i {
     // Byte i takes byte i / 8 of `qh` (every 32-bit lane holds all four), then tests bit i % 8.
     let spread = _mm256_shuffle_epi8(
         qh,
-        _mm256_set_epi64x(
-            0x0303_0303_0303_0303,
-            0x0202_0202_0202_0202,
-            0x0101_0101_0101_0101,
-            0,
-        ),
+        _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
     );
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
@@ -781,11 +760,7 @@ unsafe fn offset32_step<D: IntDot, K: Offset32, const R: usize>(
 }
 
 #[inline(always)]
-unsafe fn offset32_rows<D: IntDot, K: Offset32, const R: usize>(
-    w: &[u8],
-    acts: [&[u8]; R],
-    out: &mut [f32],
-) {
+unsafe fn offset32_rows<D: IntDot, K: Offset32, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
     const AB: usize = q8_1::BLOCK_BYTES;
     let nb = w.len() / K::BYTES;
     for a in acts {
@@ -839,10 +814,7 @@ const Q8K_BSUMS: usize = 4 + 256;
 unsafe fn mins_dot(ab: *const u8, mins: __m128i) -> i32 {
     let bsums = load(ab.add(Q8K_BSUMS));
     // |bsum| <= 16 · 128, so pair sums fit in i16.
-    let pairs = _mm_hadd_epi16(
-        _mm256_castsi256_si128(bsums),
-        _mm256_extracti128_si256::<1>(bsums),
-    );
+    let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256::<1>(bsums));
     let s = _mm_madd_epi16(pairs, mins);
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
@@ -861,14 +833,7 @@ unsafe fn lane_pick(lo: usize, hi: usize) -> __m256i {
 /// ggml's x86 kernels do; equal to [`crate::formats::q4_k::scale_min`] for each sub-block.
 #[inline(always)]
 unsafe fn scales_mins(packed: &[u8]) -> (__m128i, __m128i) {
-    let u = |i: usize| {
-        u32::from_le_bytes([
-            packed[4 * i],
-            packed[4 * i + 1],
-            packed[4 * i + 2],
-            packed[4 * i + 3],
-        ])
-    };
+    let u = |i: usize| u32::from_le_bytes([packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]]);
     let (u0, u1, u2) = (u(0), u(1), u(2));
     let (low6, low4, top2) = (0x3F3F_3F3F, 0x0F0F_0F0F, 0x0303_0303);
     let bytes = _mm_setr_epi32(
@@ -1122,8 +1087,7 @@ unsafe fn q3_k_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: 
             for j in 0..4 {
                 // Element 128n + 32j + l: bits 2j.. of qs[32n + l], plus 4 where bit 4n + j of
                 // hmask[l] is set (shifts are per 16-bit lane; the masks keep each byte's bits).
-                let low =
-                    _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)), m3);
+                let low = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)), m3);
                 let bit = _mm256_set1_epi8(1 << (4 * n + j));
                 let high = _mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit);
                 let u = _mm256_or_si256(low, _mm256_and_si256(high, four));
@@ -1274,16 +1238,10 @@ unsafe fn abs_max(v: &[__m256]) -> f32 {
 unsafe fn to_i8x32(r: [__m256; 4]) -> __m256i {
     let i: [__m256i; 4] = array::from_fn(|k| {
         let x = _mm256_and_ps(r[k], _mm256_cmp_ps::<_CMP_ORD_Q>(r[k], r[k]));
-        let x = _mm256_min_ps(
-            _mm256_max_ps(x, _mm256_set1_ps(-128.0)),
-            _mm256_set1_ps(127.0),
-        );
+        let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-128.0)), _mm256_set1_ps(127.0));
         _mm256_cvttps_epi32(x)
     });
-    let packed = _mm256_packs_epi16(
-        _mm256_packs_epi32(i[0], i[1]),
-        _mm256_packs_epi32(i[2], i[3]),
-    );
+    let packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
     // packs works within 128-bit halves; this restores element order.
     _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
@@ -1346,10 +1304,7 @@ unsafe fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
         let is = _mm256_set1_ps(iscale);
         for c in 0..8 {
             let r = array::from_fn(|k| {
-                _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-                    is,
-                    v[4 * c + k],
-                ))
+                _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(is, v[4 * c + k]))
             });
             let q = to_i8x32(r);
             _mm256_storeu_si256(block.as_mut_ptr().add(4 + 32 * c) as *mut __m256i, q);
@@ -1372,7 +1327,10 @@ unsafe fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
 
 /// The element-wise kernels. Float work only, so AVX-512 runs them too.
 pub(super) fn elementwise_kernel() -> super::ElementwiseKernel {
-    super::ElementwiseKernel { silu_mul: silu_mul_avx2, exp: exp_avx2 }
+    super::ElementwiseKernel {
+        silu_mul: silu_mul_avx2,
+        exp: exp_avx2,
+    }
 }
 
 #[target_feature(enable = "avx2")]
@@ -1402,7 +1360,11 @@ unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
 
 /// The f32 cache loops of attention (`float_dot.rs`): float work only, so AVX-512 runs them too.
 pub(super) fn float_kernel() -> super::FloatKernel {
-    super::FloatKernel { dot: dot_f32_avx2, add_scaled: add_scaled_avx2, delta_rule_rows: delta_rule_rows_avx2 }
+    super::FloatKernel {
+        dot: dot_f32_avx2,
+        add_scaled: add_scaled_avx2,
+        delta_rule_rows: delta_rule_rows_avx2,
+    }
 }
 
 /// Lane `k` of the register is lane `k` of the scalar twin's `Lanes8` (element `i` to lane `i % 8`,
@@ -1416,7 +1378,10 @@ unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ar, br) = (ac.remainder(), bc.remainder());
     for (x, y) in ac.zip(bc) {
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(y.as_ptr())));
+        acc = _mm256_add_ps(
+            acc,
+            _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(y.as_ptr())),
+        );
     }
     let mut l = [0f32; 8];
     _mm256_storeu_ps(l.as_mut_ptr(), acc);
@@ -1434,7 +1399,10 @@ unsafe fn add_scaled_avx2(out: &mut [f32], p: f32, row: &[f32]) {
     let mut o = out.chunks_exact_mut(8);
     let mut r = row.chunks_exact(8);
     for (o, r) in (&mut o).zip(&mut r) {
-        let y = _mm256_add_ps(_mm256_loadu_ps(o.as_ptr()), _mm256_mul_ps(pv, _mm256_loadu_ps(r.as_ptr())));
+        let y = _mm256_add_ps(
+            _mm256_loadu_ps(o.as_ptr()),
+            _mm256_mul_ps(pv, _mm256_loadu_ps(r.as_ptr())),
+        );
         _mm256_storeu_ps(o.as_mut_ptr(), y);
     }
     crate::float_dot::add_scaled_scalar(o.into_remainder(), p, r.remainder());
@@ -1445,7 +1413,14 @@ unsafe fn add_scaled_avx2(out: &mut [f32], p: f32, row: &[f32]) {
 /// the lanes of `dot_f32_avx2`.
 #[target_feature(enable = "avx2")]
 unsafe fn delta_rule_rows_avx2(rows: &mut [f32], step: &crate::DeltaStep, out: &mut [f32]) {
-    let crate::DeltaStep { decay, beta, k, q, v, scale } = *step;
+    let crate::DeltaStep {
+        decay,
+        beta,
+        k,
+        q,
+        v,
+        scale,
+    } = *step;
     let d = k.len();
     assert_eq!(q.len(), d, "delta_rule_rows: q and k differ in length");
     let (decay8, zero) = (_mm256_set1_ps(decay), _mm256_setzero_ps());
@@ -1469,13 +1444,22 @@ unsafe fn delta_rule_rows_avx2(rows: &mut [f32], step: &crate::DeltaStep, out: &
         let (delta8, mut acc) = (_mm256_set1_ps(delta), zero);
         let (mut mc, mut kc, mut qc) = (m.chunks_exact_mut(8), k.chunks_exact(8), q.chunks_exact(8));
         for ((x, y), z) in (&mut mc).zip(&mut kc).zip(&mut qc) {
-            let mx = _mm256_add_ps(_mm256_loadu_ps(x.as_ptr()), _mm256_mul_ps(_mm256_loadu_ps(y.as_ptr()), delta8));
+            let mx = _mm256_add_ps(
+                _mm256_loadu_ps(x.as_ptr()),
+                _mm256_mul_ps(_mm256_loadu_ps(y.as_ptr()), delta8),
+            );
             _mm256_storeu_ps(x.as_mut_ptr(), mx);
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(z.as_ptr()), mx));
         }
         let mut l = [0f32; 8];
         _mm256_storeu_ps(l.as_mut_ptr(), acc);
-        for (i, ((x, y), z)) in mc.into_remainder().iter_mut().zip(kc.remainder()).zip(qc.remainder()).enumerate() {
+        for (i, ((x, y), z)) in mc
+            .into_remainder()
+            .iter_mut()
+            .zip(kc.remainder())
+            .zip(qc.remainder())
+            .enumerate()
+        {
             *x += y * delta;
             l[i] += z * *x;
         }
@@ -1524,8 +1508,14 @@ unsafe fn exp8(x: __m256) -> __m256 {
     let small = _mm256_cmpgt_epi32(i(-126), k);
     let y = pick_ps(big, _mm256_mul_ps(y, f(f32::from_bits(0x7f00_0000))), y);
     let y = pick_ps(small, _mm256_mul_ps(y, f(f32::from_bits(0x0c80_0000))), y);
-    let n = _mm256_add_epi32(k, _mm256_add_epi32(_mm256_and_si256(big, i(-127)), _mm256_and_si256(small, i(102))));
-    let scaled = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n, i(127)))));
+    let n = _mm256_add_epi32(
+        k,
+        _mm256_add_epi32(_mm256_and_si256(big, i(-127)), _mm256_and_si256(small, i(102))),
+    );
+    let scaled = _mm256_mul_ps(
+        y,
+        _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n, i(127)))),
+    );
 
     // The scalar code's early returns, last-checked first: |x| <= 2^-14 gives 1 + x; x <= -103.97 gives
     // +0; x >= 88.72 overflows as x · 2^127 (+inf); NaN returns itself.

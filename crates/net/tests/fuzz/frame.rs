@@ -24,9 +24,7 @@ pub fn run(data: &[u8]) {
     let Ok(n_fields) = u.int_in_range(0..=8u8) else {
         return;
     };
-    let script: Vec<Field> = (0..n_fields)
-        .map_while(|_| Field::arbitrary(&mut u).ok())
-        .collect();
+    let script: Vec<Field> = (0..n_fields).map_while(|_| Field::arbitrary(&mut u).ok()).collect();
     let stream = u.take_rest();
 
     let mut r = stream;
@@ -37,9 +35,7 @@ pub fn run(data: &[u8]) {
             break;
         };
         // A frame that decoded is exactly what the encoder writes for its header, and its body.
-        let head: &[u8; HEADER_LEN] = before[..HEADER_LEN]
-            .try_into()
-            .expect("a whole header was read");
+        let head: &[u8; HEADER_LEN] = before[..HEADER_LEN].try_into().expect("a whole header was read");
         assert_eq!(&encode_header(&h), head);
         assert_eq!(decode_header(head, limit).ok(), Some(h));
         assert!(h.len <= limit && body.len() == h.len);

@@ -11,7 +11,8 @@ const CTX: usize = 512;
 
 /// Qwen3's chat template (tests/fixtures/templates/qwen3.jinja), as the server's tests use it.
 pub fn template(root: &std::path::Path) -> ChatTemplate {
-    let source = std::fs::read_to_string(root.join("tests/fixtures/templates/qwen3.jinja")).expect("the Qwen3 template fixture");
+    let source =
+        std::fs::read_to_string(root.join("tests/fixtures/templates/qwen3.jinja")).expect("the Qwen3 template fixture");
     ChatTemplate::new(&source, "", "<|im_end|>").expect("the Qwen3 template compiles")
 }
 
@@ -43,8 +44,15 @@ pub fn run(template: &ChatTemplate, data: &[u8]) {
 fn check(settings: Result<titan_server::api::Settings, titan_server::error::ApiError>, prompt_len: usize) {
     match settings {
         Ok(s) => {
-            assert!((1..CTX).contains(&prompt_len), "a prompt of {prompt_len} tokens was accepted");
-            assert!(s.max_tokens >= 1 && prompt_len + s.max_tokens <= CTX, "max_tokens {} accepted", s.max_tokens);
+            assert!(
+                (1..CTX).contains(&prompt_len),
+                "a prompt of {prompt_len} tokens was accepted"
+            );
+            assert!(
+                s.max_tokens >= 1 && prompt_len + s.max_tokens <= CTX,
+                "max_tokens {} accepted",
+                s.max_tokens
+            );
             assert!(s.sampler.check().is_ok() && s.stop.len() <= 4);
         }
         Err(e) => assert!(e.status.is_client_error(), "{}: {}", e.status, e.message),

@@ -54,10 +54,7 @@ impl Tokenizers {
         let open = |m: &str| GgufFile::open(repo.join(m)).unwrap_or_else(|e| panic!("{e}"));
         let mut all: Vec<Tokenizer> = MODELS
             .iter()
-            .map(|m| {
-                titan_engine::vocab::tokenizer_from_gguf(&open(m))
-                    .unwrap_or_else(|e| panic!("{m}: {e}"))
-            })
+            .map(|m| titan_engine::vocab::tokenizer_from_gguf(&open(m)).unwrap_or_else(|e| panic!("{m}: {e}")))
             .collect();
         let demo = open(MODELS[0]);
         for pre in PRE_NAMES {
@@ -70,15 +67,11 @@ impl Tokenizers {
                     .unwrap()
                     .map(|v| v.into_iter().map(|t| t as i32).collect()),
                 merges: demo.strings("tokenizer.ggml.merges").unwrap(),
-                eos: demo
-                    .get_u64("tokenizer.ggml.eos_token_id")
-                    .unwrap()
-                    .map(|v| v as u32),
+                eos: demo.get_u64("tokenizer.ggml.eos_token_id").unwrap().map(|v| v as u32),
                 ..VocabSpec::default()
             };
             all.push(
-                Tokenizer::from_spec(spec)
-                    .unwrap_or_else(|e| panic!("the demo vocabulary with pre {pre:?}: {e}")),
+                Tokenizer::from_spec(spec).unwrap_or_else(|e| panic!("the demo vocabulary with pre {pre:?}: {e}")),
             );
         }
         Tokenizers(all)
@@ -90,8 +83,7 @@ pub fn run(tokenizers: &Tokenizers, data: &[u8]) {
     let Ok(t) = u.choose(&tokenizers.0) else {
         return;
     };
-    let (Ok(add_special), Ok(parse_special), Ok(ids_in_range)) =
-        (u.arbitrary(), u.arbitrary(), u.arbitrary::<bool>())
+    let (Ok(add_special), Ok(parse_special), Ok(ids_in_range)) = (u.arbitrary(), u.arbitrary(), u.arbitrary::<bool>())
     else {
         return;
     };
