@@ -193,14 +193,16 @@ def main():
                     r["failure"] = fail
                 if not fail:
                     j = json.loads(out.strip().splitlines()[-1])
+                    # The expert source's counters over the steady state, by their Prometheus names.
                     c = j["steady_expert_cache"]
-                    per_token = c["bytes_read"] / j["steady_tokens"]
+                    hits, misses = c["expert_cache_hits_total"], c["expert_cache_misses_total"]
+                    per_token = c["expert_cache_read_bytes_total"] / j["steady_tokens"]
                     run_bw = sum(around) / 2
                     r["disk_bytes_per_s_around"] = around
                     floor = run_bw / per_token if per_token else float("inf")
-                    r.update({"budget_bytes": j["expert_cache"]["budget_bytes"], "decode_tok_s": j["decode_tok_s"],
+                    r.update({"budget_bytes": j["experts"]["expert_cache_budget_bytes"], "decode_tok_s": j["decode_tok_s"],
                               "steady_tok_s": j["decode_steady_tok_s"],
-                              "steady_hit_rate": c["hits"] / max(c["hits"] + c["misses"], 1),
+                              "steady_hit_rate": hits / max(hits + misses, 1),
                               "steady_read_per_token": per_token, "floor_tok_s": floor,
                               "floor_pct": 100 * j["decode_steady_tok_s"] / floor,
                               "peak_rss_bytes": j["peak_rss_bytes"]})

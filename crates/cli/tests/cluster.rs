@@ -97,6 +97,8 @@ fn a_worker_killed_mid_generation_changes_no_byte_and_is_used_again_when_back() 
     let mut text = read_at_least(&mut stdout, 64);
     // SIGKILL: no goodbye, the socket just dies.
     let addr = workers[1].addr.clone();
+    // SAFETY: `kill` takes plain integers and touches no memory of ours. The pid is our own child's, not yet
+    // waited for: even had it exited, the pid stays reserved to it until we wait, so it names no other process.
     unsafe { libc::kill(workers[1].child.id() as i32, libc::SIGKILL) };
     let _ = workers[1].child.wait();
     // A new worker on the same address is picked up again.
@@ -165,7 +167,9 @@ fn a_wrong_token_is_refused_and_the_node_keeps_serving() {
 
 /// Connects and says hello with the right token, as a backbone would.
 fn hello(addr: &str, model: &Path) -> TcpStream {
-    let f = titan_cluster::model_identity(&titan_gguf::GgufFile::open(model).unwrap());
+    let f = titan_layout::ModelIdentity::of(&titan_gguf::GgufFile::open(model).unwrap())
+        .unwrap()
+        .to_string();
     let mut s = TcpStream::connect(addr).unwrap();
     let body = serde_json::json!({ "token": TOKEN, "model": f }).to_string();
     write_frame(&mut s, Kind::Hello, 0, body.as_bytes(), &mut Vec::new()).unwrap();
@@ -730,10 +734,13 @@ fn a_hung_worker_misses_the_deadline_and_changes_no_byte() {
     let (single, workers, mut run) = long_run_on_workers(&m, dir.path(), 2, "3000", &["--node-timeout", "300"]);
     let mut stdout = run.stdout.take().unwrap();
     let mut text = read_at_least(&mut stdout, 64);
+    // SAFETY: `kill` takes plain integers and touches no memory of ours. The pid is our own child's, not yet
+    // waited for: even had it exited, the pid stays reserved to it until we wait, so it names no other process.
     unsafe { libc::kill(workers[1].child.id() as i32, libc::SIGSTOP) };
     stdout.read_to_end(&mut text).unwrap();
     let o = run.wait_with_output().unwrap();
     let took = start.elapsed();
+    // SAFETY: as for the SIGSTOP above: the pid is still our own child's, not yet waited for.
     unsafe { libc::kill(workers[1].child.id() as i32, libc::SIGCONT) };
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");

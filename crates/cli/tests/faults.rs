@@ -44,6 +44,8 @@ fn workers_killed_at_random_moments_change_no_byte() {
     for (node, &at) in points.iter().enumerate() {
         text.extend(read_at_least(&mut stdout, at.saturating_sub(text.len())));
         let addr = workers[node].addr.clone();
+        // SAFETY: `kill` takes plain integers and touches no memory of ours. The pid is our own child's, not yet
+        // waited for (the `wait` comes next): even had it exited, the pid stays reserved to it until then.
         unsafe { libc::kill(workers[node].child.id() as i32, libc::SIGKILL) };
         let _ = workers[node].child.wait();
         workers[node] = Worker::start(&m, dir.path(), &format!("w{node}-again"), &addr);

@@ -144,7 +144,7 @@ fn a_model_that_does_not_fit_streams_from_an_index_made_on_first_use() {
     let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m.gguf");
     std::fs::copy(fixture(MODEL), &m).unwrap();
-    let (dense, experts) = titan_engine::weights::dense_and_expert_bytes(&titan_gguf::GgufFile::open(&m).unwrap());
+    let (dense, experts) = titan_layout::dense_and_expert_bytes(&titan_gguf::GgufFile::open(&m).unwrap());
     // Room for the dense weights, the 512 MiB margin and half the experts (the KV cache of this run's 43
     // positions at most takes a few KiB of them).
     let memory = (dense + (512 << 20) + experts / 2).to_string();

@@ -4,13 +4,16 @@
 //! quantise them) and the expert ids, computes its own share while it waits, and hands every expert's
 //! output to the engine, which combines them in ascending expert-id order — so the result is the
 //! single-machine result, bit for bit, for any [`plan`] and any node count. A node that fails is
-//! computed around ([`remote`]), and the bytes stay the same.
+//! computed around ([`remote`]), and the bytes stay the same. [`backbone`] makes a loaded model a
+//! backbone; [`node`] loads what a node serves.
 //!
 //! Sockets are plain blocking `std::net` streams, one per node, with a thread per connection on the
 //! worker: a backbone talks to a handful of nodes with one request in flight to each, so an async
 //! runtime would add a hand-off per message and buy nothing.
 
+pub mod backbone;
 pub mod fetch;
+pub mod node;
 pub mod plan;
 pub mod proto;
 pub mod remote;
@@ -18,6 +21,7 @@ pub mod slice;
 pub mod slice_http;
 pub mod worker;
 
+pub use backbone::{attach, BackboneOptions};
 pub use plan::{Placement, Plan};
 pub use remote::{Cluster, ClusterOptions};
 pub use worker::{serve, NodeModel, WorkerOptions};
@@ -39,13 +43,4 @@ pub fn read_token(path: &Path) -> Result<Vec<u8>> {
         );
     }
     Ok(token.as_bytes().to_vec())
-}
-
-/// What identifies a model file between machines: its size and the BLAKE3 of its header (metadata and
-/// tensor table), as a trace records it.
-pub fn model_identity(f: &titan_gguf::GgufFile) -> String {
-    let header = f
-        .bytes(0, f.data_offset as usize)
-        .expect("the header lies inside the file");
-    format!("{} bytes, header {}", f.file_len(), titan_engine::trace::digest(header))
 }

@@ -158,13 +158,14 @@ impl Plan {
                     first = l;
                 }
             }
+            let total = (self.n_layer - self.dense) * self.n_expert;
             let primary = (0..self.n_layer)
                 .flat_map(|l| (0..self.n_expert).map(move |e| (l, e)))
                 .filter(|&(l, e)| self.owners(l, e).first() == Some(&i))
                 .count();
             let _ = writeln!(
                 out,
-                "  node {i} {name}: {} ({primary} layer-experts as primary)",
+                "  node {i} {name}: {} (first choice for {primary} of the {total} layer × expert pairs)",
                 if parts.is_empty() {
                     "nothing".into()
                 } else {
@@ -273,7 +274,8 @@ mod tests {
         assert_eq!((p.owners(1, 0), p.owners(2, 3)), (&[0][..], &[1][..]));
         let text = p.describe(&["a".into(), "b".into()]);
         assert!(
-            text.contains("a: experts 0-1 of layers 1-2 (4 layer-experts as primary)") && !text.contains("backbone"),
+            text.contains("a: experts 0-1 of layers 1-2 (first choice for 4 of the 8 layer × expert pairs)")
+                && !text.contains("backbone"),
             "{text}"
         );
     }

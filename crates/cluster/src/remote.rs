@@ -9,8 +9,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use titan_engine::experts::{ExpertJob, ExpertScratch, Experts};
+use titan_engine::experts::{ExpertJob, Experts};
+use titan_engine::samples::Sample;
 use titan_engine::EngineError;
+use titan_kernels::GgmlType;
 use titan_net::{read_frame, write_frame, Kind, DEFAULT_MAX_FRAME, HEADER_LEN};
 
 use crate::plan::{Placement, Plan};
@@ -112,6 +114,8 @@ struct State {
     floats: Vec<f32>,
     /// Where each job row goes in a node's row list (usize::MAX: not sent).
     row_map: Vec<usize>,
+    /// The experts of a read-ahead hint the backbone computes itself.
+    hinted: Vec<u32>,
 }
 
 impl Cluster {
@@ -194,6 +198,7 @@ impl Cluster {
             frame: Vec::new(),
             floats: Vec::new(),
             row_map: Vec::new(),
+            hinted: Vec::new(),
         };
         let redial = Arc::new(Redial {
             revived: Mutex::new((0..opts.nodes.len()).map(|_| None).collect()),
@@ -321,10 +326,13 @@ fn ping(conn: &mut Conn, n: usize) -> Result<u64> {
 }
 
 impl Experts for Cluster {
+    fn input_type(&self, layer: usize) -> Result<GgmlType, EngineError> {
+        self.local.input_type(layer)
+    }
+
     fn apply(
         &self,
         job: &ExpertJob,
-        s: &mut ExpertScratch,
         meanwhile: &mut dyn FnMut() -> Result<(), EngineError>,
         deliver: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), EngineError> {
@@ -340,13 +348,8 @@ impl Experts for Cluster {
             n.assigned.clear();
         }
         for (i, &e) in job.ids.iter().enumerate() {
-            match self
-                .plan
-                .owners(job.layer, e as usize)
-                .iter()
-                .find(|&&n| st.nodes[n].conn.is_some())
-            {
-                Some(&n) => st.nodes[n].assigned.push(i),
+            match self.live_owner(st, job.layer, e) {
+                Some(n) => st.nodes[n].assigned.push(i),
                 None => st.local.push(i),
             }
         }
@@ -366,7 +369,7 @@ impl Experts for Cluster {
         // The caller's own work (the shared expert) and the backbone's share, while the nodes work.
         meanwhile()?;
         let local = std::mem::take(&mut st.local);
-        let r = compute_here(&*self.local, job, &local, st, s, deliver);
+        let r = compute_here(&*self.local, job, &local, st, deliver);
         st.local = local;
         r?;
         let waiting_since = Instant::now();
@@ -385,7 +388,7 @@ impl Experts for Cluster {
                     self.down(st, n, &format!("layer {}: {e:#}", job.layer));
                     st.nodes[n].metrics.failovers += 1;
                     let share = std::mem::take(&mut st.nodes[n].assigned);
-                    let r = compute_here(&*self.local, job, &share, st, s, deliver);
+                    let r = compute_here(&*self.local, job, &share, st, deliver);
                     st.nodes[n].assigned = share;
                     r?;
                 }
@@ -395,27 +398,71 @@ impl Experts for Cluster {
         Ok(())
     }
 
-    fn cache(&self) -> Option<&titan_store::ExpertCache> {
-        self.local.cache()
+    fn wants_hints(&self, layer: usize) -> bool {
+        self.local.wants_hints(layer)
     }
 
-    fn exchanges(&self) -> Vec<titan_engine::experts::NodeExchange> {
-        self.metrics()
-            .into_iter()
-            .map(|(node, m)| titan_engine::experts::NodeExchange {
-                node,
-                exchanges: m.round_trips,
-                exchange_ns: m.exchange_ns,
-                wait_ns: m.wait_ns,
-                bytes_out: m.bytes_out,
-                bytes_in: m.bytes_in,
-                failovers: m.failovers,
-            })
-            .collect()
+    /// Passes on only the experts the backbone will compute itself: reading ahead what a node computes
+    /// would spend the backbone's disk and memory on records it never uses (measured on the 16 GiB
+    /// Qwen3-30B-A3B synth with 3 shard workers: decode 2.66–5.51 tok/s with such reads, 7.60–7.87 without).
+    fn hint(&self, layer: usize, ids: &[u32]) -> Result<(), EngineError> {
+        let mine = {
+            let mut st = self.lock();
+            let mut mine = std::mem::take(&mut st.hinted);
+            mine.clear();
+            mine.extend(ids.iter().filter(|&&e| self.live_owner(&st, layer, e).is_none()));
+            mine
+        };
+        let r = if mine.is_empty() {
+            Ok(())
+        } else {
+            self.local.hint(layer, &mine)
+        };
+        self.lock().hinted = mine;
+        r
     }
 
-    fn report(&self) -> Option<String> {
-        let mut out = String::from("cluster (per node: layer exchanges, experts and rows computed, bytes, ms per exchange against an empty round trip, failovers):\n");
+    fn samples(&self, out: &mut Vec<Sample>) {
+        self.local.samples(out);
+        type Series = (&'static str, &'static str, fn(&NodeMetrics) -> f64);
+        let series: [Series; 6] = [
+            ("node_exchanges_total", "Layer exchanges with the node.", |m| {
+                m.round_trips as f64
+            }),
+            (
+                "node_exchange_seconds_total",
+                "From sending a layer's request to the node to having its answer.",
+                |m| m.exchange_ns as f64 / 1e9,
+            ),
+            (
+                "node_wait_seconds_total",
+                "Of the exchange time, what the backbone waited after its own share.",
+                |m| m.wait_ns as f64 / 1e9,
+            ),
+            ("node_sent_bytes_total", "Bytes sent to the node.", |m| {
+                m.bytes_out as f64
+            }),
+            ("node_received_bytes_total", "Bytes received from the node.", |m| {
+                m.bytes_in as f64
+            }),
+            (
+                "node_failovers_total",
+                "Layers whose experts were computed elsewhere because the node failed them.",
+                |m| m.failovers as f64,
+            ),
+        ];
+        let nodes = self.metrics();
+        for (name, help, value) in series {
+            for (node, m) in &nodes {
+                out.push(Sample::counter(name, help, value(m)).labelled("node", node.clone()));
+            }
+        }
+    }
+
+    fn summary(&self) -> Option<String> {
+        let mut out = self.local.summary().unwrap_or_default();
+        out += "cluster (per node: layer exchanges, experts and rows computed, bytes, ms per exchange against an \
+                empty round trip, failovers):\n";
         for ((name, m), node) in self.metrics().into_iter().zip(self.node_metrics()) {
             let per = m.exchange_ns as f64 / 1e6 / m.round_trips.max(1) as f64;
             let (ping, wait) = (
@@ -423,7 +470,8 @@ impl Experts for Cluster {
                 m.wait_ns as f64 / 1e6 / m.round_trips.max(1) as f64,
             );
             out += &format!(
-                "  {name}: {} round trips, {} experts, {} rows, {} B out, {} B in, {per:.3} ms per exchange (ping {ping:.3} ms, waited {wait:.3} ms), {} failovers\n",
+                "  {name}: {} round trips, {} experts, {} rows, {} B out, {} B in, {per:.3} ms per exchange \
+                 (ping {ping:.3} ms, waited {wait:.3} ms), {} failovers\n",
                 m.round_trips, m.experts, m.rows, m.bytes_out, m.bytes_in, m.failovers
             );
             let seen = node.map_or("down".to_string(), |j| {
@@ -440,6 +488,15 @@ impl Experts for Cluster {
 }
 
 impl Cluster {
+    /// The first owner of expert `e` of `layer` that is up, if any.
+    fn live_owner(&self, st: &State, layer: usize, e: u32) -> Option<usize> {
+        self.plan
+            .owners(layer, e as usize)
+            .iter()
+            .copied()
+            .find(|&n| st.nodes[n].conn.is_some())
+    }
+
     /// Marks node `n` down (its connection dropped), says why, and starts dialling it again.
     fn down(&self, st: &mut State, n: usize, why: &str) {
         let node = &mut st.nodes[n];
@@ -572,7 +629,6 @@ fn compute_here(
     job: &ExpertJob,
     which: &[usize],
     st: &mut State,
-    s: &mut ExpertScratch,
     deliver: &mut dyn FnMut(usize, &[f32]),
 ) -> Result<(), EngineError> {
     if which.is_empty() {
@@ -600,5 +656,5 @@ fn compute_here(
         rows: sub_rows,
         starts: sub_starts,
     };
-    local.apply(&sub, s, &mut || Ok(()), &mut |j, y| deliver(which[j], y))
+    local.apply(&sub, &mut || Ok(()), &mut |j, y| deliver(which[j], y))
 }

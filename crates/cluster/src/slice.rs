@@ -17,16 +17,17 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
-use titan_engine::experts::{compute_batch, ExpertJob, ExpertScratch, ExpertWeights, Experts};
+use titan_engine::experts::{ExpertJob, ExpertScratch, ExpertWeights, Experts, ScratchPool};
 use titan_engine::{Config, EngineError};
-use titan_gguf::{GgufFile, GgufWriter, TensorInfo, Value, ValueType};
-use titan_kernels::{regroup_weights, regrouped_weights_pay, weights_regroupable, WeightLayout, WeightView};
+use titan_gguf::{GgufFile, GgufWriter, Value, ValueType};
+use titan_kernels::{GgmlType, WeightLayout, WeightView};
+use titan_layout::names::{is_expert_tensor, weight_name};
+use titan_layout::{regroup, ExpertLayout, ModelIdentity, Part};
 
 pub const KEY_MODEL: &str = "titan.shard.model";
 pub const KEY_LAYERS: &str = "titan.shard.layers";
 pub const KEY_EXPERTS: &str = "titan.shard.experts";
 pub const KEY_DIGESTS: &str = "titan.shard.digests";
-const PARTS: [&str; 3] = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
 
 /// Which layers and experts a shard holds (both inclusive ranges).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,59 +70,31 @@ pub struct Shard {
     pub digests: Vec<String>,
 }
 
-/// The digest of one expert: BLAKE3 over its gate, up and down bytes.
-fn expert_digest(src: &GgufFile, layer: usize, expert: usize) -> Result<String> {
-    let mut h = blake3::Hasher::new();
-    for part in PARTS {
-        let (_, start, len) = expert_range(src, layer, part, expert)?;
-        h.update(src.bytes(start, len).expect("tensor bounds checked by the reader"));
-    }
-    Ok(h.finalize().to_hex().to_string())
-}
-
-/// The tensor holding `part` of `layer`, and expert `expert`'s byte range in the file.
-fn expert_range<'f>(
-    src: &'f GgufFile,
-    layer: usize,
-    part: &str,
-    expert: usize,
-) -> Result<(&'f TensorInfo, usize, usize)> {
-    let name = format!("blk.{layer}.{part}.weight");
-    let t = src
-        .tensor(&name)
-        .with_context(|| format!("{}: no tensor {name}", src.path().display()))?;
-    let n = *t
-        .dims
-        .get(2)
-        .with_context(|| format!("{name} is not an expert tensor (shape {:?})", t.dims))? as usize;
-    if expert >= n {
-        bail!("{name} holds {n} experts, expert {expert} asked for");
-    }
-    let per = (t.size / n as u64) as usize;
-    Ok((t, (src.data_offset + t.offset) as usize + expert * per, per))
-}
-
 /// Every expert's digest of a model, each computed the first time a shard needs it.
 pub struct Digests {
-    n_expert: usize,
+    layout: ExpertLayout,
     cells: Vec<OnceLock<String>>,
 }
 
 impl Digests {
-    pub fn new(n_layer: usize, n_expert: usize) -> Digests {
-        Digests {
-            n_expert,
-            cells: (0..n_layer * n_expert).map(|_| OnceLock::new()).collect(),
-        }
+    pub fn new(src: &GgufFile) -> Result<Digests> {
+        let layout = ExpertLayout::of(src)?;
+        let cells = (0..layout.n_layer * layout.n_expert).map(|_| OnceLock::new()).collect();
+        Ok(Digests { layout, cells })
     }
 
     fn get(&self, src: &GgufFile, layer: usize, expert: usize) -> Result<String> {
-        let cell = &self.cells[layer * self.n_expert + expert];
+        let cell = &self.cells[layer * self.layout.n_expert + expert];
         if let Some(d) = cell.get() {
             return Ok(d.clone());
         }
-        let d = expert_digest(src, layer, expert)?;
-        Ok(cell.get_or_init(|| d).clone())
+        let d = self
+            .layout
+            .digest(src, layer, expert)
+            .with_context(|| format!("{}: no expert {expert} in layer {layer}", src.path().display()))?;
+        Ok(cell
+            .get_or_init(|| blake3::Hash::from_bytes(d).to_hex().to_string())
+            .clone())
     }
 }
 
@@ -130,6 +103,7 @@ impl Shard {
     /// byte of those experts read once).
     pub fn plan(src: &Arc<GgufFile>, spec: &SliceSpec, digests: &Digests) -> Result<Shard> {
         let config = Config::from_gguf(src)?;
+        let layout = &digests.layout;
         if *spec.layers.end() >= config.n_layer || *spec.experts.end() >= config.n_expert {
             bail!(
                 "layers {:?} × experts {:?} is outside the model ({} layers of {} experts)",
@@ -166,7 +140,7 @@ impl Shard {
                 w.set(k, v.clone());
             }
         }
-        w.set(KEY_MODEL, Value::String(crate::model_identity(src)));
+        w.set(KEY_MODEL, Value::String(ModelIdentity::of(src)?.to_string()));
         let pair = |r: &RangeInclusive<usize>| {
             Value::Array(
                 ValueType::U32,
@@ -182,10 +156,13 @@ impl Shard {
         let count = spec.experts.end() - spec.experts.start() + 1;
         let mut sources = Vec::new();
         for l in spec.layers.clone() {
-            for part in PARTS {
-                let (t, start, per) = expert_range(src, l, part, *spec.experts.start())?;
-                w.add_tensor(&t.name, &[t.dims[0], t.dims[1], count as u64], t.ty)?;
-                sources.push((start, (per * count) as u64));
+            let entry = layout.layer(l).with_context(|| format!("layer {l} has no experts"))?;
+            for part in Part::ALL {
+                let slice = entry.part(part);
+                let (start, per) = entry.range(*spec.experts.start(), part);
+                let dims = [slice.cols as u64, slice.rows as u64, count as u64];
+                w.add_tensor(&weight_name(l, part), &dims, slice.ty)?;
+                sources.push((start as usize, per * count as u64));
             }
         }
         let mut header = Vec::new();
@@ -261,8 +238,7 @@ pub fn write_shard(
     out: &Path,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<u64> {
-    let config = Config::from_gguf(src)?;
-    let shard = Shard::plan(src, spec, &Digests::new(config.n_layer, config.n_expert))?;
+    let shard = Shard::plan(src, spec, &Digests::new(src)?)?;
     let tmp = out.with_extension("part");
     let mut f =
         std::io::BufWriter::new(std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
@@ -279,14 +255,14 @@ pub fn write_shard(
 pub struct ShardExperts {
     file: GgufFile,
     pub spec: SliceSpec,
-    /// The model the shard came from (`model_identity`).
+    /// The model the shard came from (its identity, `ModelIdentity`'s text).
     pub model: String,
     pub config: Config,
-    /// Per layer held, per part (gate, up, down): the tensor's type, rows, cols and data offset.
-    tensors: Vec<[(titan_kernels::GgmlType, usize, usize, usize); 3]>,
-    /// Q4_0/Q8_0 tensors regrouped for the SIMD kernels (as a resident model's are), by data offset; their
+    /// The shard's own tensors: `n_expert` is the count it holds, its first expert being `spec`'s first.
+    layout: ExpertLayout,
+    /// Q4_0/Q8_0 tensors regrouped for the SIMD kernels (as a resident model's are), by file offset; their
     /// mapped pages are released, so the node holds each expert once.
-    regrouped: std::collections::HashMap<usize, Vec<u8>>,
+    regrouped: std::collections::HashMap<u64, Vec<u8>>,
 }
 
 impl ShardExperts {
@@ -329,30 +305,31 @@ impl ShardExperts {
             )));
         }
         let count = spec.experts.end() - spec.experts.start() + 1;
+        let layout = ExpertLayout::of(&file).map_err(|e| bad(e.to_string()))?;
+        let held: Vec<usize> = layout.layers.iter().map(|l| l.layer).collect();
+        if layout.n_expert != count || held != spec.layers.clone().collect::<Vec<_>>() {
+            return Err(bad(format!(
+                "its tensors hold layers {held:?} × {} experts, its keys say layers {:?} × experts {:?}",
+                layout.n_expert, spec.layers, spec.experts
+            )));
+        }
         let want = [
             (config.n_embd, config.expert_ff),
             (config.n_embd, config.expert_ff),
             (config.expert_ff, config.n_embd),
         ];
-        let mut tensors = Vec::new();
-        for l in spec.layers.clone() {
-            let mut parts = [(titan_kernels::GgmlType::F32, 0, 0, 0); 3];
-            for (i, part) in PARTS.iter().enumerate() {
-                let name = format!("blk.{l}.{part}.weight");
-                let t = file
-                    .tensor(&name)
-                    .ok_or_else(|| bad(format!("missing tensor {name}")))?;
-                let (cols, rows) = want[i];
-                if t.dims != [cols as u64, rows as u64, count as u64] {
+        for l in &layout.layers {
+            for (part, (cols, rows)) in Part::ALL.into_iter().zip(want) {
+                let s = l.part(part);
+                if (s.cols, s.rows) != (cols, rows) {
                     return Err(bad(format!(
-                        "tensor {name} has shape {:?}, expected {:?}",
-                        t.dims,
-                        [cols, rows, count]
+                        "tensor {} has experts of {}×{}, expected {cols}×{rows}",
+                        weight_name(l.layer, part),
+                        s.cols,
+                        s.rows
                     )));
                 }
-                parts[i] = (t.ty, rows, cols, (file.data_offset + t.offset) as usize);
             }
-            tensors.push(parts);
         }
         let digests = file
             .strings(KEY_DIGESTS)?
@@ -369,7 +346,7 @@ impl ShardExperts {
             spec,
             model,
             config,
-            tensors,
+            layout,
             regrouped: Default::default(),
         };
         if verify {
@@ -382,18 +359,13 @@ impl ShardExperts {
     /// Copies each Q4_0/Q8_0 tensor into the regrouped layout the SIMD kernels read fastest (the same
     /// bits), one tensor at a time, releasing its mapped pages as it goes.
     fn regroup(&mut self) {
-        for parts in &self.tensors {
-            for &(ty, rows, cols, start) in parts {
-                if !(weights_regroupable(ty, cols) && regrouped_weights_pay(ty)) {
-                    continue;
-                }
-                let len = ty.row_bytes(cols).expect("checked at open")
-                    * rows
-                    * (self.spec.experts.end() - self.spec.experts.start() + 1);
+        let n = self.layout.n_expert as u64;
+        for l in &self.layout.layers {
+            for (s, &start) in l.parts.iter().zip(&l.offsets) {
+                let (start, len) = (start as usize, (s.bytes * n) as usize);
                 let src = self.file.bytes(start, len).expect("bounds checked by the reader");
-                let mut buf = vec![0u8; len];
-                if regroup_weights(ty, cols, src, &mut buf) {
-                    self.regrouped.insert(start, buf);
+                if let Some(buf) = regroup::regrouped(s.ty, s.cols, src) {
+                    self.regrouped.insert(start as u64, buf);
                     self.file.release(start, len);
                 }
             }
@@ -409,11 +381,12 @@ impl ShardExperts {
             .flat_map(|l| self.spec.experts.clone().map(move |e| (l, e)))
             .collect();
         keys.par_iter().zip(digests).try_for_each(|(&(l, e), want)| {
-            let mut h = blake3::Hasher::new();
-            for m in self.views(l, e) {
-                h.update(m.data);
-            }
-            if h.finalize().to_hex().as_str() != want {
+            let [g, u, d] = self.views(l, e).map(|v| v.data);
+            if blake3::Hash::from_bytes(titan_layout::digest_of([g, u, d]))
+                .to_hex()
+                .as_str()
+                != want
+            {
                 bail!(
                     "expert {e} of layer {l} failed its digest check: the shard is damaged (fetch or slice it again)"
                 );
@@ -440,25 +413,33 @@ impl ShardExperts {
     /// Gate, up and down of expert `e` of layer `l` (held).
     fn views(&self, l: usize, e: usize) -> [WeightView<'_>; 3] {
         let i = e - self.spec.experts.start();
-        self.tensors[l - self.spec.layers.start()].map(|(ty, rows, cols, start)| {
-            let bytes = ty.row_bytes(cols).expect("checked at open") * rows;
+        let entry = self.layout.layer(l).expect("a held layer");
+        Part::ALL.map(|part| {
+            let s = entry.part(part);
+            let (at, len) = entry.range(i, part);
+            let start = entry.offsets[part as usize];
             match self.regrouped.get(&start) {
                 Some(buf) => WeightView {
-                    ty,
-                    rows,
-                    cols,
-                    data: &buf[i * bytes..(i + 1) * bytes],
+                    ty: s.ty,
+                    rows: s.rows,
+                    cols: s.cols,
+                    data: &buf[(at - start) as usize..(at - start + len) as usize],
                     layout: WeightLayout::Regrouped,
                 },
                 None => {
                     let data = self
                         .file
-                        .bytes(start + i * bytes, bytes)
+                        .bytes(at as usize, len as usize)
                         .expect("bounds checked by the reader");
-                    WeightView::new(ty, rows, cols, data).expect("shape checked at open")
+                    WeightView::new(s.ty, s.rows, s.cols, data).expect("shape checked at open")
                 }
             }
         })
+    }
+
+    /// The activation format its experts of layer `l` take, if it holds the layer.
+    fn input_type(&self, l: usize) -> Option<GgmlType> {
+        self.layout.layer(l).map(|e| e.part(Part::Gate).ty.act_type())
     }
 
     /// Bytes of the experts held.
@@ -466,19 +447,29 @@ impl ShardExperts {
         self.file
             .tensors
             .iter()
-            .filter(|t| t.name.contains("_exps."))
+            .filter(|t| is_expert_tensor(&t.name))
             .map(|t| t.size)
             .sum()
     }
 }
 
 /// The experts of several shards of one model, served together (a node's cache).
-pub struct Shards(pub Vec<ShardExperts>);
+pub struct Shards {
+    pub shards: Vec<ShardExperts>,
+    scratch: ScratchPool<ExpertScratch>,
+}
 
 impl Shards {
+    pub fn new(shards: Vec<ShardExperts>) -> Shards {
+        Shards {
+            shards,
+            scratch: ScratchPool::default(),
+        }
+    }
+
     /// What each shard holds: (layers, experts) per shard.
     pub fn holdings(&self) -> Vec<crate::proto::Held> {
-        self.0
+        self.shards
             .iter()
             .map(|s| {
                 (
@@ -491,26 +482,41 @@ impl Shards {
 }
 
 impl Experts for Shards {
+    fn input_type(&self, layer: usize) -> Result<GgmlType, EngineError> {
+        self.shards
+            .iter()
+            .find_map(|s| s.input_type(layer))
+            .ok_or_else(|| EngineError::Expert {
+                layer,
+                expert: 0,
+                what: "no shard of this node holds the layer".into(),
+            })
+    }
+
     fn apply(
         &self,
         job: &ExpertJob,
-        s: &mut ExpertScratch,
         meanwhile: &mut dyn FnMut() -> Result<(), EngineError>,
         deliver: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), EngineError> {
         meanwhile()?;
-        let mut batch = Vec::with_capacity(job.ids.len());
-        for &e in job.ids {
-            let w = self.0.iter().find_map(|sh| sh.weights(job.layer, e as usize));
-            batch.push(w.ok_or_else(|| EngineError::Expert {
+        let find = |e: u32| {
+            let w = self.shards.iter().find_map(|sh| sh.weights(job.layer, e as usize));
+            w.ok_or_else(|| EngineError::Expert {
                 layer: job.layer,
                 expert: e,
                 what: "not in this node's shards".into(),
-            })?);
+            })
+        };
+        if let Some(&e) = job.ids.iter().find(|&&e| find(e).is_err()) {
+            return find(e).map(|_| ());
         }
-        let (acts, ffn) = s.batch_buffers();
-        let which: Vec<usize> = (0..batch.len()).collect();
-        compute_batch(job, &which, &batch, acts, ffn, deliver)
+        let batch = job
+            .ids
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &e)| Some((i, find(e).ok()?)));
+        self.scratch.with(|s| s.compute(job, batch, deliver))
     }
 }
 
@@ -610,7 +616,7 @@ mod tests {
                 layers: 1..=1,
                 experts: 2..=5,
             },
-            &Digests::new(2, 8),
+            &Digests::new(&src).unwrap(),
         )
         .unwrap();
         let mut whole = vec![0u8; shard.len() as usize];

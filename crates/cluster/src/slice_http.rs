@@ -97,8 +97,8 @@ impl SliceServer {
         let (tx, rx) = watch::channel(None);
         let n = opts.nodes.len();
         let shared = Arc::new(Shared {
-            identity: crate::model_identity(&model),
-            digests: Digests::new(config.n_layer, config.n_expert),
+            identity: titan_layout::ModelIdentity::of(&model)?.to_string(),
+            digests: Digests::new(&model)?,
             n_layer: config.n_layer,
             dense: config.dense_lead,
             n_expert: config.n_expert,

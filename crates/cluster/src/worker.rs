@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use titan_engine::experts::{ExpertScratch, Experts};
+use titan_engine::experts::Experts;
 use titan_net::{read_frame, secrets_equal, write_frame, FrameError, Kind};
 
 use crate::proto::{start_output, write_output, Compute, Held, Hello, Shape, Welcome};
@@ -19,8 +19,6 @@ pub struct WorkerOptions {
     pub token: Vec<u8>,
     /// The largest frame accepted.
     pub max_frame: usize,
-    /// Bytes of experts this node offers (announced to backbones, which size its share by it).
-    pub budget: u64,
 }
 
 /// How long a new connection has to say hello.
@@ -60,6 +58,8 @@ pub struct NodeModel {
     pub experts: Box<dyn Experts>,
     /// The shards' layers and experts, when the node holds shards.
     pub holds: Option<Vec<Held>>,
+    /// Bytes of experts this node offers (announced to backbones, which size its share by it).
+    pub budget: u64,
 }
 
 /// Listens on `opts.listen` and serves backbones until the process ends; `ready` is told the bound
@@ -70,7 +70,7 @@ pub fn serve(model: NodeModel, opts: WorkerOptions, ready: impl FnOnce(SocketAdd
     let ctx = Arc::new(Node {
         welcome: Welcome {
             model: model.identity.clone(),
-            budget: opts.budget,
+            budget: model.budget,
             n_layer: model.n_layer,
             n_expert: model.n_expert,
             isa: titan_kernels::isa().name().to_string(),
@@ -158,7 +158,7 @@ impl Node {
             n_expert: m.n_expert,
             n_embd: m.n_embd,
         };
-        let (mut req, mut scratch, mut out) = (Compute::default(), ExpertScratch::default(), Vec::new());
+        let (mut req, mut out) = (Compute::default(), Vec::new());
         let mut served = 0u64;
         loop {
             let h = match read_frame(&mut r, limit, &mut body) {
@@ -175,7 +175,7 @@ impl Node {
                     let result = req
                         .decode(&body, shape)
                         .map_err(anyhow::Error::from)
-                        .and_then(|()| self.compute(&req, &mut scratch, &mut out));
+                        .and_then(|()| self.compute(&req, &mut out));
                     if let Err(e) = result {
                         let msg = format!("{e:#}");
                         let _ = write_frame(&mut w, Kind::Error, h.id, msg.as_bytes(), &mut frame);
@@ -206,13 +206,13 @@ impl Node {
     }
 
     /// Every expert of the request, into an Output body.
-    fn compute(&self, req: &Compute, scratch: &mut ExpertScratch, out: &mut Vec<u8>) -> Result<()> {
+    fn compute(&self, req: &Compute, out: &mut Vec<u8>) -> Result<()> {
         let d = self.model.n_embd;
         let job = req.job();
         start_output(out, job.ids.len(), d, job.rows.len());
-        self.model.experts.apply(&job, scratch, &mut || Ok(()), &mut |i, y| {
-            write_output(out, d, job.starts[i], y)
-        })?;
+        self.model
+            .experts
+            .apply(&job, &mut || Ok(()), &mut |i, y| write_output(out, d, job.starts[i], y))?;
         self.metrics.requests.fetch_add(1, Relaxed);
         self.metrics.experts.fetch_add(job.ids.len() as u64, Relaxed);
         self.metrics.rows.fetch_add(job.rows.len() as u64, Relaxed);

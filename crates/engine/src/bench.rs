@@ -2,13 +2,15 @@
 //! prompt of N tokens processed as one batch; N tokens decoded one at a time from an empty context, each
 //! fed the token sampled from the last), so the two can be compared on the same file.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::model::{Model, Outputs};
 use crate::sampler::{Sampler, SamplerOptions};
+use crate::samples::counters;
 use crate::stats::{StatsSnapshot, PHASES};
+use crate::weights::Residency;
 use crate::Result;
-use titan_store::Counters;
 
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
@@ -27,8 +29,10 @@ pub struct BenchReport {
     pub decode_steady_tok_s: Vec<f64>,
     /// Tokens those second halves hold, over all repetitions.
     pub steady_tokens: usize,
-    /// The expert cache over those second halves, when experts are streamed.
-    pub steady_cache: Option<Counters>,
+    /// What the expert source counted over those second halves (its unlabelled counters, by name:
+    /// `expert_cache_hits_total`, `expert_cache_read_bytes_total`… when experts stream), empty for a
+    /// source that counts nothing.
+    pub steady_counters: BTreeMap<&'static str, f64>,
     /// Weight bytes read per decoded token.
     pub decode_bytes_per_token: f64,
     /// Share of decode time per phase (attention, router, experts, head).
@@ -67,7 +71,7 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
     // Warm-up, as llama-bench's: the whole prompt once and one decode step, which starts the thread pool
     // and sizes (and faults in) every working buffer for the batches measured below. Resident weights are
     // also read ahead (streamed experts are not: reading the whole file is exactly what the store avoids).
-    if model.experts.cache().is_none() {
+    if model.weights.residency() == Residency::All {
         model.weights.file.advise_willneed();
     }
     // One sequence for the whole bench, each repetition restarting it at position 0, as llama-bench keeps
@@ -79,8 +83,12 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
     model.forward(&tokens[..1], tokens.len(), &mut seq, Outputs::Last)?;
 
     let (mut prompt_tok_s, mut decode_tok_s, mut decode_steady_tok_s) = (Vec::new(), Vec::new(), Vec::new());
-    let cache_total = || model.experts.cache().map(|c| c.stats().total);
-    let mut steady_cache = cache_total().map(|_| Counters::default());
+    let counted = || {
+        let mut all = Vec::new();
+        model.experts.samples(&mut all);
+        counters(&all)
+    };
+    let mut steady: BTreeMap<&'static str, f64> = BTreeMap::new();
     let (mut prompt, mut decode) = (StatsSnapshot::default(), StatsSnapshot::default());
     for _ in 0..o.repetitions.max(1) {
         if o.prompt_tokens > 0 {
@@ -107,17 +115,17 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
             });
             let half = o.gen_tokens / 2;
             let t = Instant::now();
-            let (mut t_half, mut cache_half) = (t, None);
+            let (mut t_half, mut at_half) = (t, BTreeMap::new());
             for pos in 0..o.gen_tokens {
                 if pos == half {
-                    (t_half, cache_half) = (Instant::now(), cache_total());
+                    (t_half, at_half) = (Instant::now(), counted());
                 }
                 next = sampler.sample(model.forward(&[next], pos, &mut seq, Outputs::Last)?, &[]);
             }
             decode_tok_s.push(o.gen_tokens as f64 / t.elapsed().as_secs_f64());
             decode_steady_tok_s.push((o.gen_tokens - half) as f64 / t_half.elapsed().as_secs_f64());
-            if let (Some(sum), Some(end), Some(mid)) = (&mut steady_cache, cache_total(), cache_half) {
-                sum.add(&end.since(&mid));
+            for (name, end) in counted() {
+                *steady.entry(name).or_default() += end - at_half.get(name).copied().unwrap_or(0.0);
             }
             decode.add(&model.stats.snapshot().since(&before));
         }
@@ -135,7 +143,7 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
         decode_tok_s,
         steady_tokens: (o.gen_tokens - o.gen_tokens / 2) * decode_steady_tok_s.len(),
         decode_steady_tok_s,
-        steady_cache,
+        steady_counters: steady,
         decode_bytes_per_token: decode.weight_bytes as f64 / decoded,
         decode_phases: shares(&decode),
         prompt_phases: shares(&prompt),

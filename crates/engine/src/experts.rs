@@ -2,20 +2,20 @@
 //!
 //! The MoE layer asks one question — "the outputs of experts `ids` of layer `l` on their rows" — through
 //! the [`Experts`] trait, so where an expert is computed never touches the architectures: in place from
-//! the GGUF mapping, from a bounded cache fed by an expert store on SSD ([`ExpertSource`]), or on another
-//! machine (the cluster's source, which mixes remote nodes with a local fallback). Whoever computes an
+//! the GGUF mapping ([`ResidentExperts`]), from a bounded cache fed by an expert store on SSD (the store's
+//! source), or on another machine (the cluster's, which mixes remote nodes with a local fallback). Whoever computes an
 //! expert, its output for a row is a pure function of (row, expert weights), and the caller combines the
 //! outputs in ascending expert-id order, in one place (`moe::moe_block`): see docs/determinism.md.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use titan_kernels::{matmul_many, Activations, MatmulJob, WeightView};
-use titan_store::ExpertCache;
+use titan_kernels::{matmul_many, Activations, GgmlType, MatmulJob, WeightView};
 
 use crate::config::Activation;
 use crate::ops::{add_bias, exp};
+use crate::samples::Sample;
 use crate::scratch::{recycle, slots};
-use crate::weights::{ExpertBias, ExpertExtras, Weights};
+use crate::weights::{ExpertBias, Weights};
 use crate::{EngineError, Result};
 
 /// One layer's work for the experts: expert `ids[i]` applied to rows `rows_of(i)` of `input`.
@@ -37,8 +37,13 @@ impl ExpertJob<'_> {
     }
 }
 
-/// Where experts are computed.
+/// Where experts are computed: rows in, outputs out. Each source owns its working buffers and says
+/// which activation format it takes; what it counts goes out through [`Experts::samples`].
 pub trait Experts: Send + Sync {
+    /// The activation format layer `layer`'s experts take their input in (their gate and up matrices'):
+    /// the caller quantises the layer's input once, in this format, for every expert of the job.
+    fn input_type(&self, layer: usize) -> Result<GgmlType>;
+
     /// Compute every expert of `job` and hand its output to `deliver(i, y)` — `y` holding one
     /// `n_embd`-long row per row of `job.rows_of(i)`, in that order — once per expert, in any order.
     /// `meanwhile` is the caller's own work for this layer (the shared expert), called exactly once, at the
@@ -46,89 +51,74 @@ pub trait Experts: Send + Sync {
     fn apply(
         &self,
         job: &ExpertJob,
-        s: &mut ExpertScratch,
         meanwhile: &mut dyn FnMut() -> Result<()>,
         deliver: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()>;
 
-    /// The expert cache, when experts stream from a store on this machine.
-    fn cache(&self) -> Option<&ExpertCache> {
+    /// Whether read-ahead hints for `layer` would be used now: the caller routes ahead (a router pass)
+    /// only for a source that would act on the answer.
+    fn wants_hints(&self, _layer: usize) -> bool {
+        false
+    }
+
+    /// Experts `ids` (distinct, ascending) of `layer` will probably be asked for next: a source that
+    /// reads experts from somewhere slow can start now. Never changes a result.
+    fn hint(&self, _layer: usize, _ids: &[u32]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Appends what the source has counted so far (cache hits, bytes read, exchanges with nodes…).
+    fn samples(&self, _out: &mut Vec<Sample>) {}
+
+    /// What the source did so far, for a person (a few lines ending in a newline), if it has anything
+    /// to say.
+    fn summary(&self) -> Option<String> {
         None
     }
-
-    /// What the source did so far, for the user (a cluster's per-node counters), if it has more to say
-    /// than the cache's statistics.
-    fn report(&self) -> Option<String> {
-        None
-    }
-
-    /// Each remote node's exchange counters so far (a cluster's; none for a source on this machine).
-    fn exchanges(&self) -> Vec<NodeExchange> {
-        Vec::new()
-    }
-}
-
-/// One remote node's layer exchanges as the backbone saw them (for the server's `/metrics`).
-#[derive(Clone, Debug, Default)]
-pub struct NodeExchange {
-    pub node: String,
-    pub exchanges: u64,
-    /// From sending a layer's request to having its answer, summed.
-    pub exchange_ns: u64,
-    /// Of that, the time the backbone waited after finishing its own share.
-    pub wait_ns: u64,
-    pub bytes_out: u64,
-    pub bytes_in: u64,
-    /// Layers whose experts were computed elsewhere because this node failed them.
-    pub failovers: u64,
 }
 
 /// A shared source (the CLI keeps a handle on a cluster to read its counters).
-impl<T: Experts + ?Sized> Experts for std::sync::Arc<T> {
+impl<T: Experts + ?Sized> Experts for Arc<T> {
+    fn input_type(&self, layer: usize) -> Result<GgmlType> {
+        (**self).input_type(layer)
+    }
+
     fn apply(
         &self,
         job: &ExpertJob,
-        s: &mut ExpertScratch,
         meanwhile: &mut dyn FnMut() -> Result<()>,
         deliver: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
-        (**self).apply(job, s, meanwhile, deliver)
+        (**self).apply(job, meanwhile, deliver)
     }
 
-    fn cache(&self) -> Option<&ExpertCache> {
-        (**self).cache()
+    fn wants_hints(&self, layer: usize) -> bool {
+        (**self).wants_hints(layer)
     }
 
-    fn report(&self) -> Option<String> {
-        (**self).report()
+    fn hint(&self, layer: usize, ids: &[u32]) -> Result<()> {
+        (**self).hint(layer, ids)
     }
 
-    fn exchanges(&self) -> Vec<NodeExchange> {
-        (**self).exchanges()
+    fn samples(&self, out: &mut Vec<Sample>) {
+        (**self).samples(out)
+    }
+
+    fn summary(&self) -> Option<String> {
+        (**self).summary()
     }
 }
 
-/// The working buffers of [`Experts::apply`], kept between calls.
+/// The working buffers of a local source's computation, kept between calls.
 #[derive(Default)]
 pub struct ExpertScratch {
     /// Per expert of a batch, the rows routed to it.
     acts: Vec<Activations>,
-    /// Always empty: the allocation of a batch's list (see [`ExpertSource::for_each_batch`]).
+    /// Always empty: the allocation of a batch's list of weights (see [`recycle`]).
     views: Vec<ExpertWeights<'static>>,
     /// The job indexes of a batch.
     which: Vec<usize>,
     ffn: FfnScratch,
-}
-
-/// Experts computed on this machine.
-pub enum ExpertSource {
-    /// Read in place from the model's weights (the mapping, or the regrouped copies made at load): the
-    /// whole model fits in memory, or the page cache copes.
-    Resident(Arc<Weights>),
-    /// Served by a bounded cache over an expert store: a layer's misses are read together, and the
-    /// experts are computed as soon as their records are here — the hits in one batch, then each group of
-    /// reads that completed meanwhile in another. The biases and activation stay resident.
-    Streamed(ExpertCache, Arc<ExpertExtras>),
 }
 
 /// One expert's three matrices, its biases if the model has them, and its activation.
@@ -141,37 +131,31 @@ pub struct ExpertWeights<'a> {
     pub act: Activation,
 }
 
-impl Experts for ExpertSource {
-    fn apply(
-        &self,
+impl ExpertScratch {
+    /// Computes experts `job.ids[i]` for each `(i, weights)` of `batch` on their rows, and delivers each
+    /// output: the one computation every local source shares (in one parallel region for the batch).
+    /// Allocates nothing once a batch of this size has run.
+    pub fn compute<'w>(
+        &mut self,
         job: &ExpertJob,
-        s: &mut ExpertScratch,
-        meanwhile: &mut dyn FnMut() -> Result<()>,
+        batch: impl IntoIterator<Item = (usize, ExpertWeights<'w>)>,
         deliver: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
-        meanwhile()?;
-        let ExpertScratch {
-            acts,
-            views,
-            which,
-            ffn,
-        } = s;
-        self.for_each_batch(job.layer, job.ids, views, which, |which, batch| {
-            compute_batch(job, which, batch, acts, ffn, deliver)
-        })
-    }
-
-    fn cache(&self) -> Option<&ExpertCache> {
-        match self {
-            ExpertSource::Resident(_) => None,
-            ExpertSource::Streamed(c, _) => Some(c),
+        let mut views: Vec<ExpertWeights<'w>> = recycle(std::mem::take(&mut self.views));
+        self.which.clear();
+        for (i, w) in batch {
+            self.which.push(i);
+            views.push(w);
         }
+        let r = compute_batch(job, &self.which, &views, &mut self.acts, &mut self.ffn, deliver);
+        self.views = recycle(views);
+        r
     }
 }
 
 /// Computes experts `job.ids[which[k]]`, whose weights are `batch[k]`, on their rows, and delivers each
-/// output: the one computation every local source shares.
-pub fn compute_batch(
+/// output.
+fn compute_batch(
     job: &ExpertJob,
     which: &[usize],
     batch: &[ExpertWeights],
@@ -207,75 +191,84 @@ pub fn compute_batch(
     Ok(())
 }
 
-impl ExpertScratch {
-    /// The buffers [`compute_batch`] needs, for a source outside this module.
-    pub fn batch_buffers(&mut self) -> (&mut Vec<Activations>, &mut FfnScratch) {
-        (&mut self.acts, &mut self.ffn)
+/// Working buffers shared by the threads that call one source: a call takes a set (or makes one) and
+/// gives it back, so concurrent callers (a worker's connections) never wait for each other's, and a lone
+/// caller reuses the same set every time.
+pub struct ScratchPool<T>(Mutex<Vec<T>>);
+
+impl<T> Default for ScratchPool<T> {
+    fn default() -> Self {
+        ScratchPool(Mutex::new(Vec::new()))
     }
 }
 
-impl ExpertSource {
-    /// Call `f(which, batch)` with the experts `ids[which[k]]` of `layer` (distinct), weights `batch[k]`,
-    /// in batches as they become available: all at once when resident; when streamed, the hits together
-    /// and then the misses as their records arrive, so computing the first overlaps reading the rest.
-    /// `views` is kept empty by the caller and lends its allocation to each batch's list, `which` holds
-    /// each batch's indexes.
-    fn for_each_batch(
-        &self,
-        layer: usize,
-        ids: &[u32],
-        views: &mut Vec<ExpertWeights<'static>>,
-        which: &mut Vec<usize>,
-        mut f: impl FnMut(&[usize], &[ExpertWeights<'_>]) -> Result<()>,
-    ) -> Result<()> {
-        match self {
-            ExpertSource::Resident(w) => {
-                let l = w.layers[layer].experts(layer, ids.first().copied().unwrap_or(0))?;
-                let mut all: Vec<ExpertWeights> = recycle(std::mem::take(views));
-                all.extend(ids.iter().map(|&e| {
-                    let e = e as usize;
-                    let (bias, act) = (w.extras.bias(layer, e), w.extras.act);
-                    ExpertWeights {
-                        gate: w.view(&l.gate_exps.expert(e)),
-                        up: w.view(&l.up_exps.expert(e)),
-                        down: w.view(&l.down_exps.expert(e)),
-                        bias,
-                        act,
-                    }
-                }));
-                which.clear();
-                which.extend(0..all.len());
-                let r = f(which, &all);
-                *views = recycle(all);
-                r
-            }
-            ExpertSource::Streamed(cache, extras) => {
-                // The callback cannot return an error to the cache; keep the first one and stop computing.
-                let mut failed: Option<EngineError> = None;
-                cache.get_layer_with(layer, ids, &mut |ready| {
-                    if failed.is_none() {
-                        which.clear();
-                        which.extend(ready.iter().map(|(i, _)| *i));
-                        let mut batch: Vec<ExpertWeights> = recycle(std::mem::take(views));
-                        batch.extend(ready.iter().map(|(i, rec)| {
-                            let (bias, act) = (extras.bias(layer, ids[*i] as usize), extras.act);
-                            ExpertWeights {
-                                gate: rec.gate().weight_view(),
-                                up: rec.up().weight_view(),
-                                down: rec.down().weight_view(),
-                                bias,
-                                act,
-                            }
-                        }));
-                        if let Err(e) = f(which, &batch) {
-                            failed = Some(e);
-                        }
-                        *views = recycle(batch);
-                    }
-                })?;
-                failed.map_or(Ok(()), Err)
-            }
+impl<T: Default> ScratchPool<T> {
+    pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        // A panic while the lock is held leaves only buffers behind; keep going.
+        let lock = || self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = lock().pop().unwrap_or_default();
+        let r = f(&mut s);
+        lock().push(s);
+        r
+    }
+}
+
+/// The experts in the model's own weights: viewed in place in the GGUF mapping, or in the regrouped
+/// copies made at load. The whole model fits in memory, or the page cache copes.
+pub struct ResidentExperts {
+    weights: Arc<Weights>,
+    scratch: ScratchPool<ExpertScratch>,
+}
+
+impl ResidentExperts {
+    pub fn new(weights: Arc<Weights>) -> ResidentExperts {
+        ResidentExperts {
+            weights,
+            scratch: ScratchPool::default(),
         }
+    }
+}
+
+impl Experts for ResidentExperts {
+    fn input_type(&self, layer: usize) -> Result<GgmlType> {
+        let l = self.weights.layers.get(layer).ok_or_else(|| EngineError::Expert {
+            layer,
+            expert: 0,
+            what: "the model has no such layer".into(),
+        })?;
+        Ok(l.experts(layer, 0)?.gate_exps.mat.ty.act_type())
+    }
+
+    fn apply(
+        &self,
+        job: &ExpertJob,
+        meanwhile: &mut dyn FnMut() -> Result<()>,
+        deliver: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        meanwhile()?;
+        let w = &self.weights;
+        let layer = job.layer;
+        let l = w
+            .layers
+            .get(layer)
+            .ok_or_else(|| EngineError::Expert {
+                layer,
+                expert: job.ids.first().copied().unwrap_or(0),
+                what: "the model has no such layer".into(),
+            })?
+            .experts(layer, job.ids.first().copied().unwrap_or(0))?;
+        let weights = job.ids.iter().enumerate().map(|(i, &e)| {
+            let e = e as usize;
+            let w = ExpertWeights {
+                gate: w.view(&l.gate_exps.expert(e)),
+                up: w.view(&l.up_exps.expert(e)),
+                down: w.view(&l.down_exps.expert(e)),
+                bias: w.extras.bias(layer, e),
+                act: w.extras.act,
+            };
+            (i, w)
+        });
+        self.scratch.with(|s| s.compute(job, weights, deliver))
     }
 }
 

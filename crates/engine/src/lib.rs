@@ -16,7 +16,9 @@ pub mod model;
 pub mod moe;
 pub mod ops;
 pub mod perplexity;
+pub mod profile;
 pub mod sampler;
+pub mod samples;
 mod scratch;
 pub mod stats;
 pub mod vocab;
@@ -24,7 +26,7 @@ pub mod weights;
 
 pub use config::{Arch, Config};
 pub use generate::{GenerateOptions, Generation, StopReason};
-pub use model::{Batch, LoadOptions, Model, Outputs, ReadMode, Sequence, Span, StreamOptions};
+pub use model::{Batch, Model, Outputs, Sequence, Span};
 pub use sampler::{Sampler, SamplerOptions};
 
 #[derive(Debug, thiserror::Error)]
@@ -37,8 +39,9 @@ pub enum EngineError {
     Kernel(#[from] titan_kernels::KernelError),
     #[error(transparent)]
     Tokenizer(#[from] titan_tokenizer::TokenizerError),
+    /// A failure of an expert source outside the engine (a store's read, say), in its own words.
     #[error(transparent)]
-    Store(#[from] titan_store::StoreError),
+    Experts(Box<dyn std::error::Error + Send + Sync>),
     #[error("context of {ctx} tokens exceeded: {need} needed (use a larger --ctx-size or a shorter prompt)")]
     ContextFull { ctx: usize, need: usize },
     #[error("expert {expert} of layer {layer}: {what}")]

@@ -1,18 +1,17 @@
 //! A loaded model and its forward pass: one layer is a short list of named steps, and those names are
 //! the trace points.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use titan_gguf::GgufFile;
 use titan_kernels::{matmul, matmul_many, Activations, MatmulJob};
-use titan_store::{Budget, CacheOptions, ExpertCache, Policy, Store, StoreError, StoreOptions};
 use titan_tokenizer::Tokenizer;
 
 use crate::attention::{attend, AttnShape, KvCache};
 use crate::config::{Config, Mixer, RopeStyle};
 use crate::delta_net::{self, DeltaScratch, DeltaState};
-use crate::experts::{ExpertSource, Experts};
+use crate::experts::{Experts, ResidentExperts};
 use crate::latent::attend_latent;
 use crate::moe::{dense_ffn, moe_block, MoeScratch, RouteRule, Routing};
 use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head, sigmoid};
@@ -20,7 +19,7 @@ use crate::scratch::{recycle, slots};
 use crate::stats::{Phase, Stats};
 use crate::trace::Trace;
 use crate::weights::{
-    Attention, BetaAlpha, DeltaNet, ExpertExtras, Latent, LatentQuery, Mat, Mixing, Moe, Residency, Stacked, Weights,
+    Attention, BetaAlpha, DeltaNet, Latent, LatentQuery, Mat, Mixing, Moe, Residency, Stacked, Weights,
 };
 use crate::{vocab, EngineError, Result};
 
@@ -28,11 +27,9 @@ pub struct Model {
     pub config: Config,
     pub weights: Arc<Weights>,
     pub tokenizer: Tokenizer,
-    /// Where the experts are computed: on this machine ([`ExpertSource`]), or anywhere a replacement
-    /// puts them (the cluster's source), through the one seam.
+    /// Where the experts are computed: in the model's own weights ([`ResidentExperts`]), or anywhere a
+    /// replacement puts them (a store on disk, a cluster), through the one seam.
     pub experts: Box<dyn Experts>,
-    /// Prefetch the next layer's likely experts (streamed experts only).
-    prefetch: bool,
     /// Time per phase and weight bytes read, over every forward pass so far.
     pub stats: Stats,
 }
@@ -44,95 +41,60 @@ pub enum Outputs {
     Last,
 }
 
-/// How to load a model: everything resident (the default), or experts streamed from an expert store.
-#[derive(Default)]
-pub struct LoadOptions {
-    pub stream: Option<StreamOptions>,
-}
-
-pub struct StreamOptions {
-    /// The store directory (`titan convert` writes it beside the model as `MODEL.titan/`).
-    pub store: PathBuf,
-    pub budget_bytes: u64,
-    pub policy: Policy,
-    pub io: ReadMode,
-    pub verify_digests: bool,
-    /// Experts to keep resident for the whole run (e.g. the hottest of a routing profile).
-    pub pinned: Vec<(usize, usize)>,
-    /// Read the next layer's likely experts ahead (its router applied to the current hidden state).
-    pub prefetch: bool,
-}
-
-/// How expert records are read from the store.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReadMode {
-    /// Through the page cache, which keeps what memory outside the budget can hold.
-    Buffered,
-    /// With O_DIRECT (F_NOCACHE on macOS), an error where the filesystem refuses it.
-    Direct,
-    /// Direct where the filesystem allows it, else buffered: for a budget that takes the memory there is,
-    /// beside which a page cache would only cost a copy per read and the kernel's reclaim.
-    DirectIfSupported,
-}
-
 impl Model {
+    /// Loads the model at `path` with every weight resident: read in place from the mapping, Q4_0/Q8_0
+    /// matrices regrouped for the kernels.
     pub fn load(path: impl AsRef<Path>) -> Result<Model> {
-        Self::load_with(path, &LoadOptions::default())
-    }
-
-    pub fn load_with(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Model> {
-        let file = GgufFile::open(path)?;
-        let config = Config::from_gguf(&file)?;
-        let tokenizer = vocab::tokenizer_from_gguf(&file)?;
-        let cache = opts.stream.as_ref().map(|s| open_cache(s, &file)).transpose()?;
+        let (file, config, tokenizer) = Self::open(path)?;
         let mut weights = Weights::load(file, &config)?;
-        weights.copy_out(if cache.is_some() {
-            Residency::Dense
-        } else {
-            Residency::All
-        });
-        if let Some(c) = &cache {
-            // Only now: the warming's reads slowed the reading of the dense weights above, and so the
-            // first token (on the 2-core Zen 3 EPYC, 8–11 s became 10–16 s with four warming reads at once).
-            c.warm()?;
-        }
+        weights.copy_out(Residency::All);
         let weights = Arc::new(weights);
-        let prefetch = opts.stream.as_ref().is_some_and(|s| s.prefetch);
-        let experts = match cache {
-            Some(c) => ExpertSource::Streamed(c, weights.extras.clone()),
-            None => ExpertSource::Resident(weights.clone()),
-        };
+        let experts = Box::new(ResidentExperts::new(weights.clone()));
         Ok(Model {
             config,
             weights,
             tokenizer,
-            experts: Box::new(experts),
-            prefetch,
+            experts,
             stats: Stats::default(),
         })
     }
 
-    /// A model's experts and nothing else, for an expert node: resident (only the expert tensors are
-    /// copied or regrouped; the dense weights are never touched, so never paged in), or streamed from
-    /// the store in `opts.stream`. Returns the config and the source.
-    pub fn load_experts(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<(Config, ExpertSource)> {
+    /// Loads a model whose experts come from elsewhere than its mapping: `experts` makes their source
+    /// once the dense weights are in memory — copied out of the mapping, so that expert reads cannot push
+    /// them out of the page cache, and read before whatever the source starts reading in the background.
+    pub fn load_with_experts(
+        path: impl AsRef<Path>,
+        experts: impl FnOnce(&Weights) -> Result<Box<dyn Experts>>,
+    ) -> Result<Model> {
+        let (file, config, tokenizer) = Self::open(path)?;
+        let mut weights = Weights::load(file, &config)?;
+        weights.copy_out(Residency::Dense);
+        let experts = experts(&weights)?;
+        Ok(Model {
+            config,
+            weights: Arc::new(weights),
+            tokenizer,
+            experts,
+            stats: Stats::default(),
+        })
+    }
+
+    fn open(path: impl AsRef<Path>) -> Result<(GgufFile, Config, Tokenizer)> {
         let file = GgufFile::open(path)?;
         let config = Config::from_gguf(&file)?;
-        let source = match &opts.stream {
-            Some(s) => {
-                let extras = Arc::new(ExpertExtras::load(&file, &config)?);
-                let cache = open_cache(s, &file)?;
-                cache.warm()?;
-                ExpertSource::Streamed(cache, extras)
-            }
-            None => {
-                // Shapes are checked for every tensor, dense ones included: a node refuses a broken file.
-                let mut weights = Weights::load(file, &config)?;
-                weights.copy_out(Residency::Experts);
-                ExpertSource::Resident(Arc::new(weights))
-            }
-        };
-        Ok((config, source))
+        let tokenizer = vocab::tokenizer_from_gguf(&file)?;
+        Ok((file, config, tokenizer))
+    }
+
+    /// A model's experts and nothing else, resident, for an expert node: only the expert tensors are
+    /// copied or regrouped; the dense weights are never touched, so never paged in. Shapes are checked
+    /// for every tensor, dense ones included: a node refuses a broken file.
+    pub fn load_experts(path: impl AsRef<Path>) -> Result<(Config, ResidentExperts)> {
+        let file = GgufFile::open(path)?;
+        let config = Config::from_gguf(&file)?;
+        let mut weights = Weights::load(file, &config)?;
+        weights.copy_out(Residency::Experts);
+        Ok((config, ResidentExperts::new(Arc::new(weights))))
     }
 
     /// Refuse a context longer than the model was trained for (unless `past_training`: its positions
@@ -355,9 +317,7 @@ impl Model {
             };
             // ffn_norm, router, experts
             stats.time(Phase::Router, || self.route_layer(il, experts, x, route))?;
-            if self.prefetch {
-                self.prefetch_next(il, x, next)?;
-            }
+            self.hint_next(il, x, next)?;
             let experts_run = stats.time(Phase::Experts, || {
                 moe_block(w, self.experts.as_ref(), c, il, &route.h, &route.routing, moe)
             })?;
@@ -438,27 +398,23 @@ impl Model {
         Ok(())
     }
 
-    /// Issue reads for the experts layer `il + 1` will probably choose: its router applied to the current
-    /// residual stream (which the next layer only changes by its attention output), routed into `r`.
-    /// Nothing once the cache holds every expert (a budget the warming has filled): there is nothing left
-    /// to read, and the extra router pass per layer is pure cost (the f32 router kernel of both passes is
-    /// 3.4% of a steady-state profile of Qwen3-30B-A3B on the 2-core Zen 3 EPYC).
-    fn prefetch_next(&self, il: usize, x: &[f32], r: &mut Route) -> Result<()> {
-        let (Some(cache), Some(Some(next))) = (
-            self.experts.cache(),
-            self.weights.layers.get(il + 1).map(|l| l.moe.as_ref()),
-        ) else {
+    /// Tell the expert source which experts layer `il + 1` will probably choose, if it wants to know
+    /// (a source that streams experts reads them ahead): that layer's router applied to the current
+    /// residual stream, which the next layer only changes by its attention output, routed into `r`. Not
+    /// computed for a source that would not use it (the f32 router kernel of both passes is 3.4% of a
+    /// steady-state profile of Qwen3-30B-A3B on the 2-core Zen 3 EPYC).
+    fn hint_next(&self, il: usize, x: &[f32], r: &mut Route) -> Result<()> {
+        let Some(Some(next)) = self.weights.layers.get(il + 1).map(|l| l.moe.as_ref()) else {
             return Ok(());
         };
-        if cache.holds_every_record() {
+        if !self.experts.wants_hints(il + 1) {
             return Ok(());
         }
         self.route_layer(il + 1, next, x, r)?;
         let ids = &mut r.routing.ids;
         ids.sort_unstable();
         ids.dedup();
-        cache.prefetch(il + 1, ids)?;
-        Ok(())
+        self.experts.hint(il + 1, ids)
     }
 
     /// Weight bytes one layer reads for a batch: its dense matrices once, each of the `experts` distinct
@@ -850,40 +806,6 @@ impl Model {
         *jobs = recycle(list);
         Ok(r?)
     }
-}
-
-/// The bounded expert cache over the store `s` names, its pinned experts loaded (the caller starts the
-/// warming once the rest of the model is in).
-fn open_cache(s: &StreamOptions, file: &GgufFile) -> Result<ExpertCache> {
-    let open = |direct_io| {
-        Store::open_with(
-            &s.store,
-            file,
-            &StoreOptions {
-                direct_io,
-                verify_digests: s.verify_digests,
-            },
-        )
-    };
-    let store = match s.io {
-        ReadMode::Buffered => open(false)?,
-        ReadMode::Direct => open(true)?,
-        ReadMode::DirectIfSupported => match open(true) {
-            Err(StoreError::DirectIoUnsupported { .. }) => open(false)?,
-            r => r?,
-        },
-    };
-    // Its records only feed the kernels: laid out for them as they land, as resident weights are at load.
-    let cache = ExpertCache::new(
-        Arc::new(store),
-        &CacheOptions {
-            policy: s.policy,
-            regroup: true,
-            ..CacheOptions::new(Budget::Bytes(s.budget_bytes))
-        },
-    )?;
-    cache.pin(&s.pinned)?;
-    Ok(cache)
 }
 
 /// One sequence's share of a [`Model::forward_batch`] step: its new tokens, at positions pos0.., and

@@ -4,7 +4,7 @@
 use titan_kernels::{dot_f32, Activations};
 
 use crate::config::{Activation, Config};
-use crate::experts::{swiglu_many, ExpertJob, ExpertScratch, ExpertWeights, Experts, FfnScratch};
+use crate::experts::{swiglu_many, ExpertJob, ExpertWeights, Experts, FfnScratch};
 use crate::ops::{add, sigmoid};
 use crate::weights::{SharedExpert, Weights};
 use crate::{EngineError, Result};
@@ -155,7 +155,6 @@ pub struct MoeScratch {
     /// Whether expert `ids[i]` delivered its rows this layer: `contributions` is reused between layers,
     /// so an expert that never delivered would otherwise be combined from a stale output.
     delivered: Vec<bool>,
-    experts: ExpertScratch,
     /// The shared expert's working buffers.
     ffn: FfnScratch,
     out: Vec<f32>,
@@ -191,7 +190,6 @@ pub fn moe_block(
         shared_input,
         contributions,
         delivered,
-        experts: scratch,
         ffn,
         out,
     } = s;
@@ -214,13 +212,7 @@ pub fn moe_block(
     slot_rows.extend(by_expert.iter().map(|&slot| slot / k));
 
     // The layer's input is quantised once; each expert gets its rows as byte copies of those rows.
-    let first = routing.ids.first().copied().unwrap_or(0);
-    input.quantize(
-        w.layers[layer].experts(layer, first)?.gate_exps.mat.ty.act_type(),
-        x,
-        rows,
-        d,
-    )?;
+    input.quantize(experts.input_type(layer)?, x, rows, d)?;
 
     contributions.resize(rows * k * d, 0.0);
     let job = ExpertJob {
@@ -235,7 +227,7 @@ pub fn moe_block(
     let mut shared_ffn = || shared.map_or(Ok(()), |sh| shared_expert(w, sh, x, d, shared_input, ffn));
     delivered.clear();
     delivered.resize(ids.len(), false);
-    experts.apply(&job, scratch, &mut shared_ffn, &mut |i, y| {
+    experts.apply(&job, &mut shared_ffn, &mut |i, y| {
         let slots = &by_expert[runs[i]..runs[i + 1]];
         delivered[i] = y.len() == slots.len() * d;
         for (yi, &slot) in y.chunks_exact(d).zip(slots) {
@@ -380,14 +372,17 @@ mod tests {
     struct Withholds<'a>(&'a dyn Experts, usize);
 
     impl Experts for Withholds<'_> {
+        fn input_type(&self, layer: usize) -> Result<titan_kernels::GgmlType> {
+            self.0.input_type(layer)
+        }
+
         fn apply(
             &self,
             job: &ExpertJob,
-            s: &mut ExpertScratch,
             meanwhile: &mut dyn FnMut() -> Result<()>,
             deliver: &mut dyn FnMut(usize, &[f32]),
         ) -> Result<()> {
-            self.0.apply(job, s, meanwhile, &mut |i, y| {
+            self.0.apply(job, meanwhile, &mut |i, y| {
                 if i != self.1 {
                     deliver(i, y)
                 }

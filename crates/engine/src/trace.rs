@@ -36,6 +36,18 @@ pub fn digest(bytes: &[u8]) -> String {
 }
 
 impl Record {
+    /// The step and layer the record's name gives (`s0003.l012.moe_out`: 3 and 12; no layer for a
+    /// step's own records), and the name of what it holds.
+    pub fn place(&self) -> Option<(usize, Option<usize>, &str)> {
+        let (step, rest) = self.name.strip_prefix('s')?.split_once('.')?;
+        let step = step.parse().ok()?;
+        let layer = rest.strip_prefix('l').and_then(|r| r.split_once('.'));
+        Some(match layer.and_then(|(l, what)| Some((l.parse().ok()?, what))) {
+            Some((l, what)) => (step, Some(l), what),
+            None => (step, None, rest),
+        })
+    }
+
     pub fn digest(&self) -> String {
         digest(&self.data)
     }

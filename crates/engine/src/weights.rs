@@ -5,7 +5,9 @@
 //! Only the small vectors (norms, biases) are decoded to f32 once.
 
 use titan_gguf::{GgufFile, TensorInfo};
-use titan_kernels::{regroup_weights, regrouped_weights_pay, weights_regroupable, GgmlType, WeightLayout, WeightView};
+use titan_kernels::{GgmlType, WeightLayout, WeightView};
+use titan_layout::names::{bias_name, is_expert_tensor, weight_name};
+use titan_layout::{regroup, Part};
 
 use crate::config::{Activation, Config, Mixer, QkNorm};
 use crate::{EngineError, Result};
@@ -199,13 +201,12 @@ impl ExpertExtras {
         let (e, ff, n) = (c.n_embd, c.expert_ff, c.n_expert);
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
-            let name = |p: &str| format!("blk.{i}.ffn_{p}_exps.bias");
-            layers.push(if f.tensor(&name("gate")).is_some() {
-                let table = |p: &str, len: usize| l.decode(l.tensor(&name(p), &[len, n])?, len * n);
+            layers.push(if f.tensor(&bias_name(i, Part::Gate)).is_some() {
+                let table = |p: Part, len: usize| l.decode(l.tensor(&bias_name(i, p), &[len, n])?, len * n);
                 Some(ExpertBiases {
-                    gate: table("gate", ff)?,
-                    up: table("up", ff)?,
-                    down: table("down", e)?,
+                    gate: table(Part::Gate, ff)?,
+                    up: table(Part::Up, ff)?,
+                    down: table(Part::Down, e)?,
                 })
             } else {
                 None
@@ -242,6 +243,8 @@ pub struct Weights {
     pub extras: std::sync::Arc<ExpertExtras>,
     /// Tensors copied out of the mapping (see [`Weights::copy_out`]).
     copies: Copies,
+    /// Which weights this process computes with.
+    residency: Residency,
     pub token_embd: Mat,
     pub output_norm: Vec<f32>,
     /// The LM head; `token_embd` itself when the model ties them.
@@ -291,9 +294,9 @@ impl Weights {
                     router: l.mat(&n("ffn_gate_inp.weight"), e, c.n_expert)?,
                     choice_bias: l.vec_if_present(&n("exp_probs_b.bias"), c.n_expert)?,
                     router_bias: l.vec_if_present(&n("ffn_gate_inp.bias"), c.n_expert)?,
-                    gate_exps: l.stacked(&n("ffn_gate_exps.weight"), e, c.expert_ff, c.n_expert)?,
-                    up_exps: l.stacked(&n("ffn_up_exps.weight"), e, c.expert_ff, c.n_expert)?,
-                    down_exps: l.stacked(&n("ffn_down_exps.weight"), c.expert_ff, e, c.n_expert)?,
+                    gate_exps: l.stacked(&weight_name(i, Part::Gate), e, c.expert_ff, c.n_expert)?,
+                    up_exps: l.stacked(&weight_name(i, Part::Up), e, c.expert_ff, c.n_expert)?,
+                    down_exps: l.stacked(&weight_name(i, Part::Down), c.expert_ff, e, c.n_expert)?,
                 })
             };
             let mixing = match (c.mixers[i], c.mla) {
@@ -320,6 +323,7 @@ impl Weights {
             file,
             extras,
             copies: Copies::default(),
+            residency: Residency::All,
             token_embd,
             output_norm,
             output,
@@ -373,14 +377,10 @@ impl Weights {
             let src = self.file.tensor_data(t);
             let cols = t.dims.first().map_or(0, |&c| c as usize);
             let matrix = t.dims.len() >= 2 && t.dims[1] > 1 && t.name != "token_embd.weight";
-            let regroup = matrix && weights_regroupable(t.ty, cols) && regrouped_weights_pay(t.ty);
-            let copy = if regroup {
-                let mut buf = vec![0u8; src.len()];
-                regroup_weights(t.ty, cols, src, &mut buf).then_some((buf, WeightLayout::Regrouped))
-            } else if dense_resident {
-                Some((src.to_vec(), WeightLayout::Plain))
-            } else {
-                None
+            let copy = match matrix.then(|| regroup::regrouped(t.ty, cols, src)).flatten() {
+                Some(buf) => Some((buf, WeightLayout::Regrouped)),
+                None if dense_resident => Some((src.to_vec(), WeightLayout::Plain)),
+                None => None,
             };
             if let Some((buf, layout)) = copy {
                 copies.starts.push(start);
@@ -390,6 +390,12 @@ impl Weights {
             }
         }
         self.copies = copies;
+        self.residency = residency;
+    }
+
+    /// Which weights this process computes with (all of them unless [`Weights::copy_out`] said otherwise).
+    pub fn residency(&self) -> Residency {
+        self.residency
     }
 }
 
@@ -410,22 +416,6 @@ fn tap_major(per_channel: &[f32], taps: usize) -> Vec<f32> {
     (0..taps * channels)
         .map(|n| per_channel[(n % channels) * taps + n / channels])
         .collect()
-}
-
-/// Whether a GGUF tensor holds experts (llama.cpp stacks them as `blk.N.ffn_{gate,up,down}_exps.weight`).
-pub fn is_expert_tensor(name: &str) -> bool {
-    name.contains("_exps.")
-}
-
-/// Dense (non-expert) and expert bytes of a GGUF file's tensors.
-pub fn dense_and_expert_bytes(f: &GgufFile) -> (u64, u64) {
-    let expert: u64 = f
-        .tensors
-        .iter()
-        .filter(|t| is_expert_tensor(&t.name))
-        .map(|t| t.size)
-        .sum();
-    (f.tensors.iter().map(|t| t.size).sum::<u64>() - expert, expert)
 }
 
 /// Tensors copied out of the mapping, by their start offset in the file.

@@ -5,7 +5,6 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use titan_engine::experts::NodeExchange;
 use titan_engine::Model;
 
 #[derive(Default)]
@@ -131,69 +130,29 @@ impl Metrics {
                 0.0
             },
         );
-        if let Some(cache) = model.experts.cache() {
-            let s = cache.stats();
-            put(
-                "expert_cache_hits_total",
-                "counter",
-                "Expert records found in the cache.",
-                s.total.hits as f64,
-            );
-            put(
-                "expert_cache_misses_total",
-                "counter",
-                "Expert records read from the store.",
-                s.total.misses as f64,
-            );
-            put(
-                "expert_cache_resident_bytes",
-                "gauge",
-                "Bytes of expert records held.",
-                s.resident_bytes as f64,
-            );
-        }
-        // A cluster's nodes, one labelled series each.
-        let nodes = model.experts.exchanges();
-        if !nodes.is_empty() {
-            let series: [NodeSeries; 6] = [
-                (
-                    "node_exchanges_total",
-                    "counter",
-                    "Layer exchanges with the node.",
-                    |n| n.exchanges as f64,
-                ),
-                (
-                    "node_exchange_seconds_total",
-                    "counter",
-                    "From sending a layer's request to the node to having its answer.",
-                    |n| n.exchange_ns as f64 / 1e9,
-                ),
-                (
-                    "node_wait_seconds_total",
-                    "counter",
-                    "Of the exchange time, what the backbone waited after its own share.",
-                    |n| n.wait_ns as f64 / 1e9,
-                ),
-                ("node_sent_bytes_total", "counter", "Bytes sent to the node.", |n| {
-                    n.bytes_out as f64
-                }),
-                (
-                    "node_received_bytes_total",
-                    "counter",
-                    "Bytes received from the node.",
-                    |n| n.bytes_in as f64,
-                ),
-                (
-                    "node_failovers_total",
-                    "counter",
-                    "Layers whose experts were computed elsewhere because the node failed them.",
-                    |n| n.failovers as f64,
-                ),
-            ];
-            for (name, kind, help, value) in series {
-                let _ = writeln!(out, "# HELP titan_{name} {help}\n# TYPE titan_{name} {kind}");
-                for n in &nodes {
-                    let _ = writeln!(out, "titan_{name}{{node=\"{}\"}} {}", n.node, value(n));
+        // What the expert source counts (a store's cache, a cluster's nodes), one family per name.
+        let mut samples = Vec::new();
+        model.experts.samples(&mut samples);
+        let mut seen = std::collections::BTreeSet::new();
+        for s in &samples {
+            if seen.insert(s.name) {
+                let _ = writeln!(
+                    out,
+                    "# HELP titan_{} {}\n# TYPE titan_{} {}",
+                    s.name,
+                    s.help,
+                    s.name,
+                    s.kind.name()
+                );
+                for t in samples.iter().filter(|t| t.name == s.name) {
+                    match &t.label {
+                        Some((k, v)) => {
+                            let _ = writeln!(out, "titan_{}{{{k}=\"{}\"}} {}", t.name, escape(v), t.value);
+                        }
+                        None => {
+                            let _ = writeln!(out, "titan_{} {}", t.name, t.value);
+                        }
+                    }
                 }
             }
         }
@@ -201,5 +160,7 @@ impl Metrics {
     }
 }
 
-/// One labelled series per cluster node: name, Prometheus type, help text, and its value for a node.
-type NodeSeries = (&'static str, &'static str, &'static str, fn(&NodeExchange) -> f64);
+/// A label value as the text format wants it: backslash, quote and newline escaped.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}

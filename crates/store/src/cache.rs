@@ -22,6 +22,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::pool::{IoPool, Urgency};
+use crate::units::human_bytes;
 use crate::{AlignedBuf, ExpertRecord, Store, StoreError};
 
 /// How much memory the cache may hold in records (padded record sizes; dense weights are not its business).
@@ -317,10 +318,10 @@ impl ExpertCache {
         let warning = (requested < min).then(|| {
             format!(
                 "expert budget {} is below one expert per layer ({} MoE layers × {}); raised to {}",
-                fmt_bytes(requested),
+                human_bytes(requested),
                 store.layers().len(),
-                fmt_bytes(store.max_record_bytes()),
-                fmt_bytes(min)
+                human_bytes(store.max_record_bytes()),
+                human_bytes(min)
             )
         });
         let pool = IoPool::new(opts.io_threads).map_err(StoreError::io(store.path()))?;
@@ -940,21 +941,6 @@ impl State {
         }
         self.pinned += size;
     }
-}
-
-/// Sizes for messages: "1.50 GiB", "340.0 MiB", "512 bytes".
-fn fmt_bytes(n: u64) -> String {
-    const UNITS: [(&str, f64); 3] = [
-        ("GiB", (1u64 << 30) as f64),
-        ("MiB", (1u64 << 20) as f64),
-        ("KiB", 1024.0),
-    ];
-    for (unit, size) in UNITS {
-        if n as f64 >= size {
-            return format!("{:.2} {unit}", n as f64 / size);
-        }
-    }
-    format!("{n} bytes")
 }
 
 #[cfg(test)]

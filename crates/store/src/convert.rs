@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 
 use titan_gguf::GgufFile;
 
-use crate::manifest::{expert_tensors, ExpertLayout, Manifest, RecordEntry};
+use titan_layout::ExpertLayout;
+
+use crate::manifest::{Manifest, RecordEntry};
 use crate::{StoreError, DEFAULT_ALIGNMENT, EXPERTS_FILE, MANIFEST_FILE, MIN_ALIGNMENT};
 
 /// Large sequential writes: the copy is bound by the disk, not by syscalls.
@@ -45,8 +47,7 @@ pub fn convert(
     if !align.is_power_of_two() || align < MIN_ALIGNMENT {
         return Err(StoreError::Alignment(align));
     }
-    let tensors = expert_tensors(gguf)?;
-    let layout = ExpertLayout::of(gguf, &tensors)?;
+    let layout = ExpertLayout::of(gguf)?;
     if out.exists() && !opts.force {
         return Err(StoreError::Exists {
             path: out.to_path_buf(),
@@ -58,7 +59,7 @@ pub fn convert(
         fs::remove_dir_all(&partial).map_err(StoreError::io(&partial))?;
     }
     fs::create_dir_all(&partial).map_err(StoreError::io(&partial))?;
-    let result = write_store(gguf, &tensors, layout, align, &partial, progress).and_then(|m| {
+    let result = write_store(gguf, &layout, align, &partial, progress).and_then(|m| {
         publish(&partial, out)?;
         Ok(m)
     });
@@ -71,8 +72,7 @@ pub fn convert(
 
 fn write_store(
     gguf: &GgufFile,
-    tensors: &[crate::manifest::LayerTensors<'_>],
-    layout: ExpertLayout,
+    layout: &ExpertLayout,
     align: u64,
     dir: &Path,
     progress: &mut dyn FnMut(u64, u64),
@@ -81,32 +81,23 @@ fn write_store(
     let io = |e| StoreError::io(&bin_path)(e);
     let file = File::create(&bin_path).map_err(io)?;
     let mut w = BufWriter::with_capacity(WRITE_BUFFER, file);
-    let total: u64 = layout
-        .layers
-        .iter()
-        .map(|l| l.record_length() * layout.n_expert as u64)
-        .sum();
+    let total = layout.expert_bytes_total();
     let zeros = vec![0u8; align as usize];
     let mut records = Vec::with_capacity(layout.layers.len() * layout.n_expert);
     let (mut offset, mut done) = (0u64, 0u64);
-    for (lt, entry) in tensors.iter().zip(&layout.layers) {
-        let parts = [(lt.gate, &entry.gate), (lt.up, &entry.up), (lt.down, &entry.down)];
+    for entry in &layout.layers {
         for expert in 0..layout.n_expert {
-            let mut hasher = blake3::Hasher::new();
-            for (info, spec) in parts {
-                // Expert e of a stacked tensor is its e-th contiguous slice: a byte copy, never requantised.
-                let start = expert * spec.bytes as usize;
-                let slice = gguf
-                    .tensor_data(info)
-                    .get(start..start + spec.bytes as usize)
-                    .ok_or_else(|| StoreError::Model {
-                        path: gguf.path().to_path_buf(),
-                        what: format!("{} is shorter than its shape", info.name),
-                    })?;
-                hasher.update(slice);
-                w.write_all(slice).map_err(io)?;
+            // Expert e of a stacked tensor is its e-th contiguous slice: a byte copy, never requantised.
+            let parts = layout
+                .expert_bytes(gguf, entry.layer, expert)
+                .ok_or_else(|| StoreError::Model {
+                    path: gguf.path().to_path_buf(),
+                    what: format!("layer {}'s expert tensors are shorter than their shapes", entry.layer),
+                })?;
+            for part in parts {
+                w.write_all(part).map_err(io)?;
             }
-            let length = entry.record_length();
+            let length = entry.record_bytes();
             let pad = length.next_multiple_of(align) - length;
             w.write_all(&zeros[..pad as usize]).map_err(io)?;
             records.push(RecordEntry {
@@ -114,7 +105,9 @@ fn write_store(
                 expert,
                 offset,
                 length,
-                blake3: hasher.finalize().to_hex().to_string(),
+                blake3: blake3::Hash::from_bytes(titan_layout::digest_of(parts))
+                    .to_hex()
+                    .to_string(),
             });
             offset += length + pad;
             done += length;

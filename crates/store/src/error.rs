@@ -83,9 +83,56 @@ pub enum StoreError {
     /// The pinned set does not fit in the cache budget beside the one record that streaming needs.
     #[error("pinned experts need {need} bytes but the expert budget has {room} bytes for them (it keeps one record's room to stream the rest): pin fewer experts or raise --expert-budget")]
     PinOverBudget { need: u64, room: u64 },
-    /// A routing profile that cannot be read or does not fit the store.
-    #[error("{path}: {what}", path = path.display())]
-    Profile { path: PathBuf, what: String },
+    /// Streaming was asked for and no store is beside the model.
+    #[error(
+        "no expert store beside {m} (looked for {copy} and {index}): create one with `titan convert {m}` (an index, \
+         no copy) or `titan convert {m} --layout copy` (a copy of the experts)",
+        m = model.display(), copy = copy.display(), index = index.display()
+    )]
+    NoStore {
+        model: PathBuf,
+        copy: PathBuf,
+        index: PathBuf,
+    },
+    /// The store named is neither a store directory nor an index.
+    #[error("{path}: no expert store there (create it with `titan convert {model}`)", path = path.display(), model = model.display())]
+    NotAStore { path: PathBuf, model: PathBuf },
+    /// An automatic budget on a system whose available memory cannot be read.
+    #[error("cannot read MemAvailable from /proc/meminfo to size the expert budget; give --expert-budget a size")]
+    MemoryUnknown,
+    /// Not even the dense weights, the KV caches and the margin fit in memory.
+    #[error(
+        "{model}: {needs} do not fit in the {available} of memory available, so not even its experts can stream \
+         (--resident tries anyway{less})",
+        model = model.display(),
+        available = crate::units::human_bytes(*available),
+        less = if *kv { "; a smaller --ctx-size (or --parallel) needs less" } else { "" }
+    )]
+    NoRoom {
+        model: PathBuf,
+        needs: String,
+        available: u64,
+        kv: bool,
+    },
+    /// The index beside the model could not be written.
+    #[error(
+        "writing the expert index {path} (give --store a writable place for one made with \
+         `titan convert --layout in-place -o`): {source}",
+        path = path.display()
+    )]
+    IndexBeside { path: PathBuf, source: Box<StoreError> },
+    /// The model itself cannot be loaded (its file, its hyper-parameters, a routing profile).
+    #[error(transparent)]
+    Engine(#[from] titan_engine::EngineError),
+}
+
+impl From<titan_layout::LayoutError> for StoreError {
+    fn from(e: titan_layout::LayoutError) -> StoreError {
+        match e {
+            titan_layout::LayoutError::NoExperts { path } => StoreError::NoExperts { path },
+            titan_layout::LayoutError::Model { path, what } => StoreError::Model { path, what },
+        }
+    }
 }
 
 impl StoreError {

@@ -15,7 +15,9 @@ use titan_gguf::GgufFile;
 use titan_kernels::GgmlType;
 
 use crate::convert::{remove_stale_partials, sibling, sync_dir};
-use crate::manifest::{expert_tensors, ExpertLayout, LayerEntry, SourceIdentity, TensorSpec};
+use titan_layout::{ExpertLayout, ModelIdentity};
+
+use crate::manifest::{LayerEntry, TensorSpec};
 use crate::StoreError;
 
 /// The first eight bytes of every index.
@@ -30,7 +32,7 @@ const LAYER_ENTRY: usize = 4 + 3 * (4 + 8 + 8 + 8 + 8);
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Index {
     /// The model the index describes (its file name is how `titan verify INDEX` finds it).
-    pub source: SourceIdentity,
+    pub source: ModelIdentity,
     pub n_layer: usize,
     pub n_expert: usize,
     /// The MoE layers, ascending, with one expert's gate, up and down shapes and sizes.
@@ -47,45 +49,33 @@ impl Index {
     /// Index `gguf`'s experts: locate every slice and hash it (every expert byte of the model is read
     /// once); `progress(done, total)` counts expert bytes hashed.
     pub fn build(gguf: &GgufFile, progress: &mut dyn FnMut(u64, u64)) -> Result<Index, StoreError> {
-        let tensors = expert_tensors(gguf)?;
-        let layout = ExpertLayout::of(gguf, &tensors)?;
+        let layout = ExpertLayout::of(gguf)?;
         let n_expert = layout.n_expert;
-        let total: u64 = layout.layers.iter().map(|l| l.record_length() * n_expert as u64).sum();
-        let mut offsets = Vec::with_capacity(tensors.len());
-        let mut digests = Vec::with_capacity(tensors.len() * n_expert);
+        let total = layout.expert_bytes_total();
+        let mut digests = Vec::with_capacity(layout.layers.len() * n_expert);
         let mut done = 0;
-        for (lt, entry) in tensors.iter().zip(&layout.layers) {
-            let parts = [(lt.gate, &entry.gate), (lt.up, &entry.up), (lt.down, &entry.down)];
-            offsets.push(parts.map(|(t, _)| gguf.data_offset + t.offset));
+        for entry in &layout.layers {
             for e in 0..n_expert {
-                let mut hasher = blake3::Hasher::new();
-                for (t, spec) in parts {
-                    let start = e * spec.bytes as usize;
-                    let slice = gguf
-                        .tensor_data(t)
-                        .get(start..start + spec.bytes as usize)
-                        .ok_or_else(|| StoreError::Model {
-                            path: gguf.path().to_path_buf(),
-                            what: format!("{} is shorter than its shape", t.name),
-                        })?;
-                    hasher.update(slice);
-                }
-                digests.push(*hasher.finalize().as_bytes());
-                done += entry.record_length();
+                let digest = layout.digest(gguf, entry.layer, e).ok_or_else(|| StoreError::Model {
+                    path: gguf.path().to_path_buf(),
+                    what: format!("layer {}'s expert tensors are shorter than their shapes", entry.layer),
+                })?;
+                digests.push(digest);
+                done += entry.record_bytes();
                 progress(done, total);
             }
             // The index is made once and the model may be larger than memory: hand the layer's pages
             // back rather than let them crowd out everything else this process holds.
-            for (t, _) in parts {
-                gguf.release((gguf.data_offset + t.offset) as usize, t.size as usize);
+            for (offset, part) in entry.offsets.iter().zip(&entry.parts) {
+                gguf.release(*offset as usize, (part.bytes * n_expert as u64) as usize);
             }
         }
         Ok(Index {
-            source: SourceIdentity::of(gguf)?,
+            source: ModelIdentity::of(gguf)?,
             n_layer: layout.n_layer,
             n_expert,
-            layers: layout.layers,
-            offsets,
+            offsets: layout.layers.iter().map(|l| l.offsets).collect(),
+            layers: layout.layers.iter().map(LayerEntry::of).collect(),
             digests,
         })
     }
@@ -177,7 +167,7 @@ impl Index {
         let name_len = r.u16("the model's name")? as usize;
         let name = std::str::from_utf8(r.take(name_len, "the model's name")?)
             .map_err(|_| bad("the model's file name is not UTF-8"))?;
-        let source = SourceIdentity {
+        let source = ModelIdentity {
             file_name: name.to_string(),
             file_size,
             header_blake3: blake3::Hash::from_bytes(header.try_into().unwrap_or([0; 32]))

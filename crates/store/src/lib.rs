@@ -10,9 +10,10 @@
 //! then reads those three ranges straight out of the model.
 //!
 //! `Store` opens and checks a store of either layout against the model and reads records with positional
-//! reads into aligned buffers, checking digests. `ExpertCache` keeps a bounded set of records resident, reads a layer's misses
-//! in parallel on a pool of I/O threads, prefetches, pins, and counts everything. `Profile` holds the
-//! routing counts used to pick pinned experts.
+//! reads into aligned buffers, checking digests. `ExpertCache` keeps a bounded set of records resident,
+//! reads a layer's misses in parallel on a pool of I/O threads, prefetches, pins, and counts everything;
+//! [`StreamedExperts`] puts it behind the engine's expert seam. [`plan`] decides whether a model streams
+//! at all, and with what budget, from the memory there is, and loads it so.
 
 mod aligned;
 mod cache;
@@ -20,22 +21,26 @@ mod convert;
 mod error;
 mod index;
 mod manifest;
+pub mod plan;
 mod pool;
-mod profile;
 mod reader;
 mod record;
+mod stream;
 #[cfg(test)]
 mod testutil;
+mod units;
 
 pub use aligned::AlignedBuf;
 pub use cache::{Budget, CacheOptions, CacheStats, Counters, ExpertCache, Policy, Ready};
 pub use convert::{convert, ConvertOptions};
 pub use error::StoreError;
 pub use index::{write_index, Index, INDEX_VERSION};
-pub use manifest::{LayerEntry, Manifest, RecordEntry, SourceIdentity, TensorSpec, FORMAT_VERSION};
-pub use profile::Profile;
+pub use manifest::{LayerEntry, Manifest, RecordEntry, TensorSpec, FORMAT_VERSION};
+pub use plan::{load_experts, load_model, BudgetChoice, ExpertChoice, KvPlan, ReadMode, StreamPlan};
 pub use reader::{Layout, RecordSource, Store, StoreOptions, VerifyReport};
 pub use record::{ExpertRecord, ExpertTensor};
+pub use stream::StreamedExperts;
+pub use units::{human_bytes, parse_size};
 
 /// The file holding the records, inside a store directory.
 pub const EXPERTS_FILE: &str = "experts.bin";

@@ -15,7 +15,9 @@ use std::sync::mpsc;
 use titan_gguf::GgufFile;
 
 use crate::index::Index;
-use crate::manifest::{expert_tensors, ExpertLayout, LayerEntry, Manifest, SourceIdentity, TensorSpec};
+use titan_layout::{ExpertLayout, ModelIdentity};
+
+use crate::manifest::{LayerEntry, Manifest, TensorSpec};
 use crate::record::{Part, RecordShape};
 use crate::{AlignedBuf, ExpertRecord, StoreError, DEFAULT_ALIGNMENT, EXPERTS_FILE, MANIFEST_FILE, MIN_ALIGNMENT};
 
@@ -67,7 +69,7 @@ pub struct Store {
     opts: StoreOptions,
     /// Reads start and end on multiples of this, and buffers start on one.
     align: u64,
-    identity: SourceIdentity,
+    identity: ModelIdentity,
     n_layer: usize,
     n_expert: usize,
     /// The MoE layers, ascending. Nothing here is sized by `n_layer`, which is only a number compared
@@ -329,7 +331,7 @@ impl Store {
     /// tensors, and — since a header can be copied, and models that differ only in their weights share
     /// one — the same expert bytes, for one expert per MoE layer (`titan verify --model` hashes all).
     fn check_model(&self, gguf: &GgufFile) -> Result<(), StoreError> {
-        if !self.identity.matches(&SourceIdentity::of(gguf)?) {
+        if !self.identity.matches(&ModelIdentity::of(gguf)?) {
             return Err(StoreError::WrongModel {
                 dir: self.path.clone(),
                 made_from: self.identity.file_name.clone(),
@@ -337,15 +339,13 @@ impl Store {
                 model: gguf.path().to_path_buf(),
             });
         }
-        let tensors = expert_tensors(gguf)?;
-        let layout = ExpertLayout::of(gguf, &tensors)?;
+        let layout = ExpertLayout::of(gguf)?;
         let mut difference = layout_difference(self, &layout);
         if self.layout == Layout::InPlace && difference.is_none() {
             // The header digest matched, so only an index written wrongly can get here.
-            difference = tensors.iter().enumerate().find_map(|(i, lt)| {
-                let want = [lt.gate, lt.up, lt.down].map(|t| gguf.data_offset + t.offset);
-                (self.locs.get(i * self.n_expert).map(|l| l.parts) != Some(want))
-                    .then(|| format!("layer {}'s expert offsets are not the model's", lt.layer))
+            difference = layout.layers.iter().enumerate().find_map(|(i, l)| {
+                (self.locs.get(i * self.n_expert).map(|loc| loc.parts) != Some(l.offsets))
+                    .then(|| format!("layer {}'s expert offsets are not the model's", l.layer))
             });
         }
         if let Some(what) = difference {
@@ -375,30 +375,21 @@ impl Store {
     /// expert when `all`, else one per MoE layer (a different one in each, so a few layers already cover
     /// several expert ids). The model's layout must already match the store's.
     pub fn source_mismatches(&self, gguf: &GgufFile, all: bool) -> Result<Vec<(usize, usize)>, StoreError> {
-        let tensors = expert_tensors(gguf)?;
+        let layout = ExpertLayout::of(gguf)?;
         let n_expert = self.n_expert;
         let mut bad = Vec::new();
-        for (i, (lt, entry)) in tensors.iter().zip(&self.layers).enumerate() {
+        for (i, entry) in layout.layers.iter().enumerate() {
             let experts = if all {
                 0..n_expert
             } else {
                 i % n_expert..i % n_expert + 1
             };
             for e in experts {
-                let mut hasher = blake3::Hasher::new();
-                for (t, spec) in [(lt.gate, &entry.gate), (lt.up, &entry.up), (lt.down, &entry.down)] {
-                    let start = gguf.data_offset + t.offset + e as u64 * spec.bytes;
-                    let bytes = usize::try_from(start)
-                        .ok()
-                        .zip(usize::try_from(spec.bytes).ok())
-                        .and_then(|(s, n)| gguf.bytes(s, n))
-                        .ok_or_else(|| StoreError::Model {
-                            path: gguf.path().to_path_buf(),
-                            what: format!("{} expert {e} lies past the end of the file", t.name),
-                        })?;
-                    hasher.update(bytes);
-                }
-                if *hasher.finalize().as_bytes() != self.locs[i * n_expert + e].digest {
+                let digest = layout.digest(gguf, entry.layer, e).ok_or_else(|| StoreError::Model {
+                    path: gguf.path().to_path_buf(),
+                    what: format!("expert {e} of layer {} lies past the end of the file", entry.layer),
+                })?;
+                if digest != self.locs[i * n_expert + e].digest {
                     bad.push((entry.layer, e));
                 }
             }
@@ -700,16 +691,16 @@ fn layout_difference(s: &Store, model: &ExpertLayout) -> Option<String> {
             s.n_layer, s.n_expert, model.n_layer, model.n_expert
         ));
     }
-    let layers = |t: &[LayerEntry]| t.iter().map(|l| l.layer).collect::<Vec<_>>();
-    if layers(&s.layers) != layers(&model.layers) {
+    let ours: Vec<usize> = s.layers.iter().map(|l| l.layer).collect();
+    let theirs: Vec<usize> = model.layers.iter().map(|l| l.layer).collect();
+    if ours != theirs {
         return Some(format!(
-            "the store has experts in layers {:?}, the model in {:?}",
-            layers(&s.layers),
-            layers(&model.layers)
+            "the store has experts in layers {ours:?}, the model in {theirs:?}"
         ));
     }
     let describe = |s: &TensorSpec| format!("{} {}×{} ({} bytes)", s.ty, s.rows, s.cols, s.bytes);
-    for (ours, theirs) in s.layers.iter().zip(&model.layers) {
+    let model: Vec<LayerEntry> = model.layers.iter().map(LayerEntry::of).collect();
+    for (ours, theirs) in s.layers.iter().zip(&model) {
         for (part, a, b) in [
             ("gate", &ours.gate, &theirs.gate),
             ("up", &ours.up, &theirs.up),

@@ -1,9 +1,7 @@
 //! One expert's weights in memory: the bytes read from the store's file, and typed views of its gate, up
 //! and down matrices.
 
-use titan_kernels::{
-    regroup_weights_in_place, regrouped_weights_pay, weights_regroupable, GgmlType, WeightLayout, WeightView,
-};
+use titan_kernels::{GgmlType, WeightLayout, WeightView};
 
 use crate::AlignedBuf;
 
@@ -93,18 +91,9 @@ impl ExpertRecord {
     /// Done once per read, after the digest check, on the reading thread, in place.
     pub(crate) fn regroup(&mut self) {
         for part in [&mut self.shape.gate, &mut self.shape.up, &mut self.shape.down] {
-            if part.layout != WeightLayout::Plain
-                || !weights_regroupable(part.ty, part.cols)
-                || !regrouped_weights_pay(part.ty)
-            {
-                continue;
-            }
-            if regroup_weights_in_place(
-                part.ty,
-                part.cols,
-                &mut self.buf.as_mut_slice()[part.start..part.start + part.len],
-            ) {
-                part.layout = WeightLayout::Regrouped;
+            if part.layout == WeightLayout::Plain {
+                let data = &mut self.buf.as_mut_slice()[part.start..part.start + part.len];
+                part.layout = titan_layout::regroup::regroup_in_place(part.ty, part.cols, data);
             }
         }
     }

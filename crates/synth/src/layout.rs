@@ -3,6 +3,8 @@
 //! types llama-quantize would give them (`llama_tensor_get_type` in `src/llama-quant.cpp`).
 
 use titan_kernels::GgmlType;
+use titan_layout::names::{bias_name, weight_name};
+use titan_layout::Part;
 
 use crate::preset::{Arch, FileType, Preset};
 
@@ -183,14 +185,14 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
             continue;
         }
         push(n("ffn_gate_inp.weight"), &[e, nx], Role::Router, l);
-        push(n("ffn_gate_exps.weight"), &[e, ff, nx], Role::GateExps, l);
-        push(n("ffn_up_exps.weight"), &[e, ff, nx], Role::UpExps, l);
-        push(n("ffn_down_exps.weight"), &[ff, e, nx], Role::DownExps, l);
+        push(weight_name(i, Part::Gate), &[e, ff, nx], Role::GateExps, l);
+        push(weight_name(i, Part::Up), &[e, ff, nx], Role::UpExps, l);
+        push(weight_name(i, Part::Down), &[ff, e, nx], Role::DownExps, l);
         if p.arch == Arch::GptOss {
             push(n("ffn_gate_inp.bias"), &[nx], Role::RouterBias, l);
-            push(n("ffn_gate_exps.bias"), &[ff, nx], Role::GateExpsBias, l);
-            push(n("ffn_up_exps.bias"), &[ff, nx], Role::UpExpsBias, l);
-            push(n("ffn_down_exps.bias"), &[e, nx], Role::DownExpsBias, l);
+            push(bias_name(i, Part::Gate), &[ff, nx], Role::GateExpsBias, l);
+            push(bias_name(i, Part::Up), &[ff, nx], Role::UpExpsBias, l);
+            push(bias_name(i, Part::Down), &[e, nx], Role::DownExpsBias, l);
         }
         if p.shared_ff > 0 {
             let sf = p.shared_ff as u64;

@@ -262,7 +262,7 @@ pub fn wait_listening(workers: &mut [Worker]) {
 pub fn downloaded(w: &Worker) -> u64 {
     let log = w.log();
     log.lines()
-        .find_map(|l| l.strip_prefix("worker: downloaded ")?.split(' ').next()?.parse().ok())
+        .find_map(|l| l.split_once(" downloaded ")?.1.split(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("{log}"))
 }
 

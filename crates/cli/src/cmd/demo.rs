@@ -9,14 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
-use titan_cluster::{model_identity, Cluster, ClusterOptions};
-use titan_engine::experts::ExpertSource;
+
+use titan_cluster::{Cluster, ClusterOptions};
+use titan_engine::experts::ResidentExperts;
 use titan_engine::trace::{diff, Trace};
 use titan_engine::{GenerateOptions, Generation, Model, SamplerOptions};
+use titan_layout::ModelIdentity;
 
-#[derive(Args)]
-pub struct DemoArgs {
+#[derive(clap::Args)]
+pub struct Args {
     /// The model (default: the trained demo model in models/demo/, else the qwen3moe test fixture).
     #[arg(short = 'm', long = "model")]
     model: Option<PathBuf>,
@@ -103,7 +104,7 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> Result<(Generation, Trace,
     Ok((g, trace, text))
 }
 
-pub fn demo(a: DemoArgs) -> Result<()> {
+pub fn run(a: Args) -> Result<()> {
     let path = match a.model {
         Some(p) => p,
         None => default_model()?,
@@ -135,12 +136,12 @@ pub fn demo(a: DemoArgs) -> Result<()> {
         placement: a.placement.parse()?,
         replicas: 1,
         timeout: Duration::from_secs(10),
-        model: model_identity(&model.weights.file),
+        model: ModelIdentity::of(&model.weights.file)?.to_string(),
         hot: Vec::new(),
     };
     let local = std::mem::replace(
         &mut model.experts,
-        Box::new(ExpertSource::Resident(model.weights.clone())),
+        Box::new(ResidentExperts::new(model.weights.clone())),
     );
     let cluster = Arc::new(Cluster::connect(
         local,

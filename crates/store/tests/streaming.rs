@@ -2,13 +2,29 @@
 //! cache give the same bytes as the fully resident model, for every budget down to one expert per layer,
 //! with buffered and direct I/O.
 
-mod common;
+use std::path::PathBuf;
+use std::sync::Arc;
 
-use common::*;
+use titan_engine::samples::Sample;
 use titan_engine::trace::{diff, Trace};
-use titan_engine::{GenerateOptions, LoadOptions, Model, Outputs, ReadMode, SamplerOptions, StreamOptions};
+use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions};
 use titan_gguf::GgufFile;
-use titan_store::{convert, write_index, ConvertOptions, ExpertCache, Policy, Store};
+use titan_store::StreamedExperts;
+use titan_store::{convert, load_model, write_index, ConvertOptions, ExpertCache, Policy, ReadMode, Store, StreamPlan};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+/// The value of the unlabelled sample `name` the model's expert source reports.
+fn sample(m: &Model, name: &str) -> f64 {
+    let mut all: Vec<Sample> = Vec::new();
+    m.experts.samples(&mut all);
+    all.iter()
+        .find(|s| s.name == name)
+        .map(|s| s.value)
+        .unwrap_or_else(|| panic!("no sample {name}"))
+}
 
 const FILES: &[&str] = &[
     "qwen3moe/q4_0.gguf",
@@ -23,18 +39,16 @@ const FILES: &[&str] = &[
 ];
 
 fn streamed(path: &std::path::Path, store: &std::path::Path, budget_bytes: u64, io: ReadMode, prefetch: bool) -> Model {
-    let opts = LoadOptions {
-        stream: Some(StreamOptions {
-            store: store.to_path_buf(),
-            budget_bytes,
-            policy: Policy::Lru,
-            io,
-            verify_digests: true,
-            pinned: vec![],
-            prefetch,
-        }),
+    let plan = StreamPlan {
+        store: store.to_path_buf(),
+        budget_bytes,
+        policy: Policy::Lru,
+        io,
+        verify_digests: true,
+        pinned: vec![],
+        prefetch,
     };
-    Model::load_with(path, &opts).unwrap()
+    load_model(path, Some(&plan)).unwrap()
 }
 
 fn trace_of(model: &Model, prompt: &[u32]) -> Trace {
@@ -111,14 +125,18 @@ fn streams_as_resident(f: &str, store: &std::path::Path) {
             );
             let rep = diff(&want_trace, &trace_of(&m, &tokens), None);
             assert!(rep.identical(), "{f}: budget {budget}, {io:?}: {rep:?}");
-            let stats = m.experts.cache().unwrap().stats();
-            assert!(stats.resident_bytes <= stats.budget_bytes, "{f}: over budget");
+            let resident = sample(&m, "expert_cache_resident_bytes");
+            assert!(resident <= sample(&m, "expert_cache_budget_bytes"), "{f}: over budget");
             // Every expert came through the store: read on a miss, or (a budget that holds them all) warmed.
-            assert!(stats.total.bytes_read > 0);
+            assert!(sample(&m, "expert_cache_read_bytes_total") > 0.0);
+            let (hits, misses) = (
+                sample(&m, "expert_cache_hits_total"),
+                sample(&m, "expert_cache_misses_total"),
+            );
             println!(
                 "{f} {:?}: budget {budget} {io:?}: hit rate {:.2}",
                 s.layout(),
-                stats.total.hit_rate()
+                hits / (hits + misses).max(1.0)
             );
         }
     }
@@ -150,20 +168,18 @@ impl titan_store::RecordSource for FaultyDisk {
 }
 
 /// The fixture with its experts streamed (a budget of one expert per layer: every layer reads) from its
-/// store through `disk`.
-fn on_disk(path: &std::path::Path, store: &std::path::Path, disk: FaultyDisk) -> Model {
+/// store through `disk`, and a handle on the source.
+fn on_disk(path: &std::path::Path, store: &std::path::Path, disk: FaultyDisk) -> (Model, Arc<StreamedExperts>) {
     let mut model = Model::load(path).unwrap();
     let s = Store::open(store, &model.weights.file).unwrap().with_source(disk);
     let cache = ExpertCache::new(
-        std::sync::Arc::new(s),
+        Arc::new(s),
         &titan_store::CacheOptions::new(titan_store::Budget::Bytes(1)),
     )
     .unwrap();
-    model.experts = Box::new(titan_engine::experts::ExpertSource::Streamed(
-        cache,
-        model.weights.extras.clone(),
-    ));
-    model
+    let source = Arc::new(StreamedExperts::new(cache, model.weights.extras.clone(), true));
+    model.experts = Box::new(source.clone());
+    (model, source)
 }
 
 /// A read that fails once, or returns a flipped bit once (caught by its digest), is read again and the run
@@ -216,23 +232,23 @@ fn fails_or_lies(path: &std::path::Path, store: &std::path::Path, file: &std::pa
     };
     for at in [0, 5, 40] {
         for lies in [false, true] {
-            let got = run(&on_disk(path, store, disk(at, false, lies))).unwrap();
+            let got = run(&on_disk(path, store, disk(at, false, lies)).0).unwrap();
             assert!(
                 diff(&want, &got, None).identical(),
                 "one bad read at {at} (lies: {lies}) changed the output"
             );
         }
-        let err = run(&on_disk(path, store, disk(at, true, false)))
+        let err = run(&on_disk(path, store, disk(at, true, false)).0)
             .err()
             .unwrap()
             .to_string();
         assert!(err.contains(name) && err.contains("Input/output error"), "{err}");
 
-        let m = on_disk(path, store, disk(at, true, true));
+        let (m, source) = on_disk(path, store, disk(at, true, true));
         let err = run(&m).err().unwrap().to_string();
         assert!(err.contains("failed its digest check") && err.contains(name), "{err}");
         // Every record the cache kept is whole: read back through a healthy disk, each matches its digest.
-        let cache = m.experts.cache().unwrap();
+        let cache = source.cache();
         let (n_layer, n_expert) = (m.config.n_layer, m.config.n_expert);
         let kept: Vec<(usize, usize)> = (0..n_layer)
             .flat_map(|l| (0..n_expert).map(move |e| (l, e)))

@@ -1,0 +1,121 @@
+//! `titan bench`: prompt and decode speed measured as llama-bench measures them, memory and bytes per token.
+
+use anyhow::Result;
+use titan_store::KvPlan;
+
+use crate::args::ModelArgs;
+use crate::output::human;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt length in tokens (processed as one batch).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 64)]
+    n_prompt: usize,
+    /// Tokens to decode, one at a time, from an empty context.
+    #[arg(short = 'n', long = "n-gen", default_value_t = 32)]
+    n_gen: usize,
+    /// Repetitions; the medians are reported.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    repetitions: usize,
+    /// Print one JSON object as the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    use titan_engine::bench::{bench, median, BenchOptions};
+    // The bench's longest sequence: the prompt's, or the decode's, with one more position.
+    let model = a.model.load(KvPlan::positions(a.n_prompt.max(a.n_gen) + 1))?;
+    let r = bench(
+        &model,
+        &BenchOptions {
+            prompt_tokens: a.n_prompt,
+            gen_tokens: a.n_gen,
+            repetitions: a.repetitions,
+        },
+    )?;
+    let (pp, tg) = (median(&r.prompt_tok_s), median(&r.decode_tok_s));
+    let threads = rayon::current_num_threads();
+    println!("model:    {} ({})", a.model.model.display(), model.config.arch_name);
+    println!("threads:  {threads} ({} kernels)", titan_kernels::isa().name());
+    println!(
+        "prompt:   pp{} {pp:8.2} tok/s (median of {})",
+        a.n_prompt,
+        r.prompt_tok_s.len()
+    );
+    println!(
+        "decode:   tg{} {tg:8.2} tok/s (median of {})",
+        a.n_gen,
+        r.decode_tok_s.len()
+    );
+    let steady = median(&r.decode_steady_tok_s);
+    let steady_count = |name: &str| r.steady_counters.get(name).copied();
+    if let (Some(hits), Some(misses), Some(read)) = (
+        steady_count("expert_cache_hits_total"),
+        steady_count("expert_cache_misses_total"),
+        steady_count("expert_cache_read_bytes_total"),
+    ) {
+        let per_token = read as u64 / r.steady_tokens.max(1) as u64;
+        println!(
+            "steady:   second half of each decode {steady:8.2} tok/s, expert hit rate {:.3}, {} read from disk \
+             per token",
+            hits / (hits + misses).max(1.0),
+            human(per_token)
+        );
+    }
+    println!(
+        "weights:  {} read per decoded token",
+        human(r.decode_bytes_per_token as u64)
+    );
+    let shares = |p: &[(&str, f64)]| {
+        p.iter()
+            .map(|(n, s)| format!("{n} {:.0}%", s * 100.0))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "phases:   decode {}; prompt {}",
+        shares(&r.decode_phases),
+        shares(&r.prompt_phases)
+    );
+    println!("peak RSS: {}", human(r.peak_rss_bytes));
+    if let Some(s) = model.experts.summary() {
+        eprint!("{s}");
+    }
+    if a.json {
+        let to_map = |p: &[(&str, f64)]| -> serde_json::Map<String, serde_json::Value> {
+            p.iter().map(|(n, s)| (n.to_string(), (*s).into())).collect()
+        };
+        // Every unlabelled counter and gauge the expert source keeps (a store's cache: its budget, hits…).
+        let mut samples = Vec::new();
+        model.experts.samples(&mut samples);
+        let experts: serde_json::Map<String, serde_json::Value> = samples
+            .iter()
+            .filter(|s| s.label.is_none())
+            .map(|s| (s.name.to_string(), s.value.into()))
+            .collect();
+        let j = serde_json::json!({
+            "model": a.model.model.display().to_string(),
+            "threads": threads,
+            "isa": titan_kernels::isa().name(),
+            "n_prompt": a.n_prompt,
+            "n_gen": a.n_gen,
+            "prompt_tok_s": pp,
+            "decode_tok_s": tg,
+            "prompt_tok_s_runs": r.prompt_tok_s,
+            "decode_tok_s_runs": r.decode_tok_s,
+            "decode_steady_tok_s": steady,
+            "steady_tokens": r.steady_tokens,
+            "steady_expert_cache": (!r.steady_counters.is_empty()).then_some(&r.steady_counters),
+            "peak_rss_bytes": r.peak_rss_bytes,
+            "decode_bytes_per_token": r.decode_bytes_per_token,
+            "decode_phase_share": to_map(&r.decode_phases),
+            "prompt_phase_share": to_map(&r.prompt_phases),
+            "experts": experts,
+        });
+        println!("{j}");
+    }
+    Ok(())
+}

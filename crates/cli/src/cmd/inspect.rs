@@ -1,0 +1,87 @@
+//! `titan inspect`: what a GGUF model is: architecture, dimensions, experts, tensor types, bytes.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use titan_gguf::GgufFile;
+
+use crate::output::human;
+
+#[derive(clap::Args)]
+pub struct Args {
+    model: PathBuf,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let f = GgufFile::open(&a.model)?;
+    let c = titan_engine::Config::from_gguf(&f)?;
+    println!(
+        "file:          {} (GGUF v{}, {} tensors, {} bytes)",
+        a.model.display(),
+        f.version,
+        f.tensors.len(),
+        f.file_len()
+    );
+    if let Some(name) = f.get_str("general.name")? {
+        println!("name:          {name}");
+    }
+    println!("architecture:  {} ({:?})", c.arch_name, c.arch);
+    println!("layers:        {}", c.n_layer);
+    println!("embedding:     {}", c.n_embd);
+    println!(
+        "heads:         {} query, {} key/value, head size {}",
+        c.n_head, c.n_head_kv, c.head_dim
+    );
+    if let Some(s) = &c.delta_net {
+        let n = c.n_layer - c.n_attention_layers();
+        println!(
+            "linear attn:   {n} of {} layers, {} key / {} value heads of {}, {}-tap convolution",
+            c.n_layer, s.n_k_heads, s.n_v_heads, s.head_dim, s.conv_kernel
+        );
+    }
+    if c.dense_lead == c.n_layer {
+        println!(
+            "experts:       none (a dense feed-forward of {} in every layer)",
+            c.dense_ff
+        );
+    } else {
+        println!(
+            "experts:       {} per layer, {} used per token, expert FFN {}",
+            c.n_expert, c.n_expert_used, c.expert_ff
+        );
+    }
+    if c.dense_lead > 0 && c.dense_lead < c.n_layer {
+        println!("dense layers:  the first {}, feed-forward {}", c.dense_lead, c.dense_ff);
+    }
+    if c.shared_ff > 0 {
+        println!("shared expert: FFN {}", c.shared_ff);
+    }
+    println!(
+        "vocabulary:    {} tokens ({})",
+        c.n_vocab,
+        f.get_str("tokenizer.ggml.model")?.unwrap_or("none")
+    );
+    println!("context:       {} (training)", c.n_ctx_train);
+    let mut types: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
+    for t in &f.tensors {
+        let e = types.entry(t.ty.name()).or_default();
+        e.0 += 1;
+        e.1 += t.size;
+    }
+    let (dense, expert) = titan_layout::dense_and_expert_bytes(&f);
+    let types: Vec<String> = types
+        .iter()
+        .map(|(n, (count, bytes))| format!("{n} ×{count} ({})", human(*bytes)))
+        .collect();
+    println!("tensor types:  {}", types.join(", "));
+    match (c.n_layer - c.dense_lead) * c.n_expert {
+        0 => println!("weights:       {} dense, no experts", human(dense)),
+        n => println!(
+            "weights:       {} dense, {} experts ({} per expert per layer)",
+            human(dense),
+            human(expert),
+            human(expert / n as u64)
+        ),
+    }
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! `titan serve`: the OpenAI-compatible server.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use titan_store::plan::{default_ctx, mem_available};
+use titan_store::KvPlan;
+
+use crate::args::ModelArgs;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Require `Authorization: Bearer KEY` on /v1/*.
+    #[arg(long = "api-key")]
+    api_key: Option<String>,
+    /// Sequences served at once.
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// KV cache positions of each sequence (default: the model's training context, at most 4096).
+    #[arg(short = 'c', long = "ctx-size")]
+    ctx_size: Option<usize>,
+    /// Allow a --ctx-size past the model's training context.
+    #[arg(long)]
+    allow_long_context: bool,
+    /// Requests that may wait for a slot; past that, new ones are answered 429.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Most tokens one step carries (every decoding sequence's next token, then prompt chunks).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    batch_size: usize,
+    /// A Jinja chat template file, instead of the model's tokenizer.chat_template.
+    #[arg(long = "chat-template")]
+    chat_template: Option<PathBuf>,
+    /// The model id clients use (default: the file name without .gguf).
+    #[arg(long)]
+    alias: Option<String>,
+    /// Largest request body in bytes (larger ones are answered 413).
+    #[arg(long = "max-body", default_value_t = 1 << 20)]
+    max_body: usize,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.parallel == 0 || a.parallel > 256 {
+        bail!("--parallel {} is outside 1..=256", a.parallel);
+    }
+    let chat_template = a
+        .chat_template
+        .as_ref()
+        .map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display())))
+        .transpose()?;
+    let model = a.model.load(KvPlan {
+        sequences: a.parallel,
+        ctx: a.ctx_size,
+        used: None,
+        past_training: a.allow_long_context,
+    })?;
+    let ctx_size = a.ctx_size.unwrap_or_else(|| default_ctx(&model.config));
+    // Every slot holds a whole context's KV cache from the start.
+    let memory = mem_available().unwrap_or(u64::MAX) / a.parallel as u64;
+    model
+        .check_context(ctx_size, memory, a.allow_long_context)
+        .context("--ctx-size (per slot of --parallel)")?;
+    let name = a.alias.clone().unwrap_or_else(|| {
+        a.model
+            .model
+            .file_stem()
+            .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+    });
+    tracing::info!(
+        "serving {name}: {} slots of {ctx_size} tokens, steps of up to {} tokens, queue of {}",
+        a.parallel,
+        a.batch_size,
+        a.queue
+    );
+    titan_server::serve(
+        model,
+        titan_server::ServeOptions {
+            listen: a.listen,
+            api_key: a.api_key,
+            name,
+            chat_template,
+            scheduler: titan_server::SchedulerOptions {
+                parallel: a.parallel,
+                ctx_size,
+                step_tokens: a.batch_size.max(1),
+            },
+            queue_len: a.queue,
+            body_limit: a.max_body,
+        },
+    )
+}

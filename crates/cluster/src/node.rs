@@ -1,0 +1,89 @@
+//! What an expert node serves: a model's experts (resident, or streamed from its store through a budget),
+//! shards of a model (`titan slice`), or the shards a backbone assigns it, fetched first.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use titan_gguf::GgufFile;
+use titan_layout::ModelIdentity;
+use titan_store::StreamPlan;
+
+use crate::fetch::{fetch, FetchOptions};
+use crate::slice::{ShardExperts, Shards};
+use crate::worker::{serve, NodeModel, WorkerOptions};
+
+/// Serves the experts of the model at `path` (streamed where `plan` says) until the process ends;
+/// `ready` is told the bound address first.
+pub fn serve_model(
+    path: &Path,
+    plan: Option<&StreamPlan>,
+    opts: WorkerOptions,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<()> {
+    let identity = ModelIdentity::of(&GgufFile::open(path)?)?.to_string();
+    let (config, experts, budget) = titan_store::load_experts(path, plan)?;
+    let node = NodeModel {
+        identity,
+        n_layer: config.n_layer,
+        n_expert: config.n_expert,
+        n_embd: config.n_embd,
+        experts,
+        holds: None,
+        budget,
+    };
+    serve(node, opts, ready)
+}
+
+/// Serves the experts of shards of one model until the process ends; every expert's digest is checked
+/// first.
+pub fn serve_shards(paths: &[PathBuf], opts: WorkerOptions, ready: impl FnOnce(SocketAddr)) -> Result<()> {
+    let shards = paths
+        .iter()
+        .map(|p| ShardExperts::open(p, true))
+        .collect::<Result<Vec<_>>>()?;
+    let first = shards.first().context("no shard given")?;
+    if let Some(other) = shards.iter().find(|s| s.model != first.model) {
+        bail!(
+            "the shards come from different models ({} and {})",
+            first.model,
+            other.model
+        );
+    }
+    let (c, identity) = (first.config.clone(), first.model.clone());
+    let budget = shards.iter().map(ShardExperts::expert_bytes).sum();
+    let shards = Shards::new(shards);
+    let node = NodeModel {
+        identity,
+        n_layer: c.n_layer,
+        n_expert: c.n_expert,
+        n_embd: c.n_embd,
+        holds: Some(shards.holdings()),
+        experts: Box::new(shards),
+        budget,
+    };
+    serve(node, opts, ready)
+}
+
+/// Joins the backbone of `fetch`, downloads what the cache lacks of this node's assignment
+/// (`progress(done, total)` in bytes), and serves it.
+pub fn serve_fetched(
+    fetch_opts: &FetchOptions,
+    opts: WorkerOptions,
+    progress: &mut dyn FnMut(u64, u64),
+    ready: impl FnOnce(SocketAddr),
+) -> Result<()> {
+    if opts.listen.ends_with(":0") {
+        bail!(
+            "a node that fetches its shards needs a fixed listening port: the backbone dials the address it joins with"
+        );
+    }
+    let fetched = fetch(fetch_opts, progress)?;
+    tracing::info!(
+        "downloaded {} bytes; serving {} shards from {}",
+        fetched.downloaded,
+        fetched.shards.len(),
+        fetch_opts.cache_dir.display()
+    );
+    serve_shards(&fetched.shards, opts, ready)
+}
