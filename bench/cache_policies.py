@@ -20,7 +20,7 @@ budget over the record size: all records of a Q4_0 or Q8_0 model have one size).
   opt        Belady's optimum, which knows the future: the bound no policy can pass
 
 Python standard library only. A replay ignores what the engine adds (records held while a layer computes, reads
-in flight counted in the budget), so its LRU hit rate is compared with a real run's in the README.
+in flight counted in the budget), so its LRU hit rate is compared with a real run's in docs/benchmarks.md.
 """
 
 import argparse

@@ -22,7 +22,7 @@ use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions, StopReason};
 /// equally far from transformers' f32 logits (rms 3.4e-2 vs 3.5e-2, 6.3e-2 vs 6.2e-2, 3.7e-2 vs 3.2e-2). The
 /// cause is the int8 rounding of activations before each Q8_0 matmul, which turns a last-bit difference into a
 /// step: changing TITAN's attention scores by one ULP (dividing by √d instead of multiplying by 1/√d) moves its
-/// own logits on "KING HENRY.\nNow, lords," by up to 0.13 (README, "The demo model"). The bound leaves ~1.3×.
+/// own logits on "KING HENRY.\nNow, lords," by up to 0.13 (docs/testing.md, the demo model against llama.cpp). The bound leaves ~1.3×.
 const LOGIT_TOL: f32 = 2e-1;
 /// Allowed relative difference between TITAN's and llama.cpp's perplexity: over the whole file (measured
 /// 3.1e-4) and per chunk (measured at most 2.1e-3).

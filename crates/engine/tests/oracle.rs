@@ -17,7 +17,7 @@ use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions};
 ///
 /// Why the files differ as they do: both engines quantise activations the same way, so quantised files agree to f32
 /// summation order (a few ULPs) — except where a last-bit difference meets an 8-bit activation rounding or an
-/// expert choice at a few positions, which turns it into a visible step (the README's "How correctness is tested":
+/// expert choice at a few positions, which turns it into a visible step (docs/testing.md:
 /// the rms difference on those files is 5–24× below the maximum, and the maximum moved when only the summation
 /// order of TITAN's attention dot product did). llama.cpp rounds the activations of f16/bf16 weights to f16/bf16
 /// and TITAN keeps them in f32, so float files differ by llama.cpp's own rounding.

@@ -20,7 +20,7 @@ pub struct Args {
     output: Option<PathBuf>,
     /// in-place: an index of the experts inside the model (three reads per expert, no second copy).
     /// copy: every expert copied into an aligned record (one read per expert, twice the disk; measured
-    /// no faster, see the README).
+    /// no faster, see docs/benchmarks.md).
     #[arg(long, value_enum, default_value = "in-place")]
     layout: LayoutArg,
     /// Record alignment in bytes (a power of two, at least 512; the copy layout only).
