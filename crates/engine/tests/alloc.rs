@@ -16,23 +16,34 @@ struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
 
+// SAFETY: every method hands its arguments unchanged to `System` and returns what `System` returns, so
+// `Counting` keeps `GlobalAlloc`'s contract exactly as `System` does (every block it hands out comes from
+// `System`, and goes back to it); the counters are atomics, which neither allocate nor unwind.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Relaxed);
         BYTES.fetch_add(layout.size() as u64, Relaxed);
+        // SAFETY: our caller guarantees `layout` has a non-zero size (`GlobalAlloc::alloc`'s contract), all
+        // that `System.alloc` asks.
         unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Relaxed);
         BYTES.fetch_add(layout.size() as u64, Relaxed);
+        // SAFETY: our caller guarantees `layout` has a non-zero size, all that `System.alloc_zeroed` asks.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCS.fetch_add(1, Relaxed);
         BYTES.fetch_add(new_size as u64, Relaxed);
+        // SAFETY: our caller guarantees `ptr` is a live block of this allocator with `layout`, which makes it
+        // a `System` block (every block of ours is one), and a non-zero `new_size` that does not overflow
+        // `isize` when rounded to `layout.align()`: `System.realloc`'s contract.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: our caller guarantees `ptr` is a live block of this allocator with `layout`, so a block
+        // `System` allocated with `layout`: `System.dealloc`'s contract.
         unsafe { System.dealloc(ptr, layout) }
     }
 }

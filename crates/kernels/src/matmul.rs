@@ -428,6 +428,9 @@ struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint elements (see `OutPtr`), and the region ends before the `&mut` the
 // pointer came from is usable again.
 unsafe impl Send for OutPtr {}
+// SAFETY: the pool's threads share the `Part`s by reference (`run_region`'s `task`), and all a shared
+// `OutPtr` gives them is the pointer: through it each task writes only its own weight rows' outputs
+// (`Part::run_rows`), disjoint from every other task's, and nothing reads them until the region ends.
 unsafe impl Sync for OutPtr {}
 
 /// Runs `jobs` (at most [`JOBS_PER_REGION`], all checked) in one parallel region.

@@ -196,8 +196,11 @@ impl DotKernel {
             row_bytes > 0 && w.len().is_multiple_of(row_bytes) && out.len() == w.len() / row_bytes * acts.len(),
             "dot kernel: weights must be whole rows and out one value per (weight row, activation row)"
         );
-        // SAFETY: `dot_kernel` only stores an ISA-specific function after `Isa::is_available`
-        // confirmed this CPU has its features; scalar functions have no requirement.
+        // SAFETY: `dot_kernel` stores an ISA-specific function only after `Isa::is_available` confirmed this
+        // CPU has the features it is compiled with (the scalar ones need none), and that is the kernels' one
+        // requirement: they reach `w`, `acts` and `out` only through these slices, `w` and `out` in whole
+        // chunks of `row_bytes` and `acts.len()` (checked above) and each activation row after asserting its
+        // length against the weight row.
         unsafe { (self.f)(w, row_bytes, acts, out) }
     }
 }
@@ -248,8 +251,9 @@ impl QuantKernel {
     /// Quantises `src` into `dst` (the same number of whole blocks).
     #[inline]
     pub(crate) fn run(&self, src: &[f32], dst: &mut [u8]) {
-        // SAFETY: as for `DotKernel::run`: ISA-specific functions are stored only after the CPU
-        // check in `quant_kernel`.
+        // SAFETY: `quant_kernel` stores an ISA-specific quantiser only after `Isa::is_available` confirmed this
+        // CPU has the features it is compiled with; the quantisers walk `src` and `dst` in whole blocks
+        // (`chunks_exact`), so they stay inside both whatever the lengths.
         unsafe { (self.f)(src, dst) }
     }
 }
@@ -296,15 +300,17 @@ impl ElementwiseKernel {
     /// `gate[i] = silu(gate[i]) · up[i]`; the caller has checked that the lengths agree.
     #[inline]
     pub(crate) fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
-        // SAFETY: as for `DotKernel::run`: ISA-specific functions are stored only after the CPU check in
-        // `elementwise_kernel`.
+        // SAFETY: `elementwise_kernel` stores the AVX2 kernels only after `Isa::is_available` confirmed this CPU
+        // has AVX2 (the scalar ones need nothing); they read and write `gate` and `up` in 8-float chunks
+        // (`chunks_exact`), so they stay inside both whatever the lengths.
         unsafe { (self.silu_mul)(gate, up) }
     }
 
     /// `x[i] = e^x[i]` in place.
     #[inline]
     pub(crate) fn exp(&self, x: &mut [f32]) {
-        // SAFETY: as for `silu_mul`.
+        // SAFETY: `elementwise_kernel` stores `exp_avx2` only after `Isa::is_available` confirmed AVX2 (the
+        // scalar one needs nothing); it reads and writes `x` in 8-float chunks (`chunks_exact_mut`).
         unsafe { (self.exp)(x) }
     }
 }
@@ -341,19 +347,24 @@ pub(crate) struct FloatKernel {
 impl FloatKernel {
     #[inline]
     pub(crate) fn dot(&self, a: &[f32], b: &[f32]) -> f32 {
-        // SAFETY: as for `ElementwiseKernel::silu_mul`: stored only after the CPU check in `float_kernel`.
+        // SAFETY: `float_kernel` stores the AVX2 kernels only after `Isa::is_available` confirmed this CPU has
+        // AVX2 (the scalar ones need nothing); `dot_f32_avx2` cuts both slices to the shorter length and reads
+        // them in 8-float chunks (`chunks_exact`).
         unsafe { (self.dot)(a, b) }
     }
 
     #[inline]
     pub(crate) fn add_scaled(&self, out: &mut [f32], p: f32, row: &[f32]) {
-        // SAFETY: as for `dot`.
+        // SAFETY: `float_kernel` stores `add_scaled_avx2` only after `Isa::is_available` confirmed AVX2 (the
+        // scalar one needs nothing); it cuts `out` and `row` to the shorter length and works in 8-float chunks.
         unsafe { (self.add_scaled)(out, p, row) }
     }
 
     #[inline]
     pub(crate) fn delta_rule_rows(&self, rows: &mut [f32], step: &crate::DeltaStep, out: &mut [f32]) {
-        // SAFETY: as for `dot`.
+        // SAFETY: `float_kernel` stores `delta_rule_rows_avx2` only after `Isa::is_available` confirmed AVX2
+        // (the scalar one needs nothing); it works on whole rows of `rows` (`chunks_exact_mut(k.len())`), on
+        // `k` and `q` (asserted to be as long) in 8-float chunks, and on `out` by iterator.
         unsafe { (self.delta_rule_rows)(rows, step, out) }
     }
 }
