@@ -4,6 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 mod common;
 use common::*;
@@ -18,6 +19,11 @@ struct Server {
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Server {
+        Server::start_with_log(model, extra, Stdio::inherit())
+    }
+
+    /// A server whose stderr, its log, goes to `log`.
+    fn start_with_log(model: &Path, extra: &[&str], log: impl Into<Stdio>) -> Server {
         let template = fixture("templates/qwen3.jinja");
         let mut child = titan()
             .args([
@@ -35,7 +41,7 @@ impl Server {
             .arg(model)
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .expect("titan serve starts");
         let mut line = String::new();
@@ -162,4 +168,84 @@ fn a_server_over_a_cluster_answers_as_on_one_machine() {
     }
     let computed: u64 = workers.iter().map(|w| requests_served(&w.log_with("requests)"))).sum();
     assert!(computed > 0, "the workers computed nothing: {served:?}");
+}
+
+/// Every answer names its request in `x-request-id`, and the server's log has that request's access-log line
+/// (method, path, status) and, for a completion, the engine's line with its token counts.
+#[test]
+fn each_answer_has_a_request_id_that_the_log_lines_carry() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let server = Server::start_with_log(
+        &fixture("qwen3moe/q8_0.gguf"),
+        &[],
+        std::fs::File::create(&log).unwrap(),
+    );
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let url = |p: &str| format!("{}{p}", server.url);
+    let bearer = format!("Bearer {KEY}");
+    let answers = [
+        (
+            "GET",
+            "/v1/models",
+            200,
+            agent.get(url("/v1/models")).header("Authorization", &bearer).call(),
+        ),
+        ("GET", "/v1/models", 401, agent.get(url("/v1/models")).call()),
+        ("GET", "/no/such/route", 404, agent.get(url("/no/such/route")).call()),
+        (
+            "POST",
+            "/v1/completions",
+            200,
+            agent
+                .post(url("/v1/completions"))
+                .header("Authorization", &bearer)
+                .content_type("application/json")
+                .send(&br#"{"prompt": "The quick brown fox", "max_tokens": 3, "temperature": 0}"#[..]),
+        ),
+    ];
+    let mut ids = Vec::new();
+    for (method, path, status, answer) in answers {
+        let answer = answer.unwrap();
+        assert_eq!(answer.status().as_u16(), status, "{method} {path}");
+        let id = answer
+            .headers()
+            .get("x-request-id")
+            .unwrap_or_else(|| panic!("{method} {path}: no x-request-id in {:?}", answer.headers()))
+            .to_str()
+            .unwrap()
+            .to_string();
+        let span = format!("request{{id={id} method={method} path={path}}}: ");
+        let access = format!("{span}answered status={status} ms=");
+        let text = log_with(&log, &access);
+        assert!(
+            text.lines().any(|l| l.contains(" INFO ") && l.contains(&access)),
+            "no access line of {id} ({method} {path} {status}) in\n{text}"
+        );
+        if method == "POST" {
+            let engine = format!("{span}generated finish=length prompt_tokens=");
+            let line = text.lines().find(|l| l.contains(&engine));
+            assert!(
+                line.is_some_and(|l| l.contains(" generated=3 ms=")),
+                "no engine line of {id} in\n{text}"
+            );
+        }
+        ids.push(id);
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 4, "request ids repeat: {ids:?}");
+}
+
+/// The file at `log` once it contains `needle` (a response's line is written just after it is sent), or as
+/// it is after 10 s.
+fn log_with(log: &Path, needle: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(log).unwrap();
+        if text.contains(needle) || start.elapsed() > Duration::from_secs(10) {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

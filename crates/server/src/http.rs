@@ -1,15 +1,18 @@
 //! The routes: the chat page, health, metrics, models, completions and chat completions, streamed as
-//! server-sent events or not, behind an optional API key and a body size limit.
+//! server-sent events or not, behind an optional API key and a body size limit. Each request has an id
+//! (`x-request-id`), a span its log lines carry, the engine's included, and one access-log line.
 
 use std::convert::Infallible;
-use std::sync::atomic::Ordering;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{Html, IntoResponse, Response};
@@ -19,6 +22,7 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use titan_engine::Model;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::api::{chat_body, collect, completion_body, usage, Kind, Params, PromptInput, Responder};
 use crate::error::ApiError;
@@ -55,7 +59,80 @@ pub fn router(state: Shared) -> Router {
         .merge(api)
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(DefaultBodyLimit::max(state.body_limit))
+        .layer(middleware::from_fn(access_log))
         .with_state(state)
+}
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Names the request (`req-N`, also sent back as `x-request-id` so that a client can quote it), runs it in
+/// a span that carries the id, and logs it once its response is sent: a streamed answer's status is known
+/// long before its end.
+async fn access_log(req: Request, next: Next) -> Response {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let id = format!("req-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    let span = tracing::info_span!("request", id = %id, method = %req.method(), path = %req.uri().path());
+    let started = Instant::now();
+    let (mut parts, body) = next.run(req).instrument(span.clone()).await.into_parts();
+    parts.headers.insert(
+        REQUEST_ID,
+        HeaderValue::try_from(id).expect("req-N is a valid header value"),
+    );
+    let body = Logged {
+        body,
+        span,
+        status: parts.status,
+        started,
+        ended: false,
+    };
+    Response::from_parts(parts, Body::new(body))
+}
+
+/// A response body that writes the request's access-log line when it is dropped: sent to its end, or
+/// abandoned by a client that left.
+struct Logged {
+    body: Body,
+    span: tracing::Span,
+    status: StatusCode,
+    started: Instant,
+    ended: bool,
+}
+
+impl HttpBody for Logged {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let this = self.get_mut();
+        let frame = Pin::new(&mut this.body).poll_frame(cx);
+        this.ended |= matches!(frame, Poll::Ready(None));
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _in = self.span.enter();
+        let status = self.status.as_u16();
+        let ms = crate::ms(self.started.elapsed());
+        // hyper stops polling a body that says it has ended (a whole JSON answer) before its last `None`.
+        if self.ended || self.body.is_end_stream() {
+            tracing::info!(status, %ms, "answered");
+        } else {
+            tracing::info!(status, %ms, "abandoned by the client");
+        }
+    }
 }
 
 /// `/v1/*` needs `Authorization: Bearer KEY` when the server has a key; the page, health and metrics
@@ -170,6 +247,7 @@ async fn respond(s: Shared, prompt: Vec<u32>, params: &Params, responder: Respon
         logprobs: responder.logprobs,
         events: tx,
         queued_at: Instant::now(),
+        span: tracing::Span::current(),
     };
     s.metrics.queued.fetch_add(1, Ordering::Relaxed);
     if s.queue.try_send(job).is_err() {

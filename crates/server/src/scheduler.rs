@@ -27,6 +27,8 @@ pub struct Job {
     pub logprobs: bool,
     pub events: mpsc::UnboundedSender<Event>,
     pub queued_at: Instant,
+    /// The HTTP request's span: the engine's lines about the request carry its id.
+    pub span: tracing::Span,
 }
 
 #[derive(Debug)]
@@ -115,6 +117,8 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
             };
             metrics.queued.fetch_sub(1, Ordering::Relaxed);
             if job.events.is_closed() {
+                job.span
+                    .in_scope(|| tracing::info!("abandoned by the client while queued"));
                 continue;
             }
             slots.push(Slot {
@@ -132,7 +136,11 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
         // A client that has gone frees its slot before the step, not after its request's end.
         for i in (0..slots.len()).rev() {
             if slots[i].job.events.is_closed() {
-                spare.push(slots.remove(i).seq);
+                let s = slots.remove(i);
+                s.job.span.in_scope(|| {
+                    tracing::info!(generated = s.generated, "abandoned by the client");
+                });
+                spare.push(s.seq);
             }
         }
         if slots.is_empty() {
@@ -191,6 +199,7 @@ fn step<'m>(
             // each is told, and their slots are freed.
             for &i in members.iter().rev() {
                 let s = slots.remove(i);
+                s.job.span.in_scope(|| tracing::error!("the engine step failed: {e}"));
                 let _ = s.job.events.send(Event::Failed(e.to_string()));
                 spare.push(s.seq);
             }
@@ -207,6 +216,15 @@ fn step<'m>(
         }
         let logits = &logits[row * v..(row + 1) * v];
         if let Some(finish) = advance(model, opts, s, logits, metrics) {
+            s.job.span.in_scope(|| {
+                tracing::info!(
+                    finish = %finish.as_str(),
+                    prompt_tokens = s.job.prompt.len(),
+                    generated = s.generated,
+                    ms = %crate::ms(s.job.queued_at.elapsed()),
+                    "generated"
+                );
+            });
             let _ = s.job.events.send(Event::Done {
                 finish,
                 prompt_tokens: s.job.prompt.len(),
@@ -291,17 +309,19 @@ fn log_softmax_at(logits: &[f32], token: u32) -> f32 {
 }
 
 /// The queue the HTTP side sends jobs into, and the engine thread that drains it.
-pub fn start(model: Arc<Model>, opts: SchedulerOptions, queue_len: usize, metrics: Arc<Metrics>) -> mpsc::Sender<Job> {
+pub fn start(
+    model: Arc<Model>,
+    opts: SchedulerOptions,
+    queue_len: usize,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<mpsc::Sender<Job>> {
     let (tx, rx) = mpsc::channel(queue_len.max(1));
-    std::thread::Builder::new()
-        .name("engine".into())
-        .spawn(move || {
-            // Inside the global pool, as the CLI's commands run: the forward pass's parallel regions are
-            // then pushes onto this worker's own queue.
-            rayon::scope(|_| run(&model, &opts, rx, &metrics));
-        })
-        .expect("the engine thread starts");
-    tx
+    std::thread::Builder::new().name("engine".into()).spawn(move || {
+        // Inside the global pool, as the CLI's commands run: the forward pass's parallel regions are
+        // then pushes onto this worker's own queue.
+        rayon::scope(|_| run(&model, &opts, rx, &metrics));
+    })?;
+    Ok(tx)
 }
 
 #[cfg(test)]

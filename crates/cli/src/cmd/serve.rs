@@ -77,7 +77,7 @@ pub fn run(a: Args) -> Result<()> {
         a.batch_size,
         a.queue
     );
-    titan_server::serve(
+    let served = titan_server::serve(
         model,
         titan_server::ServeOptions {
             listen: a.listen,
@@ -92,5 +92,11 @@ pub fn run(a: Args) -> Result<()> {
             queue_len: a.queue,
             body_limit: a.max_body,
         },
-    )
+    );
+    match (served, &a.chat_template) {
+        (Err(e @ titan_server::ServeError::Template(_)), Some(file)) => {
+            Err(anyhow::Error::new(e).context(format!("--chat-template {}", file.display())))
+        }
+        (served, _) => Ok(served?),
+    }
 }
