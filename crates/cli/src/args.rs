@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use titan_cluster::backbone::read_node_list;
-use titan_cluster::{attach, read_token, BackboneOptions};
+use titan_cluster::{attach, read_token, BackboneOptions, ClusterError};
 use titan_engine::profile::Profile;
-use titan_engine::{GenerateOptions, Model, SamplerOptions};
+use titan_engine::{EngineError, GenerateOptions, Model, SamplerOptions};
 use titan_store::plan::{decide, default_ctx, mem_available};
 use titan_store::{BudgetChoice, ExpertChoice, KvPlan, Policy, ReadMode};
 
@@ -43,7 +43,11 @@ impl ModelArgs {
                 titan_tokenizer::Tokenizer::from_tokenizer_json(p).with_context(|| format!("{}", p.display()))?;
         }
         if let Some(opts) = self.cluster.options(&model)? {
-            let cluster = attach(&mut model, opts)?;
+            let cluster = attach(&mut model, opts).map_err(|e| match e {
+                // The library names the copies; the flag that asked for them is the command line's.
+                ClusterError::Replicas { .. } => anyhow::Error::new(e).context("--replicas"),
+                e => e.into(),
+            })?;
             eprint!("{}", cluster.describe());
         }
         Ok(model)
@@ -311,5 +315,13 @@ impl PromptArgs {
             bail!("the prompt has no tokens");
         }
         Ok(tokens)
+    }
+}
+
+/// An engine error in the command line's terms: a full context names the option that sizes it.
+pub fn with_hint(e: EngineError) -> anyhow::Error {
+    match e {
+        EngineError::ContextFull { .. } => anyhow::anyhow!("{e}: use a larger --ctx-size or a shorter prompt"),
+        e => e.into(),
     }
 }

@@ -5,14 +5,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
 use titan_engine::experts::{Experts, ResidentExperts};
 use titan_engine::Model;
 use titan_gguf::GgufFile;
 use titan_layout::ModelIdentity;
 
 use crate::slice_http::{SliceServer, SliceServerOptions};
-use crate::{Cluster, ClusterOptions, Placement};
+use crate::{Cluster, ClusterError, ClusterOptions, Placement};
 
 pub struct BackboneOptions {
     /// HOST:PORT of each node.
@@ -33,8 +32,11 @@ pub struct BackboneOptions {
 }
 
 /// The nodes listed in a cluster file: one HOST:PORT per line, `#` comments and blank lines ignored.
-pub fn read_node_list(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading the cluster file {}", path.display()))?;
+pub fn read_node_list(path: &Path) -> Result<Vec<String>, ClusterError> {
+    let text = std::fs::read_to_string(path).map_err(|error| ClusterError::NodeList {
+        path: path.to_path_buf(),
+        error,
+    })?;
     Ok(text
         .lines()
         .map(|l| l.split('#').next().unwrap_or("").trim())
@@ -45,7 +47,7 @@ pub fn read_node_list(path: &Path) -> Result<Vec<String>> {
 
 /// Turns `model` into a cluster's backbone over `opts.nodes`, and returns the cluster (the model holds
 /// it too, as its expert source).
-pub fn attach(model: &mut Model, opts: BackboneOptions) -> Result<Arc<Cluster>> {
+pub fn attach(model: &mut Model, opts: BackboneOptions) -> Result<Arc<Cluster>, ClusterError> {
     let cluster_opts = ClusterOptions {
         nodes: opts.nodes,
         token: opts.token,
@@ -98,7 +100,7 @@ fn connect_patiently(
     model: &Model,
     opts: ClusterOptions,
     deadline: Option<Instant>,
-) -> Result<Cluster> {
+) -> Result<Cluster, ClusterError> {
     let c = &model.config;
     let mut local = Some(local);
     loop {

@@ -8,10 +8,9 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-
 use crate::slice::{cover, ShardExperts, SliceSpec};
 use crate::slice_http::{Assignment, Join};
+use crate::ClusterError;
 
 pub struct FetchOptions {
     /// The backbone's slice endpoint, e.g. `http://127.0.0.1:7470`.
@@ -42,18 +41,46 @@ fn agent() -> ureq::Agent {
 }
 
 /// `f` again while it fails with something worth retrying (unreachable, or not ready), until `patience`.
-fn retrying<T>(patience: Duration, what: &str, mut f: impl FnMut() -> Result<T, Retry>) -> Result<T> {
+/// `what` names the step in the log and in the error; `backbone` is the endpoint waited for. A node started
+/// before its backbone waits quietly: the first failure is logged at info, the same failure again only at
+/// debug, and the answer that ends the wait at info.
+fn retrying<T>(
+    patience: Duration,
+    backbone: &str,
+    what: &'static str,
+    mut f: impl FnMut() -> Result<T, Retry>,
+) -> Result<T, ClusterError> {
     let start = Instant::now();
     let mut wait = Duration::from_millis(100);
+    let mut last: Option<String> = None;
     loop {
         match f() {
-            Ok(v) => return Ok(v),
+            Ok(v) => {
+                if last.is_some() {
+                    tracing::info!(
+                        "{what}: the backbone at {backbone} answered after {:.1?} of waiting",
+                        start.elapsed()
+                    );
+                }
+                return Ok(v);
+            }
             Err(Retry::Fatal(e)) => return Err(e),
             Err(Retry::Again(e)) if start.elapsed() >= patience => {
-                return Err(e.context(format!("{what}: gave up after {:?}", patience)))
+                return Err(ClusterError::GaveUp {
+                    what,
+                    backbone: backbone.to_string(),
+                    patience,
+                    last: Box::new(e),
+                })
             }
             Err(Retry::Again(e)) => {
-                eprintln!("worker: {what}: {e:#}; retrying in {wait:?}");
+                let why = e.to_string();
+                if last.as_deref() == Some(why.as_str()) {
+                    tracing::debug!("waiting for the backbone at {backbone}: {what}: {why}; again in {wait:?}");
+                } else {
+                    tracing::info!("waiting for the backbone at {backbone}: {what}: {why}");
+                    last = Some(why);
+                }
                 std::thread::sleep(wait);
                 wait = (wait * 2).min(Duration::from_secs(5));
             }
@@ -62,13 +89,16 @@ fn retrying<T>(patience: Duration, what: &str, mut f: impl FnMut() -> Result<T, 
 }
 
 enum Retry {
-    Again(anyhow::Error),
-    Fatal(anyhow::Error),
+    Again(ClusterError),
+    Fatal(ClusterError),
 }
 
 /// A response's status and text: 401/403/400 are final, 5xx and 409 are worth another try.
 fn classify(status: u16, body: &str) -> Retry {
-    let e = anyhow::anyhow!("the backbone answered {status}: {}", body.trim());
+    let e = ClusterError::BackboneAnswered {
+        status,
+        body: body.trim().to_string(),
+    };
     if status >= 500 || status == 409 {
         Retry::Again(e)
     } else {
@@ -77,14 +107,18 @@ fn classify(status: u16, body: &str) -> Retry {
 }
 
 /// Joins the backbone and brings `cache_dir` to the node's assignment; `progress(done, total)` in bytes.
-pub fn fetch(o: &FetchOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<Fetched> {
+pub fn fetch(o: &FetchOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<Fetched, ClusterError> {
     let agent = agent();
     let auth = format!("Bearer {}", String::from_utf8_lossy(&o.token));
     let join = serde_json::to_vec(&Join {
         node: o.node.clone(),
         budget: o.budget,
+    })
+    .map_err(|error| ClusterError::Json {
+        what: "writing the join",
+        error,
     })?;
-    let assignment: Assignment = retrying(o.patience, "joining the backbone", || {
+    let assignment: Assignment = retrying(o.patience, &o.backbone, "joining the backbone", || {
         let mut r = agent
             .post(format!("{}/v1/join", o.backbone))
             .header("Authorization", &auth)
@@ -96,10 +130,16 @@ pub fn fetch(o: &FetchOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<Fet
         if status != 200 {
             return Err(classify(status, &body));
         }
-        serde_json::from_str(&body).map_err(|e| Retry::Fatal(anyhow::Error::from(e).context("reading the assignment")))
+        serde_json::from_str(&body).map_err(|error| {
+            Retry::Fatal(ClusterError::Json {
+                what: "reading the assignment",
+                error,
+            })
+        })
     })?;
 
-    std::fs::create_dir_all(&o.cache_dir).with_context(|| format!("creating {}", o.cache_dir.display()))?;
+    let dir = o.cache_dir.display();
+    std::fs::create_dir_all(&o.cache_dir).map_err(ClusterError::io(format!("creating {dir}")))?;
     let prefix = blake3::hash(assignment.model.as_bytes()).to_hex()[..16].to_string();
     let wanted: Vec<SliceSpec> = assignment
         .shards
@@ -113,8 +153,9 @@ pub fn fetch(o: &FetchOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<Fet
 
     // What the cache already holds, whole and verified; a damaged file is removed and fetched again.
     let mut keep: Vec<(PathBuf, SliceSpec)> = Vec::new();
-    for entry in std::fs::read_dir(&o.cache_dir)? {
-        let path = entry?.path();
+    let reading = || ClusterError::io(format!("reading the cache directory {dir}"));
+    for entry in std::fs::read_dir(&o.cache_dir).map_err(reading())? {
+        let path = entry.map_err(reading())?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         if !(name.starts_with(&prefix) && name.ends_with(".gguf")) {
             continue;
@@ -132,8 +173,8 @@ pub fn fetch(o: &FetchOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<Fet
             }
             Ok(_) => {}
             Err(e) => {
-                eprintln!("worker: cached shard is damaged, fetching it again: {e:#}");
-                std::fs::remove_file(&path)?;
+                tracing::warn!("cached shard is damaged, fetching it again: {e}");
+                std::fs::remove_file(&path).map_err(ClusterError::io(format!("removing {}", path.display())))?;
             }
         }
     }
@@ -173,7 +214,7 @@ fn download(
     path: &Path,
     model: &str,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<u64> {
+) -> Result<u64, ClusterError> {
     let part = path.with_extension("part");
     let url = format!(
         "{}/v1/slice?node={}&layers={}-{}&experts={}-{}",
@@ -184,9 +225,13 @@ fn download(
         spec.experts.start(),
         spec.experts.end()
     );
+    let writing = |error: std::io::Error| ClusterError::Io {
+        what: format!("writing {}", part.display()),
+        error,
+    };
     let mut received = 0u64;
     for attempt in 0..2 {
-        retrying(o.patience, "downloading a shard", || {
+        retrying(o.patience, &o.backbone, "downloading a shard", || {
             let have = std::fs::metadata(&part).map_or(0, |m| m.len());
             let mut req = agent.get(&url).header("Authorization", auth);
             if have > 0 {
@@ -202,7 +247,7 @@ fn download(
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.parse().ok())
                         .unwrap_or(0);
-                    (File::create(&part).map_err(|e| Retry::Fatal(e.into()))?, total, 0)
+                    (File::create(&part).map_err(|e| Retry::Fatal(writing(e)))?, total, 0)
                 }
                 206 => {
                     let total = r
@@ -216,7 +261,7 @@ fn download(
                         OpenOptions::new()
                             .append(true)
                             .open(&part)
-                            .map_err(|e| Retry::Fatal(e.into()))?,
+                            .map_err(|e| Retry::Fatal(writing(e)))?,
                         total,
                         have,
                     )
@@ -224,9 +269,7 @@ fn download(
                 416 => {
                     // The partial file is already whole (or longer than the shard): start over.
                     let _ = std::fs::remove_file(&part);
-                    return Err(Retry::Again(anyhow::anyhow!(
-                        "partial download did not fit the shard; starting over"
-                    )));
+                    return Err(Retry::Again(ClusterError::PartialTooLong));
                 }
                 _ => return Err(classify(status, &r.body_mut().read_to_string().unwrap_or_default())),
             };
@@ -236,32 +279,30 @@ fn download(
             loop {
                 let n = reader
                     .read(&mut buf)
-                    .map_err(|e| Retry::Again(anyhow::Error::from(e).context(format!("download cut at byte {at}"))))?;
+                    .map_err(|error| Retry::Again(ClusterError::DownloadCut { at, error }))?;
                 if n == 0 {
                     break;
                 }
-                file.write_all(&buf[..n]).map_err(|e| Retry::Fatal(e.into()))?;
+                file.write_all(&buf[..n]).map_err(|e| Retry::Fatal(writing(e)))?;
                 at += n as u64;
                 received += n as u64;
                 progress(at, total);
             }
-            file.sync_all().map_err(|e| Retry::Fatal(e.into()))?;
+            file.sync_all().map_err(|e| Retry::Fatal(writing(e)))?;
             Ok(())
         })?;
         match ShardExperts::open(&part, true) {
             Ok(s) if s.model == model && s.spec == *spec => {
-                std::fs::rename(&part, path).with_context(|| format!("renaming {} into place", part.display()))?;
+                std::fs::rename(&part, path)
+                    .map_err(ClusterError::io(format!("renaming {} into place", part.display())))?;
                 return Ok(received);
             }
-            Ok(_) => bail!(
-                "{}: the backbone sent a shard of another model or range",
-                part.display()
-            ),
+            Ok(_) => return Err(ClusterError::WrongShard { path: part }),
             Err(e) if attempt == 0 => {
-                eprintln!("worker: downloaded shard failed its check, fetching it again: {e:#}");
-                std::fs::remove_file(&part)?;
+                tracing::warn!("downloaded shard failed its check, fetching it again: {e}");
+                std::fs::remove_file(&part).map_err(ClusterError::io(format!("removing {}", part.display())))?;
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
     unreachable!("the second attempt returns")

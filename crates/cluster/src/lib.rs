@@ -10,8 +10,13 @@
 //! Sockets are plain blocking `std::net` streams, one per node, with a thread per connection on the
 //! worker: a backbone talks to a handful of nodes with one request in flight to each, so an async
 //! runtime would add a hand-off per message and buy nothing.
+//!
+//! Failures are typed ([`error`]); what happens meanwhile is logged through `tracing`: a node going down
+//! (warn) or coming back (info), a worker's connections (one span each, by peer), and each exchange of the
+//! backbone with a node (a debug span with the layer and the node, free while debug logging is off).
 
 pub mod backbone;
+pub mod error;
 pub mod fetch;
 pub mod node;
 pub mod plan;
@@ -22,25 +27,25 @@ pub mod slice_http;
 pub mod worker;
 
 pub use backbone::{attach, BackboneOptions};
+pub use error::{ClusterError, ExchangeError, ShardError};
 pub use plan::{Placement, Plan};
 pub use remote::{Cluster, ClusterOptions};
 pub use worker::{serve, NodeModel, WorkerOptions};
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
-
 /// The node token in `path`: its first line, which must be at least 16 bytes (a token is a shared
 /// secret, e.g. `openssl rand -hex 32 > node.token`).
-pub fn read_token(path: &Path) -> Result<Vec<u8>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading the node token {}", path.display()))?;
+pub fn read_token(path: &Path) -> Result<Vec<u8>, ClusterError> {
+    let text = std::fs::read_to_string(path).map_err(|error| ClusterError::TokenFile {
+        path: path.to_path_buf(),
+        error,
+    })?;
     let token = text.lines().next().unwrap_or("").trim();
     if token.len() < 16 {
-        bail!(
-            "{}: the node token must be at least 16 characters on the first line (e.g. `openssl rand -hex 32 > {}`)",
-            path.display(),
-            path.display()
-        );
+        return Err(ClusterError::TokenTooShort {
+            path: path.to_path_buf(),
+        });
     }
     Ok(token.as_bytes().to_vec())
 }

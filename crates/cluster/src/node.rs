@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
 use titan_gguf::GgufFile;
 use titan_layout::ModelIdentity;
 use titan_store::StreamPlan;
@@ -12,6 +11,7 @@ use titan_store::StreamPlan;
 use crate::fetch::{fetch, FetchOptions};
 use crate::slice::{ShardExperts, Shards};
 use crate::worker::{serve, NodeModel, WorkerOptions};
+use crate::ClusterError;
 
 /// Serves the experts of the model at `path` (streamed where `plan` says) until the process ends;
 /// `ready` is told the bound address first.
@@ -20,7 +20,7 @@ pub fn serve_model(
     plan: Option<&StreamPlan>,
     opts: WorkerOptions,
     ready: impl FnOnce(SocketAddr),
-) -> Result<()> {
+) -> Result<(), ClusterError> {
     let identity = ModelIdentity::of(&GgufFile::open(path)?)?.to_string();
     let (config, experts, budget) = titan_store::load_experts(path, plan)?;
     let node = NodeModel {
@@ -37,18 +37,18 @@ pub fn serve_model(
 
 /// Serves the experts of shards of one model until the process ends; every expert's digest is checked
 /// first.
-pub fn serve_shards(paths: &[PathBuf], opts: WorkerOptions, ready: impl FnOnce(SocketAddr)) -> Result<()> {
+pub fn serve_shards(
+    paths: &[PathBuf],
+    opts: WorkerOptions,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), ClusterError> {
     let shards = paths
         .iter()
         .map(|p| ShardExperts::open(p, true))
-        .collect::<Result<Vec<_>>>()?;
-    let first = shards.first().context("no shard given")?;
+        .collect::<Result<Vec<_>, _>>()?;
+    let first = shards.first().ok_or(ClusterError::NoShards)?;
     if let Some(other) = shards.iter().find(|s| s.model != first.model) {
-        bail!(
-            "the shards come from different models ({} and {})",
-            first.model,
-            other.model
-        );
+        return Err(ClusterError::ShardsDiffer(first.model.clone(), other.model.clone()));
     }
     let (c, identity) = (first.config.clone(), first.model.clone());
     let budget = shards.iter().map(ShardExperts::expert_bytes).sum();
@@ -72,11 +72,9 @@ pub fn serve_fetched(
     opts: WorkerOptions,
     progress: &mut dyn FnMut(u64, u64),
     ready: impl FnOnce(SocketAddr),
-) -> Result<()> {
+) -> Result<(), ClusterError> {
     if opts.listen.ends_with(":0") {
-        bail!(
-            "a node that fetches its shards needs a fixed listening port: the backbone dials the address it joins with"
-        );
+        return Err(ClusterError::FixedPortNeeded);
     }
     let fetched = fetch(fetch_opts, progress)?;
     tracing::info!(

@@ -4,9 +4,8 @@
 
 use std::fmt::Write as _;
 
-use anyhow::{bail, Result};
-
 use crate::slice::SliceSpec;
+use crate::ClusterError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
@@ -17,12 +16,12 @@ pub enum Placement {
 }
 
 impl std::str::FromStr for Placement {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
+    type Err = ClusterError;
+    fn from_str(s: &str) -> Result<Self, ClusterError> {
         match s {
             "contiguous" => Ok(Placement::Contiguous),
             "interleaved" => Ok(Placement::Interleaved),
-            _ => bail!("unknown placement {s:?}: use contiguous or interleaved"),
+            _ => Err(ClusterError::UnknownPlacement(s.to_string())),
         }
     }
 }
@@ -46,13 +45,13 @@ impl Plan {
         budgets: &[u64],
         placement: Placement,
         replicas: usize,
-    ) -> Result<Plan> {
+    ) -> Result<Plan, ClusterError> {
         let n = budgets.len();
         if n == 0 {
-            bail!("a plan needs at least one node");
+            return Err(ClusterError::NoNodes);
         }
         if replicas == 0 || replicas > n {
-            bail!("--replicas {replicas}: each expert needs between 1 and {n} (the node count) copies");
+            return Err(ClusterError::Replicas { replicas, nodes: n });
         }
         let primary: Vec<usize> = match placement {
             Placement::Interleaved => (0..n_expert).map(|e| e % n).collect(),

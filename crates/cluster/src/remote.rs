@@ -8,16 +8,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
 use titan_engine::experts::{ExpertJob, Experts};
 use titan_engine::samples::Sample;
 use titan_engine::EngineError;
 use titan_kernels::GgmlType;
 use titan_net::{read_frame, write_frame, Kind, DEFAULT_MAX_FRAME, HEADER_LEN};
+use tracing::Span;
 
 use crate::plan::{Placement, Plan};
 use crate::proto::{decode_output, encode_compute, Hello, Welcome};
 use crate::slice::SliceSpec;
+use crate::{ClusterError, ExchangeError};
 
 #[derive(Clone)]
 pub struct ClusterOptions {
@@ -74,6 +75,9 @@ struct Node {
     local_rows: Vec<u32>,
     /// The id of the request awaiting its answer, and when it was sent.
     pending: Option<(u64, Instant)>,
+    /// This layer's exchange with the node (layer, node), a debug-level span: `Span::none()`, which costs
+    /// nothing, unless debug logging is on.
+    span: Span,
 }
 
 struct Conn {
@@ -128,18 +132,23 @@ impl Cluster {
         dense: usize,
         n_expert: usize,
         opts: ClusterOptions,
-    ) -> Result<Cluster> {
+    ) -> Result<Cluster, ClusterError> {
         let mut nodes = Vec::new();
         let mut budgets = Vec::new();
         let mut holdings = Vec::new();
         for addr in &opts.nodes {
-            let (mut conn, welcome) = handshake(addr, &opts).with_context(|| format!("node {addr}"))?;
+            let (mut conn, welcome) = handshake(addr, &opts).map_err(|error| ClusterError::Node {
+                addr: addr.clone(),
+                error,
+            })?;
             if (welcome.n_layer, welcome.n_expert) != (n_layer, n_expert) {
-                bail!(
-                    "node {addr}: has {} layers of {} experts, the model {n_layer} of {n_expert}",
-                    welcome.n_layer,
-                    welcome.n_expert
-                );
+                return Err(ClusterError::NodeShape {
+                    addr: addr.clone(),
+                    node_layers: welcome.n_layer,
+                    node_experts: welcome.n_expert,
+                    n_layer,
+                    n_expert,
+                });
             }
             budgets.push(welcome.budget);
             holdings.push(welcome.holds.map(|h| {
@@ -150,7 +159,10 @@ impl Cluster {
                     })
                     .collect()
             }));
-            let ping_ns = ping(&mut conn, 21).with_context(|| format!("node {addr}: ping"))?;
+            let ping_ns = ping(&mut conn, 21).map_err(|error| ClusterError::Ping {
+                addr: addr.clone(),
+                error,
+            })?;
             nodes.push(Node {
                 conn: Some(conn),
                 metrics: NodeMetrics {
@@ -161,6 +173,7 @@ impl Cluster {
                 rows: Vec::new(),
                 local_rows: Vec::new(),
                 pending: None,
+                span: Span::none(),
             });
         }
         let (plan, plan_kind) = if holdings.iter().any(Option::is_some) {
@@ -272,11 +285,11 @@ impl Cluster {
 }
 
 /// Connects to `addr`, says hello with the token and the model, and reads the node's welcome.
-fn handshake(addr: &str, opts: &ClusterOptions) -> Result<(Conn, Welcome)> {
+fn handshake(addr: &str, opts: &ClusterOptions) -> Result<(Conn, Welcome), ExchangeError> {
     let sock = addr
         .to_socket_addrs()?
         .next()
-        .ok_or_else(|| anyhow!("{addr} resolves to no address"))?;
+        .ok_or_else(|| ExchangeError::Unresolved(addr.to_string()))?;
     let stream = TcpStream::connect_timeout(&sock, CONNECT_TIMEOUT)?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(opts.timeout.max(CONNECT_TIMEOUT)))?;
@@ -288,36 +301,43 @@ fn handshake(addr: &str, opts: &ClusterOptions) -> Result<(Conn, Welcome)> {
         token: String::from_utf8_lossy(&opts.token).into_owned(),
         model: opts.model.clone(),
     };
-    write_frame(
-        &mut conn.w,
-        Kind::Hello,
-        0,
-        &serde_json::to_vec(&hello)?,
-        &mut Vec::new(),
-    )?;
+    let hello = serde_json::to_vec(&hello).map_err(|error| ExchangeError::Json {
+        what: "writing the hello",
+        error,
+    })?;
+    write_frame(&mut conn.w, Kind::Hello, 0, &hello, &mut Vec::new())?;
     let mut body = Vec::new();
     let h = read_frame(&mut conn.r, 1 << 16, &mut body)?;
     match h.kind {
         Kind::Welcome => {
-            let welcome: Welcome = serde_json::from_slice(&body).context("reading the node's welcome")?;
+            let welcome: Welcome = serde_json::from_slice(&body).map_err(|error| ExchangeError::Json {
+                what: "reading the node's welcome",
+                error,
+            })?;
             conn.r.get_ref().set_read_timeout(Some(opts.timeout))?;
             Ok((conn, welcome))
         }
-        Kind::Error => bail!("refused: {}", String::from_utf8_lossy(&body)),
-        other => bail!("answered the hello with a {other:?} frame"),
+        Kind::Error => Err(ExchangeError::Refused(String::from_utf8_lossy(&body).into_owned())),
+        kind => Err(ExchangeError::WrongAnswer { to: "the hello", kind }),
     }
 }
 
 /// The median of `n` empty round trips on `conn`, in nanoseconds.
-fn ping(conn: &mut Conn, n: usize) -> Result<u64> {
+fn ping(conn: &mut Conn, n: usize) -> Result<u64, ExchangeError> {
     let (mut frame, mut body) = (Vec::new(), Vec::new());
     let mut times = Vec::with_capacity(n);
     for i in 0..n as u64 {
         let t = Instant::now();
         write_frame(&mut conn.w, Kind::Ping, i, &[], &mut frame)?;
         let h = read_frame(&mut conn.r, 1 << 16, &mut body)?;
-        if h.kind != Kind::Pong || h.id != i {
-            bail!("answered a ping with {:?} {}", h.kind, h.id);
+        if h.kind != Kind::Pong {
+            return Err(ExchangeError::WrongAnswer {
+                to: "a ping",
+                kind: h.kind,
+            });
+        }
+        if h.id != i {
+            return Err(ExchangeError::WrongRequest { got: h.id, pending: i });
         }
         times.push(t.elapsed().as_nanos() as u64);
     }
@@ -359,11 +379,15 @@ impl Experts for Cluster {
             if st.nodes[n].assigned.is_empty() {
                 continue;
             }
+            let span = tracing::debug_span!("exchange", layer = job.layer, node = n);
+            let entered = span.enter();
             let id = st.next_id;
             st.next_id += 1;
             if let Err(e) = send(st, n, id, job) {
                 self.down(st, n, &format!("sending layer {}: {e}", job.layer));
             }
+            drop(entered);
+            st.nodes[n].span = span;
         }
 
         // The caller's own work (the shared expert) and the backbone's share, while the nodes work.
@@ -376,16 +400,18 @@ impl Experts for Cluster {
 
         // The answers, in node order; a node that fails has its share computed here.
         for n in 0..st.nodes.len() {
+            let span = std::mem::replace(&mut st.nodes[n].span, Span::none());
             if st.nodes[n].pending.is_none() {
                 continue;
             }
-            match receive(st, n, job, deliver) {
+            let _entered = span.enter();
+            match receive(st, n, job, deliver, self.opts.timeout) {
                 Ok(()) => {
                     let m = &mut st.nodes[n].metrics;
                     m.wait_ns += waiting_since.elapsed().as_nanos() as u64;
                 }
                 Err(e) => {
-                    self.down(st, n, &format!("layer {}: {e:#}", job.layer));
+                    self.down(st, n, &format!("layer {}: {e}", job.layer));
                     st.nodes[n].metrics.failovers += 1;
                     let share = std::mem::take(&mut st.nodes[n].assigned);
                     let r = compute_here(&*self.local, job, &share, st, deliver);
@@ -502,9 +528,9 @@ impl Cluster {
         let node = &mut st.nodes[n];
         if node.conn.take().is_some() {
             node.metrics.downs += 1;
-            eprintln!(
-                "cluster: node {} ({}) is down, its experts are computed elsewhere: {why}",
-                n, self.names[n]
+            tracing::warn!(
+                "node {n} ({}) is down, its experts are computed elsewhere: {why}",
+                self.names[n]
             );
         }
         if self.redial.dialing[n].swap(true, Ordering::SeqCst) {
@@ -516,9 +542,12 @@ impl Cluster {
             if redial.closing.load(Ordering::SeqCst) {
                 return;
             }
-            if let Ok((conn, _)) = handshake(&addr, &opts) {
-                redial.revived.lock().unwrap_or_else(|e| e.into_inner())[n] = Some(conn);
-                return;
+            match handshake(&addr, &opts) {
+                Ok((conn, _)) => {
+                    redial.revived.lock().unwrap_or_else(|e| e.into_inner())[n] = Some(conn);
+                    return;
+                }
+                Err(e) => tracing::debug!("node {n} ({addr}) is still down: {e}"),
             }
         });
     }
@@ -528,7 +557,7 @@ impl Cluster {
         let mut revived = self.redial.revived.lock().unwrap_or_else(|e| e.into_inner());
         for (n, node) in st.nodes.iter_mut().enumerate() {
             if let Some(conn) = revived[n].take() {
-                eprintln!("cluster: node {n} ({}) is back", self.names[n]);
+                tracing::info!("node {n} ({}) is back", self.names[n]);
                 node.conn = Some(conn);
                 self.redial.dialing[n].store(false, Ordering::SeqCst);
             }
@@ -586,28 +615,42 @@ fn send(st: &mut State, n: usize, id: u64, job: &ExpertJob) -> std::io::Result<(
     Ok(())
 }
 
-/// Reads node `n`'s answer to this layer and delivers each expert's rows.
-fn receive(st: &mut State, n: usize, job: &ExpertJob, deliver: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+/// Reads node `n`'s answer to this layer (due within `timeout`) and delivers each expert's rows.
+fn receive(
+    st: &mut State,
+    n: usize,
+    job: &ExpertJob,
+    deliver: &mut dyn FnMut(usize, &[f32]),
+    timeout: Duration,
+) -> Result<(), ExchangeError> {
     let State {
         nodes, body, floats, ..
     } = st;
     let node = &mut nodes[n];
-    let conn = node.conn.as_mut().ok_or_else(|| anyhow!("not connected"))?;
+    let (id, sent) = node.pending.expect("only nodes with a request in flight are read");
+    let conn = node
+        .conn
+        .as_mut()
+        .expect("a node with a request in flight is connected");
     let h = read_frame(&mut conn.r, DEFAULT_MAX_FRAME, body).map_err(|e| {
         if e.is_timeout() {
-            anyhow!("no answer within the deadline")
+            ExchangeError::Timeout(timeout)
         } else {
-            anyhow!(e)
+            e.into()
         }
     })?;
-    let (id, sent) = node.pending.expect("only nodes with a request in flight are read");
     if h.id != id {
-        bail!("answered request {} while request {id} was pending", h.id);
+        return Err(ExchangeError::WrongRequest { got: h.id, pending: id });
     }
     match h.kind {
         Kind::Output => {}
-        Kind::Error => bail!("the node failed: {}", String::from_utf8_lossy(body)),
-        other => bail!("answered with a {other:?} frame"),
+        Kind::Error => return Err(ExchangeError::NodeFailed(String::from_utf8_lossy(body).into_owned())),
+        kind => {
+            return Err(ExchangeError::WrongAnswer {
+                to: "a layer's request",
+                kind,
+            })
+        }
     }
     let d = job.input.cols();
     decode_output(body, node.assigned.iter().map(|&i| job.rows_of(i).len()), d, floats)?;
@@ -620,6 +663,7 @@ fn receive(st: &mut State, n: usize, job: &ExpertJob, deliver: &mut dyn FnMut(us
     let m = &mut node.metrics;
     m.bytes_in += (body.len() + HEADER_LEN) as u64;
     m.exchange_ns += sent.elapsed().as_nanos() as u64;
+    tracing::trace!(experts = node.assigned.len(), bytes = body.len(), "answered");
     Ok(())
 }
 

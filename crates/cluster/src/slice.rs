@@ -15,7 +15,6 @@ use std::ops::RangeInclusive;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use titan_engine::experts::{ExpertJob, ExpertScratch, ExpertWeights, Experts, ScratchPool};
 use titan_engine::{Config, EngineError};
@@ -23,6 +22,8 @@ use titan_gguf::{GgufFile, GgufWriter, Value, ValueType};
 use titan_kernels::{GgmlType, WeightLayout, WeightView};
 use titan_layout::names::{is_expert_tensor, weight_name};
 use titan_layout::{regroup, ExpertLayout, ModelIdentity, Part};
+
+use crate::ShardError;
 
 pub const KEY_MODEL: &str = "titan.shard.model";
 pub const KEY_LAYERS: &str = "titan.shard.layers";
@@ -43,18 +44,17 @@ impl SliceSpec {
 }
 
 /// "3-7" or "5" -> 3..=7 / 5..=5.
-pub fn parse_range(s: &str) -> Result<RangeInclusive<usize>> {
+pub fn parse_range(s: &str) -> Result<RangeInclusive<usize>, ShardError> {
     let (a, b) = s.split_once('-').unwrap_or((s, s));
-    let (a, b): (usize, usize) = (
-        a.trim()
-            .parse()
-            .with_context(|| format!("{s:?} is not a range like 0-31"))?,
-        b.trim()
-            .parse()
-            .with_context(|| format!("{s:?} is not a range like 0-31"))?,
-    );
+    let number = |n: &str| {
+        n.trim().parse::<usize>().map_err(|error| ShardError::NotARange {
+            text: s.to_string(),
+            error,
+        })
+    };
+    let (a, b) = (number(a)?, number(b)?);
     if a > b {
-        bail!("range {s:?} runs backwards");
+        return Err(ShardError::Backwards(s.to_string()));
     }
     Ok(a..=b)
 }
@@ -77,13 +77,13 @@ pub struct Digests {
 }
 
 impl Digests {
-    pub fn new(src: &GgufFile) -> Result<Digests> {
+    pub fn new(src: &GgufFile) -> Result<Digests, ShardError> {
         let layout = ExpertLayout::of(src)?;
         let cells = (0..layout.n_layer * layout.n_expert).map(|_| OnceLock::new()).collect();
         Ok(Digests { layout, cells })
     }
 
-    fn get(&self, src: &GgufFile, layer: usize, expert: usize) -> Result<String> {
+    fn get(&self, src: &GgufFile, layer: usize, expert: usize) -> Result<String, ShardError> {
         let cell = &self.cells[layer * self.layout.n_expert + expert];
         if let Some(d) = cell.get() {
             return Ok(d.clone());
@@ -91,7 +91,11 @@ impl Digests {
         let d = self
             .layout
             .digest(src, layer, expert)
-            .with_context(|| format!("{}: no expert {expert} in layer {layer}", src.path().display()))?;
+            .ok_or_else(|| ShardError::NoExpert {
+                path: src.path().to_path_buf(),
+                layer,
+                expert,
+            })?;
         Ok(cell
             .get_or_init(|| blake3::Hash::from_bytes(d).to_hex().to_string())
             .clone())
@@ -101,28 +105,25 @@ impl Digests {
 impl Shard {
     /// Plans the shard of `spec`. Digests not yet in `digests` are computed here, in parallel (every
     /// byte of those experts read once).
-    pub fn plan(src: &Arc<GgufFile>, spec: &SliceSpec, digests: &Digests) -> Result<Shard> {
+    pub fn plan(src: &Arc<GgufFile>, spec: &SliceSpec, digests: &Digests) -> Result<Shard, ShardError> {
         let config = Config::from_gguf(src)?;
         let layout = &digests.layout;
         if *spec.layers.end() >= config.n_layer || *spec.experts.end() >= config.n_expert {
-            bail!(
-                "layers {:?} × experts {:?} is outside the model ({} layers of {} experts)",
-                spec.layers,
-                spec.experts,
-                config.n_layer,
-                config.n_expert
-            );
+            return Err(ShardError::OutsideModel {
+                layers: spec.layers.clone(),
+                experts: spec.experts.clone(),
+                n_layer: config.n_layer,
+                n_expert: config.n_expert,
+            });
         }
         if config.expert_act != titan_engine::config::Activation::Silu {
-            bail!("{} experts carry biases and a clamped activation that shards do not hold yet: give the node the whole model (--model)", config.arch_name);
+            return Err(ShardError::BiasedExperts(config.arch_name.to_string()));
         }
         if *spec.layers.start() < config.dense_lead {
-            bail!(
-                "layers {:?}: the model's first {} layers are dense and have no experts; start the layers at {}",
-                spec.layers,
-                config.dense_lead,
-                config.dense_lead
-            );
+            return Err(ShardError::DenseLayers {
+                layers: spec.layers.clone(),
+                dense: config.dense_lead,
+            });
         }
         let keys: Vec<(usize, usize)> = spec
             .layers
@@ -132,7 +133,7 @@ impl Shard {
         let digests = keys
             .par_iter()
             .map(|&(l, e)| digests.get(src, l, e))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
 
         let mut w = GgufWriter::new();
         for (k, v) in &src.metadata {
@@ -156,17 +157,19 @@ impl Shard {
         let count = spec.experts.end() - spec.experts.start() + 1;
         let mut sources = Vec::new();
         for l in spec.layers.clone() {
-            let entry = layout.layer(l).with_context(|| format!("layer {l} has no experts"))?;
+            let entry = layout.layer(l).ok_or(ShardError::NoExperts(l))?;
             for part in Part::ALL {
                 let slice = entry.part(part);
                 let (start, per) = entry.range(*spec.experts.start(), part);
                 let dims = [slice.cols as u64, slice.rows as u64, count as u64];
-                w.add_tensor(&weight_name(l, part), &dims, slice.ty)?;
+                w.add_tensor(&weight_name(l, part), &dims, slice.ty)
+                    .map_err(ShardError::io("planning the shard's header"))?;
                 sources.push((start as usize, per * count as u64));
             }
         }
         let mut header = Vec::new();
-        w.write_header(&mut header)?;
+        w.write_header(&mut header)
+            .map_err(ShardError::io("writing the shard's header"))?;
         let mut at = header.len() as u64;
         let align = src.alignment;
         let mut pieces = Vec::with_capacity(sources.len());
@@ -237,17 +240,21 @@ pub fn write_shard(
     spec: &SliceSpec,
     out: &Path,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<u64> {
+) -> Result<u64, ShardError> {
     let shard = Shard::plan(src, spec, &Digests::new(src)?)?;
     let tmp = out.with_extension("part");
-    let mut f =
-        std::io::BufWriter::new(std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
+    let file = std::fs::File::create(&tmp).map_err(ShardError::io(format!("creating {}", tmp.display())))?;
+    let mut f = std::io::BufWriter::new(file);
     shard
         .write_to(&mut f, progress)
-        .and_then(|()| f.flush())
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    std::fs::rename(&tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
+        .and_then(|()| f.into_inner().map_err(|e| e.into_error()))
+        .and_then(|file| file.sync_all())
+        .map_err(ShardError::io(format!("writing {}", tmp.display())))?;
+    std::fs::rename(&tmp, out).map_err(ShardError::io(format!(
+        "renaming {} to {}",
+        tmp.display(),
+        out.display()
+    )))?;
     Ok(shard.len())
 }
 
@@ -267,9 +274,12 @@ pub struct ShardExperts {
 
 impl ShardExperts {
     /// Opens a shard and checks it: its keys, its tensors' shapes, and (with `verify`) every expert's digest.
-    pub fn open(path: &Path, verify: bool) -> Result<ShardExperts> {
+    pub fn open(path: &Path, verify: bool) -> Result<ShardExperts, ShardError> {
         let file = GgufFile::open(path)?;
-        let bad = |what: String| anyhow::anyhow!("{}: {what}", path.display());
+        let bad = |what: String| ShardError::Invalid {
+            path: path.to_path_buf(),
+            what,
+        };
         let model = file
             .get_str(KEY_MODEL)?
             .ok_or_else(|| {
@@ -278,7 +288,7 @@ impl ShardExperts {
                 ))
             })?
             .to_string();
-        let range = |key: &str| -> Result<RangeInclusive<usize>> {
+        let range = |key: &str| -> Result<RangeInclusive<usize>, ShardError> {
             match file.get_array(key)? {
                 Some([a, b]) => match (a.as_u64(), b.as_u64()) {
                     (Some(a), Some(b)) if a <= b => Ok(a as usize..=b as usize),
@@ -305,7 +315,7 @@ impl ShardExperts {
             )));
         }
         let count = spec.experts.end() - spec.experts.start() + 1;
-        let layout = ExpertLayout::of(&file).map_err(|e| bad(e.to_string()))?;
+        let layout = ExpertLayout::of(&file)?;
         let held: Vec<usize> = layout.layers.iter().map(|l| l.layer).collect();
         if layout.n_expert != count || held != spec.layers.clone().collect::<Vec<_>>() {
             return Err(bad(format!(
@@ -350,7 +360,7 @@ impl ShardExperts {
             regrouped: Default::default(),
         };
         if verify {
-            shard.verify(&digests).map_err(|e| bad(e.to_string()))?;
+            shard.verify(path, &digests)?;
         }
         shard.regroup();
         Ok(shard)
@@ -373,7 +383,7 @@ impl ShardExperts {
     }
 
     /// Checks every expert's bytes against its digest; names the first that fails.
-    fn verify(&self, digests: &[String]) -> Result<()> {
+    fn verify(&self, path: &Path, digests: &[String]) -> Result<(), ShardError> {
         let keys: Vec<(usize, usize)> = self
             .spec
             .layers
@@ -387,9 +397,11 @@ impl ShardExperts {
                 .as_str()
                 != want
             {
-                bail!(
-                    "expert {e} of layer {l} failed its digest check: the shard is damaged (fetch or slice it again)"
-                );
+                return Err(ShardError::Damaged {
+                    path: path.to_path_buf(),
+                    layer: l,
+                    expert: e,
+                });
             }
             Ok(())
         })

@@ -15,7 +15,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -29,6 +28,7 @@ use tokio::sync::watch;
 
 use crate::plan::{Placement, Plan};
 use crate::slice::{cover, parse_range, Digests, Shard, SliceSpec};
+use crate::ClusterError;
 
 pub struct SliceServerOptions {
     pub listen: String,
@@ -84,16 +84,22 @@ pub struct SliceServer {
 
 impl SliceServer {
     /// Starts serving `model`'s slices on `opts.listen`.
-    pub fn start(model: Arc<GgufFile>, opts: SliceServerOptions) -> Result<SliceServer> {
+    pub fn start(model: Arc<GgufFile>, opts: SliceServerOptions) -> Result<SliceServer, ClusterError> {
         let config = titan_engine::Config::from_gguf(&model)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
-            .build()?;
+            .build()
+            .map_err(ClusterError::io("starting the slice endpoint's threads"))?;
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind(&opts.listen))
-            .with_context(|| format!("listening on {}", opts.listen))?;
-        let addr = listener.local_addr()?;
+            .map_err(|error| ClusterError::Listen {
+                addr: opts.listen.clone(),
+                error,
+            })?;
+        let addr = listener
+            .local_addr()
+            .map_err(ClusterError::io("reading the slice endpoint's address"))?;
         let (tx, rx) = watch::channel(None);
         let n = opts.nodes.len();
         let shared = Arc::new(Shared {
@@ -114,7 +120,7 @@ impl SliceServer {
             .with_state(shared);
         runtime.spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
-                eprintln!("slice server: {e}");
+                tracing::error!("the slice endpoint stopped: {e}");
             }
         });
         Ok(SliceServer {
@@ -125,13 +131,13 @@ impl SliceServer {
     }
 
     /// Waits until every expected node has joined and the plan is made.
-    pub fn wait_for_plan(&self, timeout: Duration) -> Result<Arc<Plan>> {
+    pub fn wait_for_plan(&self, timeout: Duration) -> Result<Arc<Plan>, ClusterError> {
         let mut rx = self.plan.clone();
         self.runtime.block_on(async {
             tokio::time::timeout(timeout, rx.wait_for(Option::is_some))
                 .await
-                .context("the expected nodes did not all join in time")?
-                .context("slice server stopped")?;
+                .map_err(|_| ClusterError::JoinTimeout(timeout))?
+                .map_err(|_| ClusterError::SliceServerStopped)?;
             Ok(rx.borrow().clone().expect("waited for it"))
         })
     }
@@ -197,7 +203,7 @@ async fn join(State(s): State<Arc<Shared>>, headers: HeaderMap, body: axum::body
                     p.replicate(&s.opts.hot, b.len());
                     let _ = s.plan.send(Some(Arc::new(p)));
                 }
-                Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+                Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
             }
         }
     }
@@ -246,20 +252,26 @@ impl SliceQuery {
 }
 
 /// `Range: bytes=A-` or `bytes=A-B` against a body of `len` bytes -> [start, end).
-pub fn byte_range(headers: &HeaderMap, len: u64) -> Result<Option<(u64, u64)>> {
+pub fn byte_range(headers: &HeaderMap, len: u64) -> Result<Option<(u64, u64)>, ClusterError> {
     let Some(v) = headers.get(header::RANGE) else {
         return Ok(None);
     };
-    let v = v.to_str()?.strip_prefix("bytes=").context("only byte ranges")?;
-    let (a, b) = v.split_once('-').context("a range is A-B")?;
-    let start: u64 = a.parse()?;
+    let bad = |why: &str| ClusterError::RangeHeader(why.to_string());
+    let v = v
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("bytes="))
+        .ok_or_else(|| bad("only byte ranges (bytes=A-B) are served"))?;
+    let (a, b) = v.split_once('-').ok_or_else(|| bad("a range is A-B"))?;
+    let number = |n: &str| n.parse::<u64>().map_err(|e| bad(&format!("{n:?}: {e}")));
+    let start = number(a)?;
     let end = if b.is_empty() {
         len
     } else {
-        b.parse::<u64>()?.saturating_add(1).min(len)
+        number(b)?.saturating_add(1).min(len)
     };
     if start >= end {
-        bail!("empty range");
+        return Err(bad("empty range"));
     }
     Ok(Some((start, end)))
 }
@@ -301,7 +313,7 @@ async fn slice(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Query
     let (model, s2) = (s.model.clone(), s.clone());
     let shard = match tokio::task::spawn_blocking(move || Shard::plan(&model, &spec, &s2.digests)).await {
         Ok(Ok(shard)) => Arc::new(shard),
-        Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+        Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
     let len = shard.len();

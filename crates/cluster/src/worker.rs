@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
 use titan_engine::experts::Experts;
+use titan_engine::EngineError;
 use titan_net::{read_frame, secrets_equal, write_frame, FrameError, Kind};
 
 use crate::proto::{start_output, write_output, Compute, Held, Hello, Shape, Welcome};
+use crate::{ClusterError, ExchangeError};
 
 pub struct WorkerOptions {
     pub listen: String,
@@ -64,9 +65,16 @@ pub struct NodeModel {
 
 /// Listens on `opts.listen` and serves backbones until the process ends; `ready` is told the bound
 /// address first (port 0 picks a free one).
-pub fn serve(model: NodeModel, opts: WorkerOptions, ready: impl FnOnce(SocketAddr)) -> Result<()> {
-    let listener = TcpListener::bind(&opts.listen).with_context(|| format!("listening on {}", opts.listen))?;
-    ready(listener.local_addr()?);
+pub fn serve(model: NodeModel, opts: WorkerOptions, ready: impl FnOnce(SocketAddr)) -> Result<(), ClusterError> {
+    let listener = TcpListener::bind(&opts.listen).map_err(|error| ClusterError::Listen {
+        addr: opts.listen.clone(),
+        error,
+    })?;
+    ready(
+        listener
+            .local_addr()
+            .map_err(ClusterError::io("reading the address listened on"))?,
+    );
     let ctx = Arc::new(Node {
         welcome: Welcome {
             model: model.identity.clone(),
@@ -85,17 +93,18 @@ pub fn serve(model: NodeModel, opts: WorkerOptions, ready: impl FnOnce(SocketAdd
         let stream = match stream {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("worker: accept failed: {e}");
+                tracing::warn!("accepting a connection failed: {e}");
                 continue;
             }
         };
         let ctx = ctx.clone();
         std::thread::spawn(move || {
             let peer = stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
+            let _connection = tracing::info_span!("connection", peer = %peer).entered();
             match ctx.connection(stream) {
-                Ok(Some(summary)) => eprintln!("worker: {peer}: closed ({summary})"),
-                Ok(None) => {} // closed before a byte: a reachability check
-                Err(e) => eprintln!("worker: {peer}: connection closed: {e:#}"),
+                Ok(Some(served)) => tracing::info!("closed ({served} requests)"),
+                Ok(None) => tracing::trace!("closed before a byte: a reachability check"),
+                Err(e) => tracing::warn!("connection closed: {e}"),
             }
         });
     }
@@ -110,9 +119,10 @@ struct Node {
 }
 
 impl Node {
-    /// One backbone's connection: the handshake, then requests until it closes. Any malformed frame
-    /// ends this connection (with the reason logged by the caller) and nothing else.
-    fn connection(&self, stream: TcpStream) -> Result<Option<String>> {
+    /// One backbone's connection: the handshake, then requests until it closes; the requests served, or
+    /// `None` for a connection closed before its first byte. Any malformed frame ends this connection
+    /// (with the reason logged by the caller) and nothing else.
+    fn connection(&self, stream: TcpStream) -> Result<Option<u64>, ExchangeError> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
         let mut w = stream.try_clone()?;
@@ -121,8 +131,9 @@ impl Node {
         let limit = self.opts.max_frame;
 
         let h = match read_frame(&mut r, limit.min(1 << 16), &mut body) {
+            Ok(h) => h,
             Err(FrameError::Closed) => return Ok(None),
-            h => h.context("reading the hello")?,
+            Err(e) => return Err(ExchangeError::Hello(e)),
         };
         let hello: Option<Hello> = (h.kind == Kind::Hello)
             .then(|| serde_json::from_slice(&body).ok())
@@ -139,15 +150,13 @@ impl Node {
         if let Some(why) = refusal {
             self.metrics.refused.fetch_add(1, Relaxed);
             let _ = write_frame(&mut w, Kind::Error, h.id, why.as_bytes(), &mut frame);
-            anyhow::bail!("refused: {why}");
+            return Err(ExchangeError::Refused(why));
         }
-        write_frame(
-            &mut w,
-            Kind::Welcome,
-            h.id,
-            &serde_json::to_vec(&self.welcome)?,
-            &mut frame,
-        )?;
+        let welcome = serde_json::to_vec(&self.welcome).map_err(|error| ExchangeError::Json {
+            what: "writing the welcome",
+            error,
+        })?;
+        write_frame(&mut w, Kind::Welcome, h.id, &welcome, &mut frame)?;
         self.metrics.connections.fetch_add(1, Relaxed);
         // A backbone may idle between tokens for as long as its users do.
         r.get_ref().set_read_timeout(None)?;
@@ -163,7 +172,7 @@ impl Node {
         loop {
             let h = match read_frame(&mut r, limit, &mut body) {
                 Ok(h) => h,
-                Err(FrameError::Closed) => return Ok(Some(format!("{served} requests"))),
+                Err(FrameError::Closed) => return Ok(Some(served)),
                 Err(e) => return Err(e.into()),
             };
             self.metrics
@@ -172,14 +181,13 @@ impl Node {
             let reply = match h.kind {
                 Kind::Compute => {
                     let t = Instant::now();
-                    let result = req
-                        .decode(&body, shape)
-                        .map_err(anyhow::Error::from)
-                        .and_then(|()| self.compute(&req, &mut out));
-                    if let Err(e) = result {
-                        let msg = format!("{e:#}");
-                        let _ = write_frame(&mut w, Kind::Error, h.id, msg.as_bytes(), &mut frame);
-                        anyhow::bail!("request {} failed: {msg}", h.id);
+                    let result = match req.decode(&body, shape) {
+                        Ok(()) => self.compute(&req, &mut out).map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    if let Err(why) = result {
+                        let _ = write_frame(&mut w, Kind::Error, h.id, why.as_bytes(), &mut frame);
+                        return Err(ExchangeError::RequestFailed { id: h.id, why });
                     }
                     self.metrics
                         .compute_ns
@@ -189,13 +197,16 @@ impl Node {
                 }
                 Kind::Ping => (Kind::Pong, &body[..]),
                 Kind::MetricsRequest => {
-                    out = serde_json::to_vec(&self.metrics.json())?;
+                    out = serde_json::to_vec(&self.metrics.json()).map_err(|error| ExchangeError::Json {
+                        what: "writing the node's counters",
+                        error,
+                    })?;
                     (Kind::Metrics, &out[..])
                 }
                 other => {
-                    let msg = format!("unexpected {other:?} frame");
-                    let _ = write_frame(&mut w, Kind::Error, h.id, msg.as_bytes(), &mut frame);
-                    anyhow::bail!("{msg}");
+                    let e = ExchangeError::Unexpected(other);
+                    let _ = write_frame(&mut w, Kind::Error, h.id, e.to_string().as_bytes(), &mut frame);
+                    return Err(e);
                 }
             };
             write_frame(&mut w, reply.0, h.id, reply.1, &mut frame)?;
@@ -206,7 +217,7 @@ impl Node {
     }
 
     /// Every expert of the request, into an Output body.
-    fn compute(&self, req: &Compute, out: &mut Vec<u8>) -> Result<()> {
+    fn compute(&self, req: &Compute, out: &mut Vec<u8>) -> Result<(), EngineError> {
         let d = self.model.n_embd;
         let job = req.job();
         start_output(out, job.ids.len(), d, job.rows.len());

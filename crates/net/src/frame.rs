@@ -58,21 +58,30 @@ pub struct FrameHeader {
     pub len: usize,
 }
 
+/// Why a frame could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
+    /// The peer closed the connection cleanly between two frames.
     #[error("connection closed")]
     Closed,
+    /// The first four bytes are not `TTNF`: the peer does not speak this protocol.
     #[error("not a TITAN frame (magic {0:02x?})")]
     BadMagic([u8; 4]),
+    /// The peer speaks another version of the protocol.
     #[error("frame version {0}, this build speaks version {VERSION}")]
     BadVersion(u8),
+    /// A kind this build does not know.
     #[error("unknown frame kind {0}")]
     BadKind(u8),
+    /// The two reserved header bytes are not zero.
     #[error("reserved header bytes are not zero")]
     BadReserved,
+    /// The body declared is larger than the reader accepts (refused before anything is allocated).
     #[error("frame of {len} bytes exceeds the limit of {limit} bytes")]
     TooLarge { len: u64, limit: usize },
-    #[error("{0}")]
+    /// The socket failed, timed out, or closed inside a frame; shown as the I/O error itself (no second
+    /// copy of it as a source).
+    #[error(transparent)]
     Io(#[from] io::Error),
 }
 
@@ -225,6 +234,20 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("body"));
+    }
+
+    /// An I/O error reads once, whether shown alone or with its sources (as `anyhow`'s `{:#}` does).
+    #[test]
+    fn an_io_error_is_named_once() {
+        let e = FrameError::from(io::Error::from(io::ErrorKind::ConnectionReset));
+        let os = io::Error::from(io::ErrorKind::ConnectionReset).to_string();
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            chain = format!("{chain}: {s}");
+            source = s.source();
+        }
+        assert_eq!(chain.matches(&os).count(), 1, "{chain}");
     }
 
     #[test]

@@ -13,10 +13,8 @@ pub use payload::{PayloadError, PayloadReader, PayloadWriter};
 /// Whether two secrets are equal, in time that depends on their lengths only (not on where they first
 /// differ), so a peer cannot find a node token byte by byte by timing refusals.
 pub fn secrets_equal(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    // `subtle` answers unequal lengths at once and compares equal lengths in constant time.
+    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
 #[cfg(test)]

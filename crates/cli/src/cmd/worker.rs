@@ -60,10 +60,10 @@ pub fn run(a: Args) -> Result<()> {
     };
     if let Some(m) = &a.model {
         let plan = a.stream.plan(m, KvPlan::NONE)?;
-        return serve_model(m, plan.as_ref(), opts, ready);
+        return Ok(serve_model(m, plan.as_ref(), opts, ready)?);
     }
     let Some(backbone) = &a.backbone else {
-        return serve_shards(&a.shard, opts, ready);
+        return Ok(serve_shards(&a.shard, opts, ready)?);
     };
     let Some(cache_dir) = &a.cache_dir else {
         bail!("--backbone needs --cache-dir (where the shards are kept)")
@@ -90,5 +90,5 @@ pub fn run(a: Args) -> Result<()> {
             bar.finish_and_clear();
         }
     };
-    serve_fetched(&fetch, opts, &mut progress, ready)
+    Ok(serve_fetched(&fetch, opts, &mut progress, ready)?)
 }
