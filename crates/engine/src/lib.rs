@@ -42,7 +42,7 @@ pub enum EngineError {
     /// A failure of an expert source outside the engine (a store's read, say), in its own words.
     #[error(transparent)]
     Experts(Box<dyn std::error::Error + Send + Sync>),
-    #[error("context of {ctx} tokens exceeded: {need} needed (use a larger --ctx-size or a shorter prompt)")]
+    #[error("context of {ctx} tokens exceeded: {need} needed")]
     ContextFull { ctx: usize, need: usize },
     #[error("expert {expert} of layer {layer}: {what}")]
     Expert { layer: usize, expert: u32, what: String },

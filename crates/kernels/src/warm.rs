@@ -110,16 +110,21 @@ mod tests {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
         pool.install(|| {
             let t = Instant::now();
+            let (mut regions, mut shared) = (0, 0);
             while t.elapsed() < 2 * LINGER {
                 WARMTH.stay_warm();
                 assert_eq!(WARMTH.pollers.load(Relaxed), 2, "the two other workers poll");
                 let threads = std::sync::Mutex::new(std::collections::HashSet::new());
                 (0..16).into_par_iter().for_each(|_| {
                     threads.lock().unwrap().insert(rayon::current_thread_index());
-                    std::thread::sleep(Duration::from_micros(100));
+                    std::thread::sleep(Duration::from_micros(500));
                 });
-                assert!(threads.lock().unwrap().len() > 1, "the region was shared");
+                regions += 1;
+                shared += usize::from(threads.lock().unwrap().len() > 1);
             }
+            // Most regions, not every one: on a loaded machine (or under qemu) a polling worker can be
+            // descheduled for a whole region.
+            assert!(2 * shared >= regions, "{shared} of {regions} regions were shared");
         });
         let t = Instant::now();
         while WARMTH.pollers.load(Relaxed) > 0 {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use crate::args::{ModelArgs, PromptArgs, SamplingArgs};
+use crate::args::{with_hint, ModelArgs, PromptArgs, SamplingArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -23,7 +23,7 @@ pub fn run(a: Args) -> Result<()> {
     let model = a.model.load(a.sampling.kv_plan(a.prompt.tokens_at_most()))?;
     let prompt = a.prompt.tokens(&model)?;
     let opts = a.sampling.options(&model, prompt.len())?;
-    let report = model.profile_routing(&prompt, &opts)?;
+    let report = model.profile_routing(&prompt, &opts).map_err(with_hint)?;
     report.profile.save(&a.output)?;
     let (n_layer, n_expert, k) = (model.config.n_layer, model.config.n_expert, model.config.n_expert_used);
     eprintln!(

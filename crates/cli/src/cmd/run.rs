@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::Result;
 use titan_engine::StopReason;
 
-use crate::args::{tokens_at_most, ModelArgs, SamplingArgs};
+use crate::args::{tokens_at_most, with_hint, ModelArgs, SamplingArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -23,10 +23,12 @@ pub fn run(a: Args) -> Result<()> {
     let prompt = model.tokenizer.encode(&a.prompt, true, true);
     let opts = a.sampling.options(&model, prompt.len())?;
     let mut stdout = std::io::stdout().lock();
-    let g = model.generate(&prompt, &opts, |text| {
-        let _ = stdout.write_all(text.as_bytes());
-        let _ = stdout.flush();
-    })?;
+    let g = model
+        .generate(&prompt, &opts, |text| {
+            let _ = stdout.write_all(text.as_bytes());
+            let _ = stdout.flush();
+        })
+        .map_err(with_hint)?;
     let _ = writeln!(stdout);
     let rate = |n: usize, t: std::time::Duration| n as f64 / t.as_secs_f64().max(1e-9);
     eprintln!(

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use titan_layout::ModelIdentity;
 
-use crate::args::{ModelArgs, PromptArgs, SamplingArgs};
+use crate::args::{with_hint, ModelArgs, PromptArgs, SamplingArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -44,7 +44,9 @@ pub fn run(a: Args) -> Result<()> {
         "isa": titan_kernels::isa().name(),
     });
     let mut t = titan_engine::trace::Trace::new(identity, options);
-    let g = model.generate_traced(&prompt, &opts, Some(&mut t), |_| {})?;
+    let g = model
+        .generate_traced(&prompt, &opts, Some(&mut t), |_| {})
+        .map_err(with_hint)?;
     t.write(&a.output)?;
     eprintln!(
         "wrote {} records ({} steps, {} generated tokens) to {}",
