@@ -236,7 +236,7 @@ impl Experts for ResidentExperts {
             expert: 0,
             what: "the model has no such layer".into(),
         })?;
-        Ok(l.experts(layer, 0)?.gate_exps.mat.ty.act_type())
+        Ok(l.experts(layer, 0)?.gate.mat.ty.act_type())
     }
 
     fn apply(
@@ -260,9 +260,9 @@ impl Experts for ResidentExperts {
         let weights = job.ids.iter().enumerate().map(|(i, &e)| {
             let e = e as usize;
             let w = ExpertWeights {
-                gate: w.view(&l.gate_exps.expert(e)),
-                up: w.view(&l.up_exps.expert(e)),
-                down: w.view(&l.down_exps.expert(e)),
+                gate: w.view(&l.gate.expert(e)),
+                up: w.view(&l.up.expert(e)),
+                down: w.view(&l.down.expert(e)),
                 bias: w.extras.bias(layer, e),
                 act: w.extras.act,
             };

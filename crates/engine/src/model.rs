@@ -442,9 +442,10 @@ impl Model {
         if let Some(sh) = &l.shared {
             dense += sh.gate.bytes() + sh.up.bytes() + sh.down.bytes();
         }
-        let expert = l.moe.as_ref().map_or(0, |m| {
-            m.gate_exps.mat.bytes() + m.up_exps.mat.bytes() + m.down_exps.mat.bytes()
-        });
+        let expert = l
+            .moe
+            .as_ref()
+            .map_or(0, |m| m.gate.mat.bytes() + m.up.mat.bytes() + m.down.mat.bytes());
         (dense + experts * expert) as u64
     }
 

@@ -1,6 +1,8 @@
 //! Turning logits into the next token: repetition penalty, top-k, top-p, min-p, temperature, then a draw
 //! from a seeded generator (the order llama.cpp's default sampler chain uses). Temperature 0 is greedy.
 
+use titan_kernels::splitmix::SplitMix64;
+
 #[derive(Clone, Debug)]
 pub struct SamplerOptions {
     pub temperature: f32,
@@ -187,24 +189,6 @@ impl Sampler {
             r -= wt;
         }
         c.last().map_or(0, |&k| id(k))
-    }
-}
-
-/// A small, well-known generator (SplitMix64): seeded runs are reproducible on every platform.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn next_f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
     }
 }
 

@@ -66,9 +66,9 @@ pub struct Moe {
     pub choice_bias: Option<Vec<f32>>,
     /// `ffn_gate_inp.bias` (gpt-oss): added to the router's logits.
     pub router_bias: Option<Vec<f32>>,
-    pub gate_exps: Stacked,
-    pub up_exps: Stacked,
-    pub down_exps: Stacked,
+    pub gate: Stacked,
+    pub up: Stacked,
+    pub down: Stacked,
 }
 
 /// Multi-head latent attention's weights (DeepSeek-V2/V3, llama.cpp's names in the comments).
@@ -195,7 +195,7 @@ pub struct ExpertBias<'a> {
 }
 
 impl ExpertExtras {
-    /// The activation of `c`, and the expert biases the file has (`blk.N.ffn_{gate,up,down}_exps.bias`).
+    /// The activation of `c`, and the expert biases the file has (`titan_layout::names::bias_name`).
     pub fn load(f: &GgufFile, c: &Config) -> Result<ExpertExtras> {
         let l = Loader { f };
         let (e, ff, n) = (c.n_embd, c.expert_ff, c.n_expert);
@@ -294,9 +294,9 @@ impl Weights {
                     router: l.mat(&n("ffn_gate_inp.weight"), e, c.n_expert)?,
                     choice_bias: l.vec_if_present(&n("exp_probs_b.bias"), c.n_expert)?,
                     router_bias: l.vec_if_present(&n("ffn_gate_inp.bias"), c.n_expert)?,
-                    gate_exps: l.stacked(&weight_name(i, Part::Gate), e, c.expert_ff, c.n_expert)?,
-                    up_exps: l.stacked(&weight_name(i, Part::Up), e, c.expert_ff, c.n_expert)?,
-                    down_exps: l.stacked(&weight_name(i, Part::Down), c.expert_ff, e, c.n_expert)?,
+                    gate: l.stacked(&weight_name(i, Part::Gate), e, c.expert_ff, c.n_expert)?,
+                    up: l.stacked(&weight_name(i, Part::Up), e, c.expert_ff, c.n_expert)?,
+                    down: l.stacked(&weight_name(i, Part::Down), c.expert_ff, e, c.n_expert)?,
                 })
             };
             let mixing = match (c.mixers[i], c.mla) {

@@ -17,6 +17,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use titan_kernels::splitmix::SplitMix64;
+
 use titan_kernels::{
     available_isas, kernel_isa, matmul, matmul_many, set_isa, Activations, GgmlType, Isa, MatmulJob, WeightView,
 };
@@ -232,27 +234,19 @@ fn read_bandwidth(data: &[u8]) -> f64 {
     data.len() as f64 / best / 1e9
 }
 
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed;
+    let mut state = SplitMix64(seed);
     let mut v = Vec::with_capacity(n);
     while v.len() < n {
-        v.extend_from_slice(&splitmix(&mut state).to_le_bytes());
+        v.extend_from_slice(&state.next_u64().to_le_bytes());
     }
     v.truncate(n);
     v
 }
 
 fn random_f32(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed;
+    let mut state = SplitMix64(seed);
     (0..n)
-        .map(|_| (splitmix(&mut state) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
+        .map(|_| (state.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
         .collect()
 }

@@ -84,6 +84,7 @@ mod formats;
 mod grouped;
 mod matmul;
 mod simd;
+pub mod splitmix;
 #[cfg(test)]
 mod testutil;
 mod types;

@@ -1,27 +1,24 @@
 //! Shared test machinery: the gguf-py fixtures, random rows, and the f64 reference dot product.
 
 use crate::formats::{f16_at, f16_bytes};
+use crate::splitmix::SplitMix64;
 use crate::{dequantize_row, quantize_row, vec_dot, GgmlType};
 
-/// A small deterministic generator (splitmix64), so tests need no extra crates and never vary.
-pub(crate) struct Rng(u64);
+/// The project's generator with the draws tests need, so that test data never varies.
+pub(crate) struct Rng(SplitMix64);
 
 impl Rng {
     pub(crate) fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(SplitMix64(seed))
     }
 
     pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in [0, 1).
     pub(crate) fn uniform(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+        self.0.next_f32()
     }
 
     /// Roughly standard normal (Irwin–Hall with 4 terms, rescaled); good enough for test data.

@@ -332,7 +332,7 @@ mod tests {
         );
         let out = dir.path().join("dense.titan");
         let err = convert(&gguf, &out, &ConvertOptions::default(), &mut |_, _| {}).unwrap_err();
-        assert!(matches!(err, StoreError::NoExperts { .. }), "{err}");
+        assert!(matches!(err, StoreError::NoExperts(_)), "{err}");
         assert!(err.to_string().contains("dense.gguf: no expert tensors"), "{err}");
         assert!(!out.exists());
     }

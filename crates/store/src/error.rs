@@ -69,8 +69,8 @@ pub enum StoreError {
     #[error("{path} already exists: pass --force to replace it", path = path.display())]
     Exists { path: PathBuf },
     /// The model has no stacked expert tensors.
-    #[error("{path}: no expert tensors (blk.N.ffn_gate_exps.weight, ffn_up_exps, ffn_down_exps): not an MoE model, nothing to convert", path = path.display())]
-    NoExperts { path: PathBuf },
+    #[error("{0}, nothing to convert")]
+    NoExperts(titan_layout::LayoutError),
     /// The model's expert tensors have shapes the store cannot hold.
     #[error("{path}: {what}", path = path.display())]
     Model { path: PathBuf, what: String },
@@ -129,7 +129,7 @@ pub enum StoreError {
 impl From<titan_layout::LayoutError> for StoreError {
     fn from(e: titan_layout::LayoutError) -> StoreError {
         match e {
-            titan_layout::LayoutError::NoExperts { path } => StoreError::NoExperts { path },
+            e @ titan_layout::LayoutError::NoExperts { .. } => StoreError::NoExperts(e),
             titan_layout::LayoutError::Model { path, what } => StoreError::Model { path, what },
         }
     }

@@ -41,13 +41,8 @@ impl Rng {
     }
 }
 
-/// SplitMix64's finaliser: spreads nearby seeds (chunk 0, 1, 2, ...) over unrelated states.
-pub(crate) fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+/// Spreads nearby seeds (chunk 0, 1, 2, ...) over unrelated states.
+pub(crate) use titan_kernels::splitmix::mix as splitmix;
 
 /// Draws `bits`-bit triangular quants `a - b` (in `-(2^bits - 1) ..= 2^bits - 1`), 64 random bits at a time.
 struct Tri<'a> {

@@ -57,7 +57,7 @@ pub(crate) enum Role {
     Sinks,
     /// `ffn_gate_inp.bias`: added to the router's logits (gpt-oss).
     RouterBias,
-    /// `ffn_{gate,up,down}_exps.bias`: per expert (gpt-oss).
+    /// The experts' biases: per expert (gpt-oss).
     GateExpsBias,
     UpExpsBias,
     DownExpsBias,

@@ -41,7 +41,12 @@ fn default_model() -> Result<PathBuf> {
     let roots = [PathBuf::from("."), Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")];
     for rel in ["models/demo/demo-q8_0.gguf", "tests/fixtures/qwen3moe/q8_0.gguf"] {
         if let Some(p) = roots.iter().map(|r| r.join(rel)).find(|p| p.exists()) {
-            return Ok(p);
+            // Shown to the user: the source tree's `crates/cli/../..` resolved, and relative where it can be.
+            let p = p.canonicalize().unwrap_or(p);
+            let here = std::env::current_dir().ok().and_then(|d| d.canonicalize().ok());
+            return Ok(here
+                .and_then(|d| Some(p.strip_prefix(d).ok()?.to_path_buf()))
+                .unwrap_or(p));
         }
     }
     bail!("no default model found (models/demo/demo-q8_0.gguf): pass one with -m")
@@ -173,6 +178,13 @@ pub fn run(a: Args) -> Result<()> {
         rate(&g1),
         rate(&g2),
         a.workers
+    )?;
+    // The two figures are not a benchmark of the cluster: the workers are processes on this machine's own
+    // cores, and on a small model a layer's round trip costs more than its experts' arithmetic.
+    writeln!(
+        out,
+        "            (the workers share this machine's cores, and each layer waits for a round trip: these \
+         speeds show the exchange at work, not what machines on a network gain; see docs/cluster.md)"
     )?;
     let m = cluster.metrics();
     let steps = (g2.tokens.len()).max(1) as f64;
