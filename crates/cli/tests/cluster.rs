@@ -22,7 +22,10 @@ fn any_node_count_and_placement_gives_the_single_node_trace() {
         "qwen3next/q8_0.gguf",
         "qwen35moe-k/q4_k_m.gguf",
         "deepseek3/q8_0.gguf",
+        "deepseek2-lite/q4_0.gguf",
+        "mixtral/q4_1.gguf",
         "gpt-oss/mxfp4_moe.gguf",
+        "qwen35/q8_0.gguf",
     ] {
         let dir = tempfile::tempdir().unwrap();
         let m = fixture(model);

@@ -90,6 +90,7 @@ pub fn attach(model: &mut Model, opts: BackboneOptions) -> Result<Arc<Cluster>, 
     }
     let cluster = Arc::new(cluster);
     model.experts = Box::new(cluster.clone());
+    model.rows = Box::new(cluster.clone());
     Ok(cluster)
 }
 

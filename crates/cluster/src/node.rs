@@ -13,24 +13,46 @@ use crate::slice::{ShardExperts, Shards};
 use crate::worker::{serve, NodeModel, WorkerOptions};
 use crate::ClusterError;
 
-/// Serves the experts of the model at `path` (streamed where `plan` says) until the process ends;
+/// Serves the model at `path` until the process ends: its experts (streamed where `plan` says) and, with
+/// `rows`, shares of its dense products (its dense weights are then loaded too, as a backbone loads them);
 /// `ready` is told the bound address first.
 pub fn serve_model(
     path: &Path,
     plan: Option<&StreamPlan>,
+    rows: bool,
     opts: WorkerOptions,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ClusterError> {
     let identity = ModelIdentity::of(&GgufFile::open(path)?)?.to_string();
-    let (config, experts, budget) = titan_store::load_experts(path, plan)?;
-    let node = NodeModel {
-        identity,
-        n_layer: config.n_layer,
-        n_expert: config.n_expert,
-        n_embd: config.n_embd,
-        experts,
-        holds: None,
-        budget,
+    let node = if rows {
+        let model = titan_store::load_model(path, plan)?;
+        let budget = match plan {
+            Some(p) => p.budget_bytes,
+            None => titan_layout::dense_and_expert_bytes(&model.weights.file).1,
+        };
+        let c = &model.config;
+        NodeModel {
+            identity,
+            n_layer: c.n_layer,
+            n_expert: c.n_expert,
+            n_embd: c.n_embd,
+            experts: model.experts,
+            holds: None,
+            weights: Some(model.weights),
+            budget,
+        }
+    } else {
+        let (config, experts, budget) = titan_store::load_experts(path, plan)?;
+        NodeModel {
+            identity,
+            n_layer: config.n_layer,
+            n_expert: config.n_expert,
+            n_embd: config.n_embd,
+            experts,
+            holds: None,
+            weights: None,
+            budget,
+        }
     };
     serve(node, opts, ready)
 }
@@ -59,6 +81,7 @@ pub fn serve_shards(
         n_expert: c.n_expert,
         n_embd: c.n_embd,
         holds: Some(shards.holdings()),
+        weights: None,
         experts: Box::new(shards),
         budget,
     };

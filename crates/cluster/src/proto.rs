@@ -10,6 +10,16 @@
 //!
 //! Output (binary): `u32 experts, u32 cols`, then each expert's output rows (f32, in the order of its
 //! row indices), expert after expert in the request's order.
+//!
+//! Rows (binary): dense products split by output rows (the projections, the LM head) —
+//!
+//! ```text
+//! u32 inputs, then per input: u32 activation type, u32 cols, u32 rows, rows × row_bytes encoded rows;
+//! u32 jobs, then per job: u64 file offset of its first weight row, u32 weight type, u32 weight rows,
+//! u32 cols, u32 input
+//! ```
+//!
+//! RowsOutput (binary): per job, the input's rows × the job's weight rows, f32, as `matmul` lays them out.
 
 use serde::{Deserialize, Serialize};
 use titan_engine::experts::ExpertJob;
@@ -36,6 +46,10 @@ pub struct Welcome {
     /// The layers and experts of each shard the node holds; `None`: the whole model.
     #[serde(default)]
     pub holds: Option<Vec<Held>>,
+    /// Whether the node computes shares of dense products split by output rows (it holds the whole
+    /// model's weights).
+    #[serde(default)]
+    pub rows: bool,
 }
 
 /// A rectangle of a model's experts: ((first layer, last layer), (first expert, last expert)), inclusive.
@@ -126,6 +140,123 @@ impl Compute {
         self.layer = layer;
         r.finish()
     }
+}
+
+/// One product of a Rows request: rows of a matrix of the model file (`start` is the file offset of its
+/// first row) times one of the request's inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowsJob {
+    pub start: u64,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub input: usize,
+}
+
+/// A decoded Rows request, its buffers reused from one request to the next.
+#[derive(Default)]
+pub struct RowsRequest {
+    pub inputs: Vec<Activations>,
+    pub jobs: Vec<RowsJob>,
+}
+
+/// Most inputs one Rows request carries (a step's projections quantise their input once per format).
+const MAX_INPUTS: usize = 8;
+
+impl RowsRequest {
+    /// Decodes `body`: every input a whole number of rows of an activation format `n_embd`… wide
+    /// (`max_cols` at most), every job naming an input that exists. Whether a job's rows are a matrix of
+    /// the node's model is the caller's check.
+    pub fn decode(&mut self, body: &[u8], max_cols: usize) -> Result<(), PayloadError> {
+        let mut r = PayloadReader::new("rows request", body);
+        let n_inputs = r.count(12)?;
+        if n_inputs == 0 || n_inputs > MAX_INPUTS {
+            return Err(r.error(format!("{n_inputs} inputs (1..={MAX_INPUTS})")));
+        }
+        if self.inputs.len() < n_inputs {
+            self.inputs.resize_with(n_inputs, Activations::new);
+        }
+        for input in &mut self.inputs[..n_inputs] {
+            let ty = r.u32()?;
+            let act_ty = GgmlType::from_id(ty)
+                .filter(|t| t.is_act_type())
+                .ok_or_else(|| r.error(format!("type {ty} is not an activation format")))?;
+            let cols = r.u32()? as usize;
+            if cols == 0 || cols > max_cols {
+                return Err(r.error(format!("rows of {cols} elements, at most {max_cols}")));
+            }
+            let row_bytes = act_ty
+                .row_bytes(cols)
+                .filter(|&b| b > 0)
+                .ok_or_else(|| r.error(format!("{cols} is not a whole number of {} blocks", act_ty.name())))?;
+            let n_rows = r.count(row_bytes)?;
+            let data = r.bytes(n_rows * row_bytes)?;
+            input
+                .set_encoded(act_ty, cols, n_rows, data)
+                .map_err(|e| r.error(e.to_string()))?;
+        }
+        self.inputs.truncate(n_inputs);
+        let n_jobs = r.count(24)?;
+        self.jobs.clear();
+        for _ in 0..n_jobs {
+            let start = r.u64()?;
+            let ty = r.u32()?;
+            let ty = GgmlType::from_id(ty).ok_or_else(|| r.error(format!("unknown weight type {ty}")))?;
+            let (rows, cols, input) = (r.u32()? as usize, r.u32()? as usize, r.u32()? as usize);
+            if input >= n_inputs || self.inputs[input].cols() != cols || rows == 0 {
+                return Err(r.error(format!("a job of {rows} rows × {cols} on input {input} of {n_inputs}")));
+            }
+            self.jobs.push(RowsJob {
+                start,
+                ty,
+                rows,
+                cols,
+                input,
+            });
+        }
+        r.finish()
+    }
+
+    /// Floats of the answer: per job, its input's rows × its weight rows.
+    pub fn output_len(&self) -> usize {
+        self.jobs.iter().map(|j| self.inputs[j.input].rows() * j.rows).sum()
+    }
+}
+
+/// Encodes a Rows request into `body`: `inputs`, whole, then the jobs.
+pub fn encode_rows<'a>(body: &mut Vec<u8>, inputs: &[&Activations], jobs: impl Iterator<Item = &'a RowsJob>) {
+    body.clear();
+    let mut w = PayloadWriter(body);
+    w.u32(inputs.len() as u32);
+    for a in inputs {
+        w.u32(a.act_type().id()).u32(a.cols() as u32).u32(a.rows() as u32);
+        w.bytes(a.encoded());
+    }
+    let at = w.0.len();
+    w.u32(0);
+    let mut n = 0u32;
+    for j in jobs {
+        w.u64(j.start)
+            .u32(j.ty.id())
+            .u32(j.rows as u32)
+            .u32(j.cols as u32)
+            .u32(j.input as u32);
+        n += 1;
+    }
+    body[at..at + 4].copy_from_slice(&n.to_le_bytes());
+}
+
+/// Decodes a RowsOutput body of exactly `len` floats into `out`.
+pub fn decode_rows_output(body: &[u8], len: usize, out: &mut Vec<f32>) -> Result<(), PayloadError> {
+    let mut r = PayloadReader::new("rows output", body);
+    let data = r.bytes(len * 4)?;
+    r.finish()?;
+    out.clear();
+    out.extend(
+        data.chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))),
+    );
+    Ok(())
 }
 
 /// Encodes a Compute request into `body`: rows `rows` of `input` (in that order) and, per expert, its

@@ -9,10 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use titan_engine::experts::Experts;
+use titan_engine::weights::Weights;
 use titan_engine::EngineError;
+use titan_kernels::{matmul_many, MatmulJob};
 use titan_net::{read_frame, secrets_equal, write_frame, FrameError, Kind};
 
-use crate::proto::{start_output, write_output, Compute, Held, Hello, Shape, Welcome};
+use crate::proto::{start_output, write_output, Compute, Held, Hello, RowsRequest, Shape, Welcome};
 use crate::{ClusterError, ExchangeError};
 
 pub struct WorkerOptions {
@@ -59,6 +61,9 @@ pub struct NodeModel {
     pub experts: Box<dyn Experts>,
     /// The shards' layers and experts, when the node holds shards.
     pub holds: Option<Vec<Held>>,
+    /// The model's weights, when the node holds the whole model: it then also computes shares of the
+    /// dense products split by output rows (Rows requests).
+    pub weights: Option<Arc<Weights>>,
     /// Bytes of experts this node offers (announced to backbones, which size its share by it).
     pub budget: u64,
 }
@@ -84,6 +89,7 @@ pub fn serve(model: NodeModel, opts: WorkerOptions, ready: impl FnOnce(SocketAdd
             isa: titan_kernels::isa().name().to_string(),
             threads: rayon::current_num_threads(),
             holds: model.holds.clone(),
+            rows: model.weights.is_some(),
         },
         model,
         opts,
@@ -168,6 +174,7 @@ impl Node {
             n_embd: m.n_embd,
         };
         let (mut req, mut out) = (Compute::default(), Vec::new());
+        let (mut rows_req, mut floats) = (RowsRequest::default(), Vec::new());
         let mut served = 0u64;
         loop {
             let h = match read_frame(&mut r, limit, &mut body) {
@@ -195,6 +202,18 @@ impl Node {
                     served += 1;
                     (Kind::Output, &out[..])
                 }
+                Kind::Rows => {
+                    let t = Instant::now();
+                    if let Err(why) = self.rows(&body, &mut rows_req, &mut floats, &mut out) {
+                        let _ = write_frame(&mut w, Kind::Error, h.id, why.as_bytes(), &mut frame);
+                        return Err(ExchangeError::RequestFailed { id: h.id, why });
+                    }
+                    self.metrics
+                        .compute_ns
+                        .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+                    served += 1;
+                    (Kind::RowsOutput, &out[..])
+                }
                 Kind::Ping => (Kind::Pong, &body[..]),
                 Kind::MetricsRequest => {
                     out = serde_json::to_vec(&self.metrics.json()).map_err(|error| ExchangeError::Json {
@@ -214,6 +233,47 @@ impl Node {
                 .bytes_out
                 .fetch_add((reply.1.len() + titan_net::HEADER_LEN) as u64, Relaxed);
         }
+    }
+
+    /// The products of a Rows request, into a RowsOutput body; the reason as text when the request cannot
+    /// be answered (the node holds no dense weights, a job's rows are not rows of the model's matrices).
+    fn rows(&self, body: &[u8], req: &mut RowsRequest, floats: &mut Vec<f32>, out: &mut Vec<u8>) -> Result<(), String> {
+        let Some(w) = &self.model.weights else {
+            return Err("this node holds experts only, not the dense weights a rows request needs".into());
+        };
+        req.decode(body, w.max_cols()).map_err(|e| e.to_string())?;
+        let mut mats = Vec::with_capacity(req.jobs.len());
+        for j in &req.jobs {
+            let m = w.matrix_at(j.start, j.ty, j.rows, j.cols).ok_or_else(|| {
+                format!(
+                    "{} rows of {} × {} at offset {} are not rows of a matrix of the model",
+                    j.rows,
+                    j.ty.name(),
+                    j.cols,
+                    j.start
+                )
+            })?;
+            mats.push(m);
+        }
+        floats.clear();
+        floats.resize(req.output_len(), 0.0);
+        let mut list = Vec::with_capacity(mats.len());
+        let mut rest = &mut floats[..];
+        for (j, m) in req.jobs.iter().zip(&mats) {
+            let input = &req.inputs[j.input];
+            let (here, tail) = std::mem::take(&mut rest).split_at_mut(input.rows() * m.rows);
+            rest = tail;
+            list.push(MatmulJob {
+                w: w.view(m),
+                acts: input,
+                out: here,
+            });
+        }
+        matmul_many(&mut list).map_err(|e| e.to_string())?;
+        out.clear();
+        out.extend(floats.iter().flat_map(|v| v.to_le_bytes()));
+        self.metrics.requests.fetch_add(1, Relaxed);
+        Ok(())
     }
 
     /// Every expert of the request, into an Output body.

@@ -82,7 +82,7 @@ fn an_exchange_allocates_nothing_with_the_log_at_info() {
             token: TOKEN.to_vec(),
             max_frame: titan_net::DEFAULT_MAX_FRAME,
         };
-        titan_cluster::node::serve_model(&node, None, opts, |addr| tx.send(addr).unwrap()).unwrap();
+        titan_cluster::node::serve_model(&node, None, true, opts, |addr| tx.send(addr).unwrap()).unwrap();
     });
     let addr = rx.recv_timeout(Duration::from_secs(60)).unwrap();
 

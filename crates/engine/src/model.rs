@@ -15,6 +15,7 @@ use crate::experts::{Experts, ResidentExperts};
 use crate::latent::attend_latent;
 use crate::moe::{dense_ffn, moe_block, MoeScratch, RouteRule, Routing};
 use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head, sigmoid};
+use crate::rows::{LocalRows, RowJob, Rows};
 use crate::scratch::{recycle, slots};
 use crate::stats::{Phase, Stats};
 use crate::trace::Trace;
@@ -30,6 +31,9 @@ pub struct Model {
     /// Where the experts are computed: in the model's own weights ([`ResidentExperts`]), or anywhere a
     /// replacement puts them (a store on disk, a cluster), through the one seam.
     pub experts: Box<dyn Experts>,
+    /// Where the products split by output rows are computed (the projections, the LM head): here
+    /// ([`LocalRows`]), or shared with a cluster's nodes.
+    pub rows: Box<dyn Rows>,
     /// Time per phase and weight bytes read, over every forward pass so far.
     pub stats: Stats,
 }
@@ -55,6 +59,7 @@ impl Model {
             weights,
             tokenizer,
             experts,
+            rows: Box::new(LocalRows::default()),
             stats: Stats::default(),
         })
     }
@@ -75,6 +80,7 @@ impl Model {
             weights: Arc::new(weights),
             tokenizer,
             experts,
+            rows: Box::new(LocalRows::default()),
             stats: Stats::default(),
         })
     }
@@ -354,7 +360,12 @@ impl Model {
         stats.time(Phase::Head, || -> Result<()> {
             rms_norm(h, &w.output_norm, c.rms_eps);
             acts.quantize(w.output.ty.act_type(), h, rows, d)?;
-            matmul(&w.view(&w.output), acts, logits)?;
+            let mut head = [RowJob {
+                w: w.output,
+                input: acts,
+                out: &mut logits[..],
+            }];
+            self.rows.matmul_many(w, &mut head)?;
             Ok(())
         })?;
         stats.add_bytes((w.output.bytes() + n * w.token_embd.row_bytes()) as u64);
@@ -776,7 +787,7 @@ impl Model {
         h: &[f32],
         mats: &[&Mat],
         acts: &mut Vec<Activations>,
-        jobs: &mut Vec<MatmulJob<'static>>,
+        jobs: &mut Vec<RowJob<'static>>,
         outs: &mut [&mut Vec<f32>],
     ) -> Result<()> {
         let rows = h.len() / mats[0].cols;
@@ -793,19 +804,18 @@ impl Model {
                 }
             };
         }
-        let w = &self.weights;
-        let mut list: Vec<MatmulJob> = recycle(std::mem::take(jobs));
+        let mut list: Vec<RowJob> = recycle(std::mem::take(jobs));
         list.extend(mats.iter().zip(outs.iter_mut()).enumerate().map(|(i, (m, out))| {
             out.resize(rows * m.rows, 0.0);
-            MatmulJob {
-                w: w.view(m),
-                acts: &acts[which[i]],
+            RowJob {
+                w: **m,
+                input: &acts[which[i]],
                 out: &mut out[..],
             }
         }));
-        let r = matmul_many(&mut list);
+        let r = self.rows.matmul_many(&self.weights, &mut list);
         *jobs = recycle(list);
-        Ok(r?)
+        r
     }
 }
 
@@ -923,8 +933,8 @@ struct MixerScratch {
     delta: DeltaScratch,
     /// The projections' input, quantised once per activation format.
     proj_acts: Vec<Activations>,
-    /// The projections' matmuls, kept empty between calls (see `scratch::recycle`).
-    jobs: Vec<MatmulJob<'static>>,
+    /// The projections' products, kept empty between calls (see `scratch::recycle`).
+    jobs: Vec<RowJob<'static>>,
     /// The quantised input of the output projection.
     acts: Activations,
     /// Latent attention's per-head products.

@@ -9,7 +9,7 @@
 /// the same layout: a list of `MatmulJob<'a>` becomes an empty list of `MatmulJob<'static>` to keep,
 /// and back again for the next call's borrows. (The standard library collects a `Vec`'s own iterator in
 /// place; `tests/alloc.rs` notices if it ever stops doing so.)
-pub(crate) fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+pub fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
     v.clear();
     v.into_iter().map(|_| unreachable!("the vector was emptied")).collect()
 }

@@ -393,6 +393,37 @@ impl Weights {
         self.residency = residency;
     }
 
+    /// The widest row of any tensor of the model, in elements: no product's input can be wider.
+    pub fn max_cols(&self) -> usize {
+        self.file
+            .tensors
+            .iter()
+            .filter_map(|t| usize::try_from(*t.dims.first()?).ok())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The matrix of `rows` rows of `cols` elements of `ty` whose first row is at file offset `start`, if
+    /// those rows are whole rows of one tensor of the file: how a node checks the rows a backbone asks
+    /// it to multiply, before it reads a byte of them.
+    pub fn matrix_at(&self, start: u64, ty: GgmlType, rows: usize, cols: usize) -> Option<Mat> {
+        let row_bytes = ty.row_bytes(cols)? as u64;
+        let end = start.checked_add(row_bytes.checked_mul(rows as u64)?)?;
+        let base = self.file.data_offset;
+        let t = self.file.tensors.iter().find(|t| {
+            let (from, to) = (base + t.offset, base + t.offset + t.size);
+            from <= start && end <= to
+        })?;
+        let whole_rows = t.ty == ty && t.dims.first() == Some(&(cols as u64)) && t.dims.len() >= 2;
+        let aligned = (start - base - t.offset).is_multiple_of(row_bytes);
+        (whole_rows && aligned).then_some(Mat {
+            ty,
+            rows,
+            cols,
+            start: usize::try_from(start).ok()?,
+        })
+    }
+
     /// Which weights this process computes with (all of them unless [`Weights::copy_out`] said otherwise).
     pub fn residency(&self) -> Residency {
         self.residency

@@ -30,6 +30,10 @@ pub enum Kind {
     /// Backbone → node: the node's counters, answered as JSON in a `Metrics` frame.
     MetricsRequest = 8,
     Metrics = 9,
+    /// Backbone → node: dense products split by output rows (the projections, the LM head).
+    Rows = 10,
+    /// Node → backbone: the products' output rows.
+    RowsOutput = 11,
 }
 
 impl Kind {
@@ -45,6 +49,8 @@ impl Kind {
             Pong,
             MetricsRequest,
             Metrics,
+            Rows,
+            RowsOutput,
         ]
         .into_iter()
         .find(|k| *k as u8 == v)

@@ -39,6 +39,10 @@ impl<'a> PayloadReader<'a> {
         Ok(u32::from_le_bytes(self.bytes(4)?.try_into().expect("4 bytes")))
     }
 
+    pub fn u64(&mut self) -> Result<u64, PayloadError> {
+        Ok(u64::from_le_bytes(self.bytes(8)?.try_into().expect("8 bytes")))
+    }
+
     /// A count of items of `item_bytes` each that must fit in what is left (so a count can never make
     /// the reader allocate for items that are not there).
     pub fn count(&mut self, item_bytes: usize) -> Result<usize, PayloadError> {
@@ -67,6 +71,11 @@ pub struct PayloadWriter<'a>(pub &'a mut Vec<u8>);
 
 impl PayloadWriter<'_> {
     pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    pub fn u64(&mut self, v: u64) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }

@@ -156,6 +156,7 @@ pub fn run(a: Args) -> Result<()> {
         opts,
     )?);
     model.experts = Box::new(cluster.clone());
+    model.rows = Box::new(cluster.clone());
     let (g2, t2, text2) = greedy(&model, &prompt, a.n_predict)?;
 
     let mut out = std::io::stdout().lock();

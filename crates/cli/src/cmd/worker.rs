@@ -42,6 +42,10 @@ pub struct Args {
     /// Worker threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Serve the model's experts only: leave its dense weights unloaded, and take no share of a backbone's
+    /// dense products (projections, LM head). Less memory, less speed-up.
+    #[arg(long = "experts-only", requires = "model")]
+    experts_only: bool,
     #[command(flatten)]
     stream: StreamArgs,
 }
@@ -60,7 +64,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     if let Some(m) = &a.model {
         let plan = a.stream.plan(m, KvPlan::NONE)?;
-        return Ok(serve_model(m, plan.as_ref(), opts, ready)?);
+        return Ok(serve_model(m, plan.as_ref(), !a.experts_only, opts, ready)?);
     }
     let Some(backbone) = &a.backbone else {
         return Ok(serve_shards(&a.shard, opts, ready)?);
