@@ -8,13 +8,31 @@ command as the backbone of `--workers` `titan worker` processes, alternating for
                                      (tc tbf, e.g. 1gbit); the backbone reaches it at 10.77.N.2
         [--memory-limit 6G]          every process (the single node, the backbone, each worker) in its own memory
                                      cgroup of that size, page cache included: a machine of that size each
+        [--cpu-quota 0.5]            every process in its own CPU cgroup allowed that many cores' time (CFS quota):
+                                     a machine of that speed each, however many share this host's cores. Polling is
+                                     turned off (TITAN_POLL=0) for every process then: a quota charges spinning as work
+        [--project]                  after the runs, the calibrated projection for real machines (see below)
         [--single-args "..."]        extra arguments of the single node (e.g. "--expert-budget 4GiB --direct-io")
         [--backbone-args "..."]      extra arguments of the backbone
         [--worker-args "..."]        extra arguments of each worker (e.g. "--expert-budget 5GiB --direct-io")
         [--warmup N]                 a first cluster run of N tokens, not counted (fills streaming workers' caches)
         [--shards A.gguf,B.gguf]     worker i serves shard i (`titan slice`) instead of the whole model
 
-Needs root for --veth and --memory-limit. Prints the network counters of the cluster runs (round trips, bytes, time
+Needs root for --veth, --memory-limit and --cpu-quota (cgroup v1's cpu and memory controllers, or v2's
+cpu.max and memory.max).
+
+What a harness on one host cannot show: every "machine" here shares one memory bus and one last-level cache, so
+memory-bound work (all of decode) runs slower on each of them than on machines of their own; a quota bounds the CPU
+time a process gets per 100 ms period, not when within the period it runs, so a process that waits on another can
+be scheduled late; and loopback has no wire. The projection (--project) takes each phase's time from the single
+node's own run and the round trips and bytes per token from the cluster's, and predicts real machines:
+
+    t(N) = serial + parallel / (N + 1) + round_trips × rtt + bytes / bandwidth
+
+with N workers and the backbone sharing the parallel work (experts, projections, LM head) in proportion, the rest
+(norms, attention over the cache, output projections, routers, the combine, sampling) on the backbone. It is
+checked against the runs made here: the loopback prediction (the measured empty round trip, no wire) beside the
+measured cluster speed. Prints the network counters of the cluster runs (round trips, bytes, time
 per exchange against an empty round trip) and, with --veth, the decode time that a one-way delay of --delay-ms would
 add (this machine's kernel has no netem, so the delay is predicted from the round trips, not emulated).
 """
@@ -38,22 +56,53 @@ def sh(cmd):
     subprocess.run(cmd, shell=True, check=True)
 
 
-def cgroup(name, limit):
-    path = f"/sys/fs/cgroup/memory/{name}"
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
-        f.write(limit)
-    return path
+V2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers") and not os.path.exists("/sys/fs/cgroup/memory")
+
+
+def size_bytes(limit):
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    m = re.fullmatch(r"(\d+)([KMGT]?)", limit.strip().upper())
+    if not m:
+        sys.exit(f"--memory-limit {limit}: use a size like 6G")
+    return int(m.group(1)) * units[m.group(2)]
+
+
+def cgroup(name, a):
+    """The cgroups of one process: memory and CPU as asked; the files a process joins them by."""
+    tasks = []
+    period = 100_000
+    if V2:
+        path = f"/sys/fs/cgroup/{name}"
+        os.makedirs(path, exist_ok=True)
+        if a.memory_limit:
+            open(os.path.join(path, "memory.max"), "w").write(str(size_bytes(a.memory_limit)))
+        if a.cpu_quota:
+            open(os.path.join(path, "cpu.max"), "w").write(f"{int(a.cpu_quota * period)} {period}")
+        tasks.append(os.path.join(path, "cgroup.procs"))
+        return tasks
+    if a.memory_limit:
+        path = f"/sys/fs/cgroup/memory/{name}"
+        os.makedirs(path, exist_ok=True)
+        open(os.path.join(path, "memory.limit_in_bytes"), "w").write(str(size_bytes(a.memory_limit)))
+        tasks.append(os.path.join(path, "tasks"))
+    if a.cpu_quota:
+        path = f"/sys/fs/cgroup/cpu/{name}"
+        os.makedirs(path, exist_ok=True)
+        open(os.path.join(path, "cpu.cfs_period_us"), "w").write(str(period))
+        open(os.path.join(path, "cpu.cfs_quota_us"), "w").write(str(int(a.cpu_quota * period)))
+        tasks.append(os.path.join(path, "tasks"))
+    return tasks
 
 
 def wrap(cmd, cg=None, cores=None, netns=None):
-    """cmd, run inside a memory cgroup, on some cores and in a network namespace, as asked."""
+    """cmd, run inside its cgroups, on some cores and in a network namespace, as asked."""
     if cores is not None:
         cmd = ["taskset", "-c", cores] + cmd
     if netns is not None:
         cmd = ["ip", "netns", "exec", netns] + cmd
-    if cg is not None:
-        cmd = ["sh", "-c", f'echo $$ > {cg}/tasks && exec "$@"', "sh"] + cmd
+    if cg:
+        joins = " && ".join(f"echo $$ > {t}" for t in cg)
+        cmd = ["sh", "-c", f'{joins} && exec "$@"', "sh"] + cmd
     return cmd
 
 
@@ -77,7 +126,7 @@ def start_worker(i, a, token, log_dir):
     netns, listen = (None, "127.0.0.1:0")
     if a.veth:
         netns, listen = make_netns(i, a.veth)
-    cg = cgroup(f"titan-w{i}", a.memory_limit) if a.memory_limit else None
+    cg = cgroup(f"titan-w{i}", a)
     cores = str(i % os.cpu_count()) if a.pin else None
     source = ["--shard", a.shards.split(",")[i]] if a.shards else ["-m", a.model]
     cmd = [TITAN, "worker", *source, "--token-file", token, "--listen", listen, "--threads", "1"] + shlex.split(a.worker_args)
@@ -114,6 +163,8 @@ def main():
     ap.add_argument("--veth")
     ap.add_argument("--delay-ms", type=float, default=0.1)
     ap.add_argument("--memory-limit")
+    ap.add_argument("--cpu-quota", type=float)
+    ap.add_argument("--project", action="store_true")
     ap.add_argument("--single-args", default="")
     ap.add_argument("--backbone-args", default="")
     ap.add_argument("--worker-args", default="")
@@ -125,8 +176,11 @@ def main():
     token = os.path.join(tmp, "node.token")
     with open(token, "w") as f:
         f.write(os.urandom(16).hex())
-    single_cg = cgroup("titan-single", a.memory_limit) if a.memory_limit else None
-    backbone_cg = cgroup("titan-backbone", a.memory_limit) if a.memory_limit else None
+    if a.cpu_quota:
+        # A quota charges a spinning thread as working: polling would only burn it.
+        os.environ["TITAN_POLL"] = "0"
+    single_cg = cgroup("titan-single", a)
+    backbone_cg = cgroup("titan-backbone", a)
     workers = []
     try:
         workers = [start_worker(i, a, token, tmp) for i in range(a.workers)]
@@ -157,7 +211,8 @@ def main():
     med = lambda runs, k: statistics.median(r[0][k] for r in runs)
     print(f"\nmodel {os.path.basename(a.model)}, {a.workers} workers, threads {a.threads}, prompt {a.prompt}, decode {a.gen}, "
           f"{a.rounds} rounds{', pinned' if a.pin else ''}{', veth ' + a.veth if a.veth else ', loopback'}"
-          f"{', cgroups of ' + a.memory_limit if a.memory_limit else ''}")
+          f"{', cgroups of ' + a.memory_limit if a.memory_limit else ''}"
+          f"{f', {a.cpu_quota} cores each (CFS quota), polling off' if a.cpu_quota else ''}")
     for k, name in [("prompt_tok_s", "prompt"), ("decode_tok_s", "decode")]:
         s, c = med(single, k), med(cluster, k)
         print(f"{name:7} single {s:8.2f} tok/s   cluster {c:8.2f} tok/s   cluster/single {c / s:.2f}x")

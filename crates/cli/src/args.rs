@@ -176,6 +176,10 @@ pub struct ClusterArgs {
     /// Seconds to wait for the nodes to join, download their shards and start serving.
     #[arg(long = "join-timeout", default_value_t = 3600)]
     pub join_timeout_s: u64,
+    /// Leave every expert to the nodes (by default a backbone that holds the experts in memory computes a
+    /// share of them like a node; one that streams them never does).
+    #[arg(long = "no-backbone-share")]
+    pub no_backbone_share: bool,
 }
 
 impl ClusterArgs {
@@ -208,6 +212,8 @@ impl ClusterArgs {
             hot,
             serve_slices: self.serve_slices.clone(),
             join_timeout: Duration::from_secs(self.join_timeout_s),
+            backbone_share: !self.no_backbone_share
+                && model.weights.residency() == titan_engine::weights::Residency::All,
         }))
     }
 }

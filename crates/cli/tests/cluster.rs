@@ -395,7 +395,7 @@ fn workers_serving_shards_give_the_single_node_trace() {
             &["--nodes", &workers[0].addr, "--token-file", token.to_str().unwrap()],
         );
         assert!(
-            stderr(&o).contains(&format!("backbone: {} layer-experts no node holds", 5 * n)),
+            stderr(&o).contains(&format!("backbone: computes the {} layer × expert pairs no node holds", 5 * n)),
             "{}",
             stderr(&o)
         );

@@ -24,6 +24,8 @@ pub struct BackboneOptions {
     pub timeout: Duration,
     /// (layer, expert)s to give a second node (the hottest of a routing profile).
     pub hot: Vec<(usize, usize)>,
+    /// Whether the backbone computes a share of the experts like a node (when it holds them in memory).
+    pub backbone_share: bool,
     /// Serve the nodes their shards at this address: wait for every node to join, plan from their
     /// budgets, and let each download only its experts.
     pub serve_slices: Option<String>,
@@ -56,6 +58,7 @@ pub fn attach(model: &mut Model, opts: BackboneOptions) -> Result<Arc<Cluster>, 
         timeout: opts.timeout,
         model: ModelIdentity::of(&model.weights.file)?.to_string(),
         hot: opts.hot,
+        backbone_share: opts.backbone_share,
     };
     let slices = match &opts.serve_slices {
         None => None,

@@ -129,6 +129,20 @@ impl Plan {
         }
     }
 
+    /// Hands node `backbone`'s experts to the backbone itself: that index leaves every owner list, and an
+    /// expert it alone held is computed by the backbone (which holds every expert). Planning with the
+    /// backbone as one more node, then this, gives it a share of the experts sized like any node's.
+    pub fn give_to_backbone(&mut self, backbone: usize) {
+        for owners in &mut self.owners {
+            if owners.first() == Some(&backbone) {
+                // Its primary: the backbone computes it, and needs no replica to fail over to.
+                owners.clear();
+            } else {
+                owners.retain(|&n| n != backbone);
+            }
+        }
+    }
+
     /// The nodes holding `expert` of `layer`, primary first.
     pub fn owners(&self, layer: usize, expert: usize) -> &[usize] {
         &self.owners[layer * self.n_expert + expert]
@@ -177,7 +191,10 @@ impl Plan {
             .filter(|o| o.is_empty())
             .count();
         if orphans > 0 {
-            let _ = writeln!(out, "  backbone: {orphans} layer-experts no node holds");
+            let _ = writeln!(
+                out,
+                "  backbone: computes the {orphans} layer × expert pairs no node holds"
+            );
         }
         out
     }
@@ -256,13 +273,29 @@ mod tests {
         assert!(text.contains("b: experts 2-3 of layers 0 "), "{text}");
         let none = Plan::from_holdings(1, 0, 2, &[Some(spec(0..=0, 0..=0))]);
         assert!(none.owners(0, 1).is_empty());
-        assert!(none.describe(&["a".into()]).contains("backbone: 1 layer-experts"));
+        assert!(none
+            .describe(&["a".into()])
+            .contains("backbone: computes the 1 layer × expert pairs"));
     }
 
     #[test]
     fn id_ranges() {
         assert_eq!(ranges(&[0, 1, 2, 5, 7, 8]), "0-2, 5, 7-8");
         assert_eq!(ranges(&[]), "none");
+    }
+
+    /// The backbone planned as one more node: its share leaves the owner lists, the nodes keep theirs.
+    #[test]
+    fn the_backbone_takes_a_share_like_a_node() {
+        let mut p = Plan::new(2, 0, 8, &[1, 1, 1, 1], Placement::Contiguous, 1).unwrap();
+        p.give_to_backbone(3);
+        assert_eq!((p.owners(0, 0), p.owners(1, 5)), (&[0][..], &[2][..]));
+        assert!((6..8).all(|e| p.owners(0, e).is_empty() && p.owners(1, e).is_empty()));
+        let text = p.describe(&["a".into(), "b".into(), "c".into()]);
+        assert!(
+            text.contains("backbone: computes the 4 layer × expert pairs no node holds"),
+            "{text}"
+        );
     }
 
     /// Dense layers (no experts) are nobody's: no owners, not described, not counted for the backbone.

@@ -101,6 +101,7 @@ fn an_exchange_allocates_nothing_with_the_log_at_info() {
             timeout: Duration::from_secs(30),
             model: identity.to_string(),
             hot: Vec::new(),
+            backbone_share: false,
         },
     )
     .unwrap();

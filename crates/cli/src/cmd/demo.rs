@@ -143,6 +143,7 @@ pub fn run(a: Args) -> Result<()> {
         timeout: Duration::from_secs(10),
         model: ModelIdentity::of(&model.weights.file)?.to_string(),
         hot: Vec::new(),
+        backbone_share: true,
     };
     let local = std::mem::replace(
         &mut model.experts,

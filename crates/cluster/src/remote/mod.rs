@@ -38,6 +38,9 @@ pub struct ClusterOptions {
     pub model: String,
     /// (layer, expert)s to give a second node (the hottest of a routing profile).
     pub hot: Vec<(usize, usize)>,
+    /// Whether the backbone computes a share of the experts like a node (it holds them all in memory),
+    /// or only those no live node holds (it streams them, or is busy enough with the rest).
+    pub backbone_share: bool,
 }
 
 /// A down node is dialled again this often, off the generation's path; a node that answers is used again
@@ -213,8 +216,17 @@ impl Cluster {
             } else {
                 format!("{} copies", opts.replicas)
             };
-            let mut plan = Plan::new(n_layer, dense, n_expert, &budgets, opts.placement, opts.replicas)?;
-            plan.replicate(&opts.hot, budgets.len());
+            // The backbone planned as one more node of a typical budget, its share then taken back from the
+            // owner lists.
+            let mut planned = budgets.clone();
+            if opts.backbone_share {
+                planned.push(budgets.iter().copied().max().unwrap_or(1));
+            }
+            let mut plan = Plan::new(n_layer, dense, n_expert, &planned, opts.placement, opts.replicas)?;
+            plan.replicate(&opts.hot, planned.len());
+            if opts.backbone_share {
+                plan.give_to_backbone(budgets.len());
+            }
             let hot = if opts.hot.is_empty() {
                 String::new()
             } else {
