@@ -199,7 +199,8 @@ def main():
         p = subprocess.run(wrap(run, backbone_cg), capture_output=True, text=True, check=True)
         g = [m.groups() for m in map(REPORT.match, p.stderr.splitlines()) if m]
         net = (sum(int(x[1]) for x in g), sum(int(x[4]) for x in g), sum(int(x[5]) for x in g),
-               statistics.median(float(x[6]) for x in g), statistics.median(float(x[7]) for x in g))
+               statistics.median(float(x[6]) for x in g), statistics.median(float(x[7]) for x in g),
+               max(int(x[1]) for x in g))
     finally:
         for p, _ in workers:
             p.kill()
@@ -217,10 +218,12 @@ def main():
         s, c = med(single, k), med(cluster, k)
         print(f"{name:7} single {s:8.2f} tok/s   cluster {c:8.2f} tok/s   cluster/single {c / s:.2f}x")
     # Network counters per decoded token: a greedy run from a one-word prompt, whose report counts every exchange.
-    trips, out_b, in_b, exch, ping = net
+    trips, out_b, in_b, exch, ping, most = net
     print(f"network per generated token ({a.gen} tokens from a 1-word prompt): {trips / a.gen:.1f} round trips, "
           f"{out_b / a.gen / 1024:.1f} KiB sent and {in_b / a.gen / 1024:.1f} KiB received; median exchange "
           f"{exch:.3f} ms against a {ping:.3f} ms empty round trip")
+    if a.project:
+        project(a, single, cluster, net)
     if a.veth:
         tg = med(cluster, "decode_tok_s")
         info = subprocess.run([TITAN, "inspect", a.model], capture_output=True, text=True, check=True).stdout
@@ -228,6 +231,40 @@ def main():
         added = layers * 2 * a.delay_ms / 1e3
         print(f"predicted with {a.delay_ms} ms one-way delay: {1 / (1 / tg + added):.2f} tok/s "
               f"(+{added * 1e3:.2f} ms per token: {layers} layers, each one exchange in parallel across the nodes)")
+
+
+LINKS = [("1 GbE", 0.2e-3, 125e6), ("Wi-Fi, 300 Mbit/s", 2e-3, 37.5e6)]
+
+
+def project(a, single, cluster, net):
+    """The calibrated projection of decode for real machines (the module's docstring has the formula)."""
+    trips, out_b, in_b, _, ping, most = net
+    t1 = 1 / statistics.median(r[0]["decode_tok_s"] for r in single)
+    shares = single[-1][0]["decode_phase_share"]
+    serial = shares["attention"] + shares["router"]
+    parallel = shares["projections"] + shares["experts"] + shares["head"]
+    # Every node takes part in each sequential exchange at most once: the busiest node's count is theirs.
+    rounds = most / (a.gen + 1)
+    n = a.workers
+    sent, received = out_b / (a.gen + 1), in_b / (a.gen + 1)
+    measured = 1 / statistics.median(r[0]["decode_tok_s"] for r in cluster)
+    model = t1 * (serial + parallel / (n + 1)) + rounds * ping / 1e3
+    # What the formula leaves out here (encoding, copies, the harness's scheduling) per exchange, carried over.
+    overhead = max(0.0, (measured - model) / rounds)
+    print(f"\nprojection, from the single node's decode ({1 / t1:.2f} tok/s: serial {serial:.0%}, parallel "
+          f"{parallel:.0%} of its time) and the cluster's {rounds:.1f} sequential exchanges and "
+          f"{(sent + received) / 1024:.0f} KiB per token:")
+    print(f"  loopback, {n} workers: the formula {1 / model:.2f} tok/s, measured {1 / measured:.2f} tok/s; the "
+          f"{overhead * 1e3:.3f} ms per exchange between them is carried into the projection")
+    print(f"  {'workers':>7}  " + "  ".join(f"{name:>22}" for name, _, _ in LINKS) + "   (decode tok/s, × one node)")
+    for w in range(1, 9):
+        # Bytes scale with the share computed remotely (answers) and with the node count (inputs).
+        b = received * (w / (w + 1)) / (n / (n + 1)) + sent * w / n
+        cells = []
+        for _, rtt, bw in LINKS:
+            t = t1 * (serial + parallel / (w + 1)) + rounds * (rtt + overhead) + b / bw
+            cells.append(f"{1 / t:10.2f} ({t1 / t:4.2f}×)")
+        print(f"  {w:>7}  " + "  ".join(f"{c:>22}" for c in cells))
 
 
 if __name__ == "__main__":

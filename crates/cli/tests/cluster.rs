@@ -157,6 +157,68 @@ fn a_worker_killed_mid_generation_changes_no_byte_and_is_used_again_when_back() 
     assert!(!line.contains(" 0 failovers"), "the kill came after the run: {line}");
 }
 
+/// A node that is not up when the backbone starts costs nothing but its share of the work: the backbone
+/// computes it meanwhile, takes the node in when it comes, and the text is the single machine's.
+#[test]
+fn a_node_down_at_start_is_taken_in_when_it_comes() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("qwen3moe/q8_0.gguf");
+    let token = token_file(dir.path());
+    // An address nobody listens on yet: bound and let go, so the port is free and refuses connections.
+    let late = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let up = Worker::start(&m, dir.path(), "w0", "127.0.0.1:0");
+    let args = [
+        "run",
+        "-p",
+        "Hello",
+        "-n",
+        "3000",
+        "-c",
+        "4096",
+        "--allow-long-context",
+        "--temp",
+        "0",
+        "--threads",
+        "1",
+    ];
+    let single = titan().args(args).arg("-m").arg(&m).output().unwrap();
+    assert!(single.status.success(), "{}", stderr(&single));
+    let mut run = titan()
+        .args(args)
+        .arg("-m")
+        .arg(&m)
+        .args([
+            "--nodes",
+            &format!("{},{late}", up.addr),
+            "--token-file",
+            token.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = run.stdout.take().unwrap();
+    let mut text = read_at_least(&mut stdout, 64);
+    let joined = Worker::start(&m, dir.path(), "w1", &late);
+    stdout.read_to_end(&mut text).unwrap();
+    let o = run.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&text), String::from_utf8_lossy(&single.stdout));
+    assert!(err.contains(&format!("node 1 ({late}) is not up")), "{err}");
+    assert!(err.contains(&format!("node 1 ({late}) is up: it joins now")), "{err}");
+    assert!(
+        requests_served(&joined.log()) > 0,
+        "the late node served nothing: {}",
+        joined.log()
+    );
+    drop(up);
+}
+
 /// The bytes received and not yet read by the process on the loopback TCP connections whose local port is
 /// `port` (a worker's accepted connections), from /proc/net/tcp; `None` where the kernel does not show them.
 fn unread_bytes_at(port: u16) -> Option<u64> {
@@ -395,7 +457,10 @@ fn workers_serving_shards_give_the_single_node_trace() {
             &["--nodes", &workers[0].addr, "--token-file", token.to_str().unwrap()],
         );
         assert!(
-            stderr(&o).contains(&format!("backbone: computes the {} layer × expert pairs no node holds", 5 * n)),
+            stderr(&o).contains(&format!(
+                "backbone: computes the {} layer × expert pairs no node holds",
+                5 * n
+            )),
             "{}",
             stderr(&o)
         );

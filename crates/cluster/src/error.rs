@@ -182,6 +182,20 @@ pub enum ExchangeError {
     },
 }
 
+impl ExchangeError {
+    /// Whether nothing listens at the node's address (yet): it is down, not refusing.
+    pub fn is_unreachable(&self) -> bool {
+        use io::ErrorKind::*;
+        match self {
+            ExchangeError::Io(e) => matches!(
+                e.kind(),
+                ConnectionRefused | TimedOut | HostUnreachable | NetworkUnreachable | AddrNotAvailable
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// A shard failing: cutting it from a model, writing it, opening it, or checking its experts' digests.
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {

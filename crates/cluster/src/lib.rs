@@ -16,6 +16,7 @@
 //! backbone with a node (a debug span with the layer and the node, free while debug logging is off).
 
 pub mod backbone;
+pub mod calibrate;
 pub mod error;
 pub mod fetch;
 pub mod node;

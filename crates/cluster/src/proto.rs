@@ -50,6 +50,9 @@ pub struct Welcome {
     /// model's weights).
     #[serde(default)]
     pub rows: bool,
+    /// Bytes of quantised weights the node multiplies by one row per second (`calibrate`); 0: unknown.
+    #[serde(default)]
+    pub speed: f64,
 }
 
 /// A rectangle of a model's experts: ((first layer, last layer), (first expert, last expert)), inclusive.

@@ -90,6 +90,7 @@ pub fn serve(model: NodeModel, opts: WorkerOptions, ready: impl FnOnce(SocketAdd
             threads: rayon::current_num_threads(),
             holds: model.holds.clone(),
             rows: model.weights.is_some(),
+            speed: probed_speed(),
         },
         model,
         opts,
@@ -116,6 +117,17 @@ pub fn serve(model: NodeModel, opts: WorkerOptions, ready: impl FnOnce(SocketAdd
     }
     Ok(())
 }
+
+/// This node's speed, measured once as it starts.
+fn probed_speed() -> f64 {
+    let speed = crate::calibrate::weight_throughput(PROBE);
+    tracing::info!("multiplies weights at {:.1} GB/s", speed / 1e9);
+    speed
+}
+
+/// How long a machine's speed is measured for: over a few CPU-quota periods (100 ms), so that a node
+/// allowed a share of a core measures that share, not its first burst.
+pub const PROBE: Duration = Duration::from_millis(300);
 
 struct Node {
     model: NodeModel,

@@ -813,7 +813,9 @@ impl Model {
                 out: &mut out[..],
             }
         }));
-        let r = self.rows.matmul_many(&self.weights, &mut list);
+        let r = self.stats.time_inside(Phase::Projections, Phase::Attention, || {
+            self.rows.matmul_many(&self.weights, &mut list)
+        });
         *jobs = recycle(list);
         r
     }

@@ -14,9 +14,18 @@ pub enum Phase {
     Experts,
     /// Final norm and LM head (and the embedding lookup).
     Head,
+    /// The token mixers' input projections (q/k/v, linear attention's, latent attention's): the dense
+    /// products a cluster splits by output rows, timed apart from the rest of [`Phase::Attention`].
+    Projections,
 }
 
-pub const PHASES: [Phase; 4] = [Phase::Attention, Phase::Router, Phase::Experts, Phase::Head];
+pub const PHASES: [Phase; 5] = [
+    Phase::Attention,
+    Phase::Projections,
+    Phase::Router,
+    Phase::Experts,
+    Phase::Head,
+];
 
 impl Phase {
     pub fn name(self) -> &'static str {
@@ -25,19 +34,20 @@ impl Phase {
             Phase::Router => "router",
             Phase::Experts => "experts",
             Phase::Head => "head",
+            Phase::Projections => "projections",
         }
     }
 }
 
 #[derive(Default)]
 pub struct Stats {
-    phase_ns: [AtomicU64; 4],
+    phase_ns: [AtomicU64; 5],
     weight_bytes: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StatsSnapshot {
-    pub phase: [Duration; 4],
+    pub phase: [Duration; 5],
     /// Weight bytes read by the forward passes (each matrix counted once per pass, each active expert once).
     pub weight_bytes: u64,
 }
@@ -48,6 +58,17 @@ impl Stats {
         let t = Instant::now();
         let r = f();
         self.phase_ns[phase as usize].fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        r
+    }
+
+    /// Time `f` as `phase`, and not as `outer`, whose timer runs around it.
+    pub fn time_inside<T>(&self, phase: Phase, outer: Phase, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let r = f();
+        let ns = t.elapsed().as_nanos() as u64;
+        self.phase_ns[phase as usize].fetch_add(ns, Relaxed);
+        // Wrapping: the outer timer adds its whole span when it ends, after this.
+        self.phase_ns[outer as usize].fetch_sub(ns, Relaxed);
         r
     }
 
@@ -81,8 +102,8 @@ impl StatsSnapshot {
             weight_bytes: self.weight_bytes - earlier.weight_bytes,
             ..Default::default()
         };
-        for i in 0..4 {
-            s.phase[i] = self.phase[i] - earlier.phase[i];
+        for ((d, now), then) in s.phase.iter_mut().zip(&self.phase).zip(&earlier.phase) {
+            *d = *now - *then;
         }
         s
     }

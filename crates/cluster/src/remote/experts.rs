@@ -28,9 +28,7 @@ impl Experts for Cluster {
     ) -> Result<(), EngineError> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        if job.layer == 0 {
-            self.revive(st);
-        }
+        self.revive(st);
 
         // Who computes what: each expert's first live owner, else the backbone.
         st.local.clear();

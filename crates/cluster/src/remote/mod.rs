@@ -61,12 +61,16 @@ pub struct Cluster {
     redial: Arc<Redial>,
     /// The slice endpoint nodes fetch their shards from, kept serving while the cluster runs.
     slices: Option<crate::slice_http::SliceServer>,
+    /// The backbone's measured speed: the unit of the nodes' shares of dense products.
+    backbone_speed: f64,
+    /// The model's layers and experts per layer, which a node must hold too.
+    shape: (usize, usize),
 }
 
 /// Down nodes being dialled again, on threads of their own (a hung node must not stall the generation).
 struct Redial {
-    /// A node's new connection, once it answered, until the next step takes it.
-    revived: Mutex<Vec<Option<Conn>>>,
+    /// A node's new connection and what it said, once it answered, until the next call takes it.
+    revived: Mutex<Vec<Option<(Conn, Welcome)>>>,
     /// Whether a thread is dialling the node.
     dialing: Vec<AtomicBool>,
     /// Set when the cluster is dropped: the threads stop.
@@ -91,6 +95,48 @@ struct Node {
     takes_rows: bool,
     /// Its share of a dense product's rows, relative to the backbone's 1.
     row_weight: f64,
+    /// What it announced of its speed (bytes of weights per second; 0: unknown).
+    speed: f64,
+}
+
+impl Node {
+    /// A node not (yet) connected.
+    fn down() -> Node {
+        Node {
+            conn: None,
+            metrics: NodeMetrics::default(),
+            assigned: Vec::new(),
+            rows: Vec::new(),
+            local_rows: Vec::new(),
+            pending: None,
+            span: Span::none(),
+            takes_rows: false,
+            row_weight: 1.0,
+            speed: 0.0,
+        }
+    }
+
+    /// Takes what the node said of itself at its hello: whether it takes rows, and its speed, relative to
+    /// the backbone's `backbone_speed`.
+    fn welcomed(&mut self, w: &Welcome, backbone_speed: f64) {
+        self.takes_rows = w.rows;
+        self.speed = w.speed;
+        self.row_weight = if w.speed > 0.0 { w.speed / backbone_speed } else { 1.0 };
+    }
+}
+
+/// Refuses a node whose model has another shape (its identity matched, so only a node that lies can).
+fn check_shape(addr: &str, w: &Welcome, n_layer: usize, n_expert: usize) -> Result<(), ClusterError> {
+    if (w.n_layer, w.n_expert) != (n_layer, n_expert) {
+        return Err(ClusterError::NodeShape {
+            addr: addr.to_string(),
+            node_layers: w.n_layer,
+            node_experts: w.n_expert,
+            n_layer,
+            n_expert,
+        });
+    }
+    Ok(())
 }
 
 struct Conn {
@@ -161,23 +207,37 @@ impl Cluster {
     ) -> Result<Cluster, ClusterError> {
         let mut nodes = Vec::new();
         let mut budgets = Vec::new();
+        let mut speeds = Vec::new();
         let mut holdings = Vec::new();
+        let mut late = Vec::new();
         for addr in &opts.nodes {
-            let (mut conn, welcome) = handshake(addr, &opts).map_err(|error| ClusterError::Node {
-                addr: addr.clone(),
-                error,
-            })?;
-            if (welcome.n_layer, welcome.n_expert) != (n_layer, n_expert) {
-                return Err(ClusterError::NodeShape {
-                    addr: addr.clone(),
-                    node_layers: welcome.n_layer,
-                    node_experts: welcome.n_expert,
-                    n_layer,
-                    n_expert,
-                });
-            }
+            let (mut conn, welcome) = match handshake(addr, &opts) {
+                Ok(c) => c,
+                // A node that is not up yet does not stop the backbone: it starts without it, computes
+                // its share meanwhile, and takes it in when it answers.
+                Err(error) if error.is_unreachable() => {
+                    tracing::warn!(
+                        "node {} ({addr}) is not up: its experts are computed here until it is: {error}",
+                        nodes.len()
+                    );
+                    late.push(nodes.len());
+                    budgets.push(0);
+                    speeds.push(0.0);
+                    holdings.push(None);
+                    nodes.push(Node::down());
+                    continue;
+                }
+                Err(error) => {
+                    return Err(ClusterError::Node {
+                        addr: addr.clone(),
+                        error,
+                    })
+                }
+            };
+            check_shape(addr, &welcome, n_layer, n_expert)?;
             budgets.push(welcome.budget);
-            holdings.push(welcome.holds.map(|h| {
+            speeds.push(welcome.speed);
+            holdings.push(welcome.holds.clone().map(|h| {
                 h.into_iter()
                     .map(|((l0, l1), (e0, e1))| SliceSpec {
                         layers: l0..=l1,
@@ -189,20 +249,24 @@ impl Cluster {
                 addr: addr.clone(),
                 error,
             })?;
-            nodes.push(Node {
-                conn: Some(conn),
-                metrics: NodeMetrics {
-                    ping_ns,
-                    ..Default::default()
-                },
-                assigned: Vec::new(),
-                rows: Vec::new(),
-                local_rows: Vec::new(),
-                pending: None,
-                span: Span::none(),
-                takes_rows: welcome.rows,
-                row_weight: 1.0,
-            });
+            let mut node = Node::down();
+            node.conn = Some(conn);
+            node.metrics.ping_ns = ping_ns;
+            node.welcomed(&welcome, 1.0);
+            nodes.push(node);
+        }
+        // A late node is planned as if it had the largest budget announced: a whole-model node, most likely.
+        let most = budgets.iter().copied().max().unwrap_or(0).max(1);
+        for &n in &late {
+            budgets[n] = most;
+        }
+        // The backbone's own speed, measured as the nodes measure theirs: the unit of every share.
+        let backbone_speed = crate::calibrate::weight_throughput(crate::worker::PROBE).max(1.0);
+        for node in &mut nodes {
+            node.row_weight = node.speed.max(0.0) / backbone_speed;
+            if node.speed <= 0.0 {
+                node.row_weight = 1.0;
+            }
         }
         let (plan, plan_kind) = if holdings.iter().any(Option::is_some) {
             // Shards decide: each node computes what it holds.
@@ -216,11 +280,18 @@ impl Cluster {
             } else {
                 format!("{} copies", opts.replicas)
             };
-            // The backbone planned as one more node of a typical budget, its share then taken back from the
-            // owner lists.
-            let mut planned = budgets.clone();
+            // Each node's weight: its measured speed, scaled down where its budget holds less than the
+            // largest (a node streaming its experts serves fewer of them from memory); the backbone planned
+            // as one more node that holds them all, its share then taken back from the owner lists.
+            let most = budgets.iter().copied().max().unwrap_or(1).max(1) as f64;
+            let speed = |s: f64| if s > 0.0 { s } else { backbone_speed };
+            let mut planned: Vec<u64> = budgets
+                .iter()
+                .zip(&speeds)
+                .map(|(&b, &s)| (speed(s) / 1e3 * b as f64 / most).round() as u64)
+                .collect();
             if opts.backbone_share {
-                planned.push(budgets.iter().copied().max().unwrap_or(1));
+                planned.push((backbone_speed / 1e3).round() as u64);
             }
             let mut plan = Plan::new(n_layer, dense, n_expert, &planned, opts.placement, opts.replicas)?;
             plan.replicate(&opts.hot, planned.len());
@@ -261,7 +332,7 @@ impl Cluster {
             dialing: (0..opts.nodes.len()).map(|_| AtomicBool::new(false)).collect(),
             closing: AtomicBool::new(false),
         });
-        Ok(Cluster {
+        let cluster = Cluster {
             local,
             local_rows: Default::default(),
             plan,
@@ -271,7 +342,16 @@ impl Cluster {
             state: Mutex::new(state),
             redial,
             slices: None,
-        })
+            backbone_speed,
+            shape: (n_layer, n_expert),
+        };
+        {
+            let mut st = cluster.lock();
+            for n in late {
+                cluster.down(&mut st, n, "not up at start");
+            }
+        }
+        Ok(cluster)
     }
 
     /// Keeps `server` running for as long as the cluster.
@@ -279,10 +359,23 @@ impl Cluster {
         self.slices = Some(server);
     }
 
-    /// The plan: how it was made, then one line per node.
+    /// The plan: how it was made, one line per node, and how the dense products are shared.
     pub fn describe(&self) -> String {
+        let st = self.lock();
+        let takers: Vec<String> = st
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.takes_rows)
+            .map(|(i, n)| format!("node {i} {:.2}", n.row_weight))
+            .collect();
+        let rows = if takers.is_empty() {
+            "the backbone alone (no node holds the dense weights)".to_string()
+        } else {
+            format!("backbone 1, {} (by measured speed)", takers.join(", "))
+        };
         format!(
-            "cluster plan ({}):\n{}",
+            "cluster plan ({}):\n{}  dense products split by rows: {rows}\n",
             self.plan_kind,
             self.plan.describe(&self.names)
         )
@@ -404,6 +497,7 @@ impl Cluster {
         let node = &mut st.nodes[n];
         if node.conn.take().is_some() {
             node.metrics.downs += 1;
+            node.pending = None;
             tracing::warn!(
                 "node {n} ({}) is down, its experts are computed elsewhere: {why}",
                 self.names[n]
@@ -419,8 +513,8 @@ impl Cluster {
                 return;
             }
             match handshake(&addr, &opts) {
-                Ok((conn, _)) => {
-                    redial.revived.lock().unwrap_or_else(|e| e.into_inner())[n] = Some(conn);
+                Ok(answer) => {
+                    redial.revived.lock().unwrap_or_else(|e| e.into_inner())[n] = Some(answer);
                     return;
                 }
                 Err(e) => tracing::debug!("node {n} ({addr}) is still down: {e}"),
@@ -432,11 +526,22 @@ impl Cluster {
     fn revive(&self, st: &mut State) {
         let mut revived = self.redial.revived.lock().unwrap_or_else(|e| e.into_inner());
         for (n, node) in st.nodes.iter_mut().enumerate() {
-            if let Some(conn) = revived[n].take() {
-                tracing::info!("node {n} ({}) is back", self.names[n]);
-                node.conn = Some(conn);
-                self.redial.dialing[n].store(false, Ordering::SeqCst);
+            let Some((conn, welcome)) = revived[n].take() else {
+                continue;
+            };
+            self.redial.dialing[n].store(false, Ordering::SeqCst);
+            let (n_layer, n_expert) = self.shape;
+            if let Err(e) = check_shape(&self.names[n], &welcome, n_layer, n_expert) {
+                tracing::warn!("node {n} answered again but cannot be used: {e}");
+                continue;
             }
+            if node.metrics.downs > 0 {
+                tracing::info!("node {n} ({}) is back", self.names[n]);
+            } else {
+                tracing::info!("node {n} ({}) is up: it joins now", self.names[n]);
+            }
+            node.conn = Some(conn);
+            node.welcomed(&welcome, self.backbone_speed);
         }
     }
 }
