@@ -199,8 +199,14 @@ pub fn completion_body(body: &[u8]) -> Result<(CompletionRequest, PromptInput), 
     Ok((r, prompt))
 }
 
-/// A `/v1/chat/completions` body: the request and its prompt text, rendered by the model's `template`.
-pub fn chat_body(body: &[u8], template: Option<&ChatTemplate>) -> Result<(ChatRequest, String), ApiError> {
+/// A `/v1/chat/completions` body: the request and its prompt text, rendered by the model's `template` into
+/// at most `max_bytes` bytes. A template that refuses the conversation (`raise_exception`) is the request's
+/// fault (400); one that fails otherwise, runs out of fuel or writes past `max_bytes` is the server's (500).
+pub fn chat_body(
+    body: &[u8],
+    template: Option<&ChatTemplate>,
+    max_bytes: usize,
+) -> Result<(ChatRequest, String), ApiError> {
     let r: ChatRequest = from_json(body)?;
     let Some(template) = template else {
         return Err(ApiError::bad_request("the model has no chat template (tokenizer.chat_template); start titan serve with --chat-template FILE, or use /v1/completions"));
@@ -218,9 +224,16 @@ pub fn chat_body(body: &[u8], template: Option<&ChatTemplate>) -> Result<(ChatRe
             })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
-    let text = template
-        .render(&messages)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let text = template.render(&messages, max_bytes).map_err(|e| {
+        if e.is_the_conversations() {
+            ApiError::bad_request(e.to_string())
+        } else {
+            ApiError::internal(format!(
+                "{e} ({}): a fault of the server's chat template, not of the request",
+                template.origin()
+            ))
+        }
+    })?;
     Ok((r, text))
 }
 

@@ -61,6 +61,22 @@ impl ApiError {
         e
     }
 
+    /// A request body that did not arrive whole in time.
+    pub fn body_timeout(after: std::time::Duration) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!("the request body did not arrive whole within {} s", after.as_secs_f64()),
+        )
+    }
+
+    /// The server cannot take the request now (too many connections); retrying shortly may succeed.
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message);
+        e.retry_after = Some(1);
+        e
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }

@@ -1,13 +1,17 @@
 //! The routes: the chat page, health, metrics, models, completions and chat completions, streamed as
 //! server-sent events or not, behind an optional API key and a body size limit. Each request has an id
 //! (`x-request-id`), a span its log lines carry, the engine's included, and one access-log line.
+//!
+//! What costs CPU in proportion to the request (parsing a body, rendering the chat template, tokenising)
+//! runs on tokio's blocking threads, a few at a time, never on the two that serve every connection.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::rejection::BytesRejection;
@@ -21,7 +25,7 @@ use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use titan_engine::Model;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tracing::Instrument;
 
 use crate::api::{chat_body, collect, completion_body, usage, Kind, Params, PromptInput, Responder};
@@ -30,17 +34,29 @@ use crate::metrics::Metrics;
 use crate::scheduler::{Event, Job};
 use crate::template::ChatTemplate;
 
+/// The chat template requests are rendered with.
+pub enum Template {
+    Ready(Box<ChatTemplate>),
+    /// Neither the model nor the operator gave one: chat requests are answered 400 (completions work).
+    Missing,
+    /// The model's does not parse (why, as chat requests are answered, 500).
+    Broken(String),
+}
+
 pub struct AppState {
     pub model: Arc<Model>,
     /// The model id clients name (`GET /v1/models`).
     pub name: String,
-    pub template: Option<ChatTemplate>,
+    pub template: Template,
     pub queue: mpsc::Sender<Job>,
     pub queue_len: usize,
     pub metrics: Arc<Metrics>,
     pub api_key: Option<String>,
     pub ctx_size: usize,
     pub body_limit: usize,
+    pub body_timeout: Duration,
+    /// Permits to parse, render and tokenise on a blocking thread (see [`prepare`]).
+    pub preparing: Arc<Semaphore>,
     pub created: u64,
 }
 
@@ -51,7 +67,8 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key))
+        .route_layer(middleware::from_fn_with_state(state.clone(), body_deadline));
     Router::new()
         .route("/", get(|| async { Html(include_str!("page.html")) }))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
@@ -135,6 +152,53 @@ impl Drop for Logged {
     }
 }
 
+/// A request body that has not arrived whole `body_timeout` after the header is cut off there (408), so that
+/// a client sending it slowly holds its connection for a bounded time.
+async fn body_deadline(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = Body::new(Deadline {
+        body,
+        timer: Box::pin(tokio::time::sleep(s.body_timeout)),
+    });
+    next.run(Request::from_parts(parts, body)).await
+}
+
+struct Deadline {
+    body: Body,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+/// The error a [`Deadline`] body ends with, found again in the extractor's rejection by [`bytes`].
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive in time")]
+struct BodyTimedOut;
+
+impl HttpBody for Deadline {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Pending if this.timer.as_mut().poll(cx).is_ready() => {
+                Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut))))
+            }
+            frame => frame,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// `/v1/*` needs `Authorization: Bearer KEY` when the server has a key; the page, health and metrics
 /// do not (as llama-server).
 async fn require_key(State(s): State<Shared>, req: Request, next: Next) -> Response {
@@ -164,16 +228,67 @@ async fn models(State(s): State<Shared>) -> Json<Value> {
     )
 }
 
-/// The body's bytes, or the OpenAI-shaped 4xx for a body too large or unreadable (axum's own rejections
-/// are plain text).
+/// The body's bytes, or the OpenAI-shaped 4xx for a body too large, too slow or unreadable (axum's own
+/// rejections are plain text).
 fn bytes(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(cause) = source {
+            if cause.is::<BodyTimedOut>() {
+                return ApiError::body_timeout(s.body_timeout);
+            }
+            source = cause.source();
+        }
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(s.body_limit)
         } else {
             ApiError::bad_request(e.body_text())
         }
     })
+}
+
+/// Runs `work` on a blocking thread once one of the `preparing` permits is free, and waits for it without
+/// holding an async thread. The permit goes with the work: work whose client left still counts until it
+/// ends, so abandoned requests cannot pile up past the permits.
+async fn prepare<T: Send + 'static>(
+    s: &Shared,
+    work: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let permit = s
+        .preparing
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("the semaphore is never closed");
+    let state = s.clone();
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let _in = span.enter();
+        work(&state)
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::internal(format!("preparing the request failed: {e}"))))
+}
+
+/// The tokens of a prompt `text`, or a 400 without tokenising when it is longer (in bytes) than the context
+/// could hold whatever its tokens: a token stands for at most `max_token_bytes` bytes of text, so a text of
+/// more than `ctx_size × max_token_bytes` bytes has more tokens than the context has positions. Tokenising
+/// allocates some 24 bytes a byte of text at once; this keeps that to what could be served.
+fn tokenize(s: &AppState, text: &str, param: &'static str) -> Result<Vec<u32>, ApiError> {
+    let per_token = s.model.tokenizer.max_token_bytes();
+    let most = s.ctx_size.saturating_mul(per_token);
+    if text.len() > most {
+        return Err(ApiError::bad_request(format!(
+            "the prompt is longer than the context: {} bytes, and the context's {} tokens hold at most {most} \
+             bytes of text (this vocabulary's longest token is {per_token} bytes)",
+            text.len(),
+            s.ctx_size
+        ))
+        .param(param)
+        .code("context_length_exceeded"));
+    }
+    Ok(s.model.tokenizer.encode(text, true, true))
 }
 
 fn check_model(s: &AppState, p: &Params) -> Result<(), ApiError> {
@@ -189,12 +304,17 @@ fn check_model(s: &AppState, p: &Params) -> Result<(), ApiError> {
 }
 
 async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let (r, prompt) = completion_body(&bytes(&s, body)?)?;
-    check_model(&s, &r.params)?;
-    let prompt = match prompt {
-        PromptInput::Text(t) => s.model.tokenizer.encode(&t, true, true),
-        PromptInput::Tokens(t) => t,
-    };
+    let body = bytes(&s, body)?;
+    let (r, prompt) = prepare(&s, move |s| {
+        let (r, prompt) = completion_body(&body)?;
+        check_model(s, &r.params)?;
+        let prompt = match prompt {
+            PromptInput::Text(t) => tokenize(s, &t, "prompt")?,
+            PromptInput::Tokens(t) => t,
+        };
+        Ok((r, prompt))
+    })
+    .await?;
     if let Some(&t) = prompt.iter().find(|&&t| t as usize >= s.model.config.n_vocab) {
         return Err(ApiError::bad_request(format!(
             "token id {t} is outside the vocabulary ({} tokens)",
@@ -213,17 +333,30 @@ async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection
 }
 
 async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let (r, text) = chat_body(&bytes(&s, body)?, s.template.as_ref())?;
-    check_model(&s, &r.params)?;
-    // The template usually writes the BOS token itself; it is added once, as a token.
-    let bos = s
-        .model
-        .tokenizer
-        .added_bos()
-        .and_then(|b| s.model.tokenizer.token_bytes(b))
-        .map(|b| String::from_utf8_lossy(b).into_owned());
-    let text = bos.as_deref().and_then(|b| text.strip_prefix(b)).unwrap_or(&text);
-    let prompt = s.model.tokenizer.encode(text, true, true);
+    let body = bytes(&s, body)?;
+    let (r, prompt) = prepare(&s, move |s| {
+        let template = match &s.template {
+            Template::Ready(t) => Some(&**t),
+            Template::Missing => None,
+            Template::Broken(why) => return Err(ApiError::internal(why.clone())),
+        };
+        // The rendered prompt may be 16 times the largest body: far more than a real template writes for a
+        // conversation (its text once, a few dozen bytes of markup a message, a system prompt), and little
+        // enough memory (16 MiB at the default --max-body) to hold for each request being prepared. A
+        // template that writes more is at fault, and answered 500 when it gets there.
+        let (r, text) = chat_body(&body, template, s.body_limit.saturating_mul(16))?;
+        check_model(s, &r.params)?;
+        // The template usually writes the BOS token itself; it is added once, as a token.
+        let bos = s
+            .model
+            .tokenizer
+            .added_bos()
+            .and_then(|b| s.model.tokenizer.token_bytes(b))
+            .map(|b| String::from_utf8_lossy(b).into_owned());
+        let text = bos.as_deref().and_then(|b| text.strip_prefix(b)).unwrap_or(&text);
+        Ok((r, tokenize(s, text, "messages")?))
+    })
+    .await?;
     let responder = Responder {
         kind: Kind::Chat,
         id: format!("chatcmpl-{}", request_id()),

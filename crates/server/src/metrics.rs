@@ -14,6 +14,8 @@ pub struct Metrics {
     pub completed: AtomicU64,
     pub queued: AtomicU64,
     pub active: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub connections_refused: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generated: AtomicU64,
     steps: AtomicU64,
@@ -66,6 +68,18 @@ impl Metrics {
             "counter",
             "Requests that finished (stop or length).",
             get(&self.completed),
+        );
+        put(
+            "connections_open",
+            "gauge",
+            "HTTP connections open.",
+            get(&self.connections_open),
+        );
+        put(
+            "connections_refused_total",
+            "counter",
+            "HTTP connections refused because --max-connections were open (503).",
+            get(&self.connections_refused),
         );
         put(
             "queue_depth",

@@ -23,6 +23,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    origin: String,
 }
 
 /// One turn of the conversation as the template sees it (`message.role`, `message.content`).
@@ -47,11 +48,34 @@ pub enum TemplateError {
     /// meant for the client as is.
     #[error("{0}")]
     Raised(String),
-    /// Rendering failed for another reason (an undefined attribute used, a bad `strftime_now`
-    /// format, …).
+    /// Rendering failed for another reason (an undefined attribute used, an unknown filter, a bad
+    /// `strftime_now` format, …).
     #[error("chat template failed at line {line}: {cause}")]
     Render { line: usize, cause: String },
+    /// The template ran [`FUEL`] instructions without finishing: a loop that never ends, or work
+    /// that explodes with the conversation's length.
+    #[error("chat template ran out of fuel ({FUEL} instructions) rendering {messages} messages")]
+    OutOfFuel { messages: usize },
+    /// The template wrote more than the bound the server set on its output.
+    #[error("chat template wrote more than {limit} bytes")]
+    TooLong { limit: usize },
 }
+
+impl TemplateError {
+    /// Whether the fault is the conversation's (the template refused it with `raise_exception`), to be
+    /// answered as a bad request; any other failure is the template's, that is the operator's.
+    pub fn is_the_conversations(&self) -> bool {
+        matches!(self, TemplateError::Raised(_))
+    }
+}
+
+/// The instructions one rendering may run (minijinja's fuel: about one per expression, loop step or
+/// piece of output). The real templates (tests/fixtures/templates, models/demo/chat.jinja) take at most
+/// 77 a message and 70 to start (`fuel_covers_every_real_template` measures it): 10 million renders a
+/// conversation of over 100,000 messages, more than a request body of the default 1 MiB can hold, and is
+/// spent in 0.2 to 1 s of one core, which is what a template that loops without end or explodes with the
+/// conversation's length costs a request.
+pub const FUEL: u64 = 10_000_000;
 
 /// The payload of a `raise_exception` call, carried as the source of minijinja's error so that
 /// `render` can tell the template's own refusal from an engine failure.
@@ -95,6 +119,7 @@ impl ChatTemplate {
         // Replaces minijinja's own, which escapes `<`, `>`, `&` and `'` for HTML and writes no
         // spaces.
         env.add_filter("tojson", tojson);
+        env.set_fuel(Some(FUEL));
         env.add_template_owned(NAME, without_generation_tags(source))
             .map_err(|e| TemplateError::Syntax {
                 line: e.line().unwrap_or(0),
@@ -104,12 +129,29 @@ impl ChatTemplate {
             env,
             bos: bos.to_owned(),
             eos: eos.to_owned(),
+            origin: "the chat template".to_owned(),
         })
     }
 
+    /// Names where the template came from (`--chat-template FILE`, the model's), for the errors the
+    /// server answers when it fails.
+    pub fn with_origin(mut self, origin: impl Into<String>) -> ChatTemplate {
+        self.origin = origin.into();
+        self
+    }
+
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
     /// The prompt text for `messages`, ending with the assistant's turn opened
-    /// (add_generation_prompt = true).
-    pub fn render(&self, messages: &[Message]) -> Result<String, TemplateError> {
+    /// (add_generation_prompt = true), of at most `max_bytes` bytes.
+    pub fn render(&self, messages: &[Message], max_bytes: usize) -> Result<String, TemplateError> {
+        self.render_counted(messages, max_bytes).map(|(text, _)| text)
+    }
+
+    /// [`render`](Self::render), and the fuel it took.
+    fn render_counted(&self, messages: &[Message], max_bytes: usize) -> Result<(String, u64), TemplateError> {
         let template = self.env.get_template(NAME).map_err(|e| render_error(&e))?;
         // The context llama-server gives: no tools (defined, and none), and `enable_thinking` left
         // undefined so that templates with a thinking switch take their default.
@@ -120,7 +162,50 @@ impl ChatTemplate {
             bos_token => &self.bos,
             eos_token => &self.eos,
         };
-        template.render(ctx).map_err(|e| render_error(&e))
+        // Written through a writer that refuses to grow past `max_bytes`, so that a template that
+        // prints without end fails there instead of when memory runs out.
+        let mut out = Capped {
+            text: Vec::new(),
+            limit: max_bytes,
+            over: false,
+        };
+        let captured = template.render_captured_to(ctx, &mut out).map_err(|e| {
+            if out.over {
+                TemplateError::TooLong { limit: max_bytes }
+            } else if e.kind() == ErrorKind::OutOfFuel {
+                TemplateError::OutOfFuel {
+                    messages: messages.len(),
+                }
+            } else {
+                render_error(&e)
+            }
+        })?;
+        let fuel = captured.state().fuel_levels().map_or(0, |(used, _)| used);
+        // minijinja writes only `str`s, which are whole UTF-8 sequences.
+        let text = String::from_utf8(out.text).expect("minijinja writes UTF-8");
+        Ok((text, fuel))
+    }
+}
+
+/// A `Vec<u8>` writer that fails (and says so in `over`) rather than hold more than `limit` bytes.
+struct Capped {
+    text: Vec<u8>,
+    limit: usize,
+    over: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + bytes.len() > self.limit {
+            self.over = true;
+            return Err(std::io::Error::other("the chat template's output limit"));
+        }
+        self.text.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -403,12 +488,94 @@ mod tests {
             let template = ChatTemplate::new(&source, bos, eos).unwrap_or_else(|e| panic!("{file}: {e}"));
             for (case, want) in entry["cases"].as_object().unwrap() {
                 check(
-                    template.render(&conversation(&expected, case)),
+                    template.render(&conversation(&expected, case), usize::MAX),
                     want,
                     &format!("{file} / {case}"),
                 );
             }
         }
+    }
+
+    /// A conversation of `n` messages: a system prompt, then users and assistants in turn (the
+    /// assistants' with a thinking block, which some templates cut out), each a sentence long.
+    fn long_conversation(n: usize, system: bool) -> Vec<Message> {
+        (0..n)
+            .map(|i| {
+                let turn = i - usize::from(system);
+                let (role, content) = match i {
+                    0 if system => ("system", "You are a helpful assistant.".to_owned()),
+                    _ if turn % 2 == 0 => ("user", format!("Message {i}: a question of a few words?")),
+                    _ => (
+                        "assistant",
+                        format!("<think>\nMessage {i} thinks.\n</think>\n\nAnswer {i}, with some words."),
+                    ),
+                };
+                Message {
+                    role: role.into(),
+                    content,
+                }
+            })
+            .collect()
+    }
+
+    /// [`FUEL`] against what the real templates take: each renders conversations of 11 and 1001
+    /// messages, which gives its fuel to start and per message; FUEL must cover 100,000 messages (a
+    /// request body of the default 1 MiB holds at most about 36,000) for every one.
+    #[test]
+    fn fuel_covers_every_real_template() {
+        let expected = expected();
+        let mut sources: Vec<(String, String)> = expected["templates"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|f| (f.clone(), std::fs::read_to_string(format!("{FIXTURES}/{f}")).unwrap()))
+            .collect();
+        let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/demo/chat.jinja");
+        sources.push(("models/demo/chat.jinja".into(), std::fs::read_to_string(demo).unwrap()));
+        for (file, source) in sources {
+            let template = ChatTemplate::new(&source, "<s>", "</s>").unwrap();
+            // Mixtral's refuses a system message, and says so.
+            let system = !matches!(
+                template.render(&long_conversation(3, true), usize::MAX),
+                Err(TemplateError::Raised(_))
+            );
+            let fuel = |n: usize| match template.render_counted(&long_conversation(n, system), usize::MAX) {
+                Ok((_, fuel)) => fuel,
+                Err(e) => panic!("{file}, {n} messages: {e}"),
+            };
+            let (small, large) = (fuel(11), fuel(1001));
+            let per_message = (large - small) / 1000;
+            let start = small.saturating_sub(per_message * 11);
+            println!("{file}: {start} to start, {per_message} a message");
+            assert!(
+                start + per_message * 100_000 < FUEL,
+                "{file}: {start} + {per_message} a message leaves fewer than 100,000 messages"
+            );
+        }
+    }
+
+    /// A template that loops without end, or whose work is cubic in the conversation's length, stops
+    /// when its fuel is spent (in about a second); one that prints without end stops at the output bound.
+    #[test]
+    fn runaway_templates_stop_at_the_fuel_or_the_output_bound() {
+        let endless = "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}";
+        let cubic =
+            "{% for a in messages %}{% for b in messages %}{% for c in messages %}{% endfor %}{% endfor %}{% endfor %}";
+        for (source, n) in [(endless, 1), (cubic, 1000)] {
+            let started = std::time::Instant::now();
+            let err = ChatTemplate::new(source, "", "")
+                .unwrap()
+                .render(&long_conversation(n, false), usize::MAX)
+                .unwrap_err();
+            println!("{err} after {:?}", started.elapsed());
+            assert_eq!(err, TemplateError::OutOfFuel { messages: n });
+            assert!(!err.is_the_conversations());
+            assert!(started.elapsed() < std::time::Duration::from_secs(10), "{source}");
+        }
+        let flood = ChatTemplate::new("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", "", "").unwrap();
+        let err = flood.render(&[], 1 << 20).unwrap_err();
+        assert_eq!(err, TemplateError::TooLong { limit: 1 << 20 });
+        assert_eq!(err.to_string(), "chat template wrote more than 1048576 bytes");
     }
 
     #[test]
@@ -418,7 +585,7 @@ mod tests {
         for (name, want) in expected["features"].as_object().unwrap() {
             let source = want["source"].as_str().unwrap();
             let template = ChatTemplate::new(source, "<s>", "</s>").unwrap_or_else(|e| panic!("{name}: {e}"));
-            check(template.render(&messages), want, name);
+            check(template.render(&messages, usize::MAX), want, name);
         }
     }
 
@@ -440,7 +607,7 @@ mod tests {
     #[test]
     fn raise_exception_surfaces_the_templates_text() {
         let template = ChatTemplate::new("{{ raise_exception('System role not supported') }}", "", "").unwrap();
-        let err = template.render(&[]).unwrap_err();
+        let err = template.render(&[], usize::MAX).unwrap_err();
         assert_eq!(err, TemplateError::Raised("System role not supported".into()));
         assert_eq!(err.to_string(), "System role not supported");
     }
@@ -471,7 +638,7 @@ mod tests {
             role: "user".into(),
             content: "hi".into(),
         };
-        let err = template.render(&[msg]).unwrap_err();
+        let err = template.render(&[msg], usize::MAX).unwrap_err();
         assert!(matches!(err, TemplateError::Render { line: 2, .. }), "{err:?}");
     }
 
@@ -479,7 +646,7 @@ mod tests {
     fn strftime_now_formats_local_time() {
         let template =
             ChatTemplate::new("{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}", "", "").unwrap();
-        let out = template.render(&[]).unwrap();
+        let out = template.render(&[], usize::MAX).unwrap();
         let (iso, human) = out.split_once('|').unwrap();
         let digits = |s: &str| s.chars().all(|c| c.is_ascii_digit());
         let parts: Vec<&str> = iso.split('-').collect();
@@ -497,7 +664,7 @@ mod tests {
 
         let bad = ChatTemplate::new("{{ strftime_now('%Q') }}", "", "")
             .unwrap()
-            .render(&[])
+            .render(&[], usize::MAX)
             .unwrap_err();
         assert!(
             matches!(&bad, TemplateError::Render { cause, .. } if cause.contains("strftime_now")),

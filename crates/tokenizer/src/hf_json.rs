@@ -23,9 +23,9 @@ pub(crate) struct Loaded {
 
 fn read_json(path: &Path) -> Result<Value, TokenizerError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
+    let text = std::fs::read_to_string(path).map_err(|error| TokenizerError::Io {
         path: shown.clone(),
-        source,
+        error,
     })?;
     serde_json::from_str(&text).map_err(|e| TokenizerError::Json {
         path: shown,

@@ -86,8 +86,8 @@ pub enum TokenizerError {
     MergeTokenMissing { rank: usize, merge: String, token: String },
     #[error("token id {id} is out of range: the vocabulary has {vocab_size} tokens")]
     IdOutOfRange { id: u32, vocab_size: usize },
-    #[error("cannot read {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    #[error("cannot read {path}: {error}")]
+    Io { path: String, error: std::io::Error },
     #[error("{path} is not valid tokenizer JSON: {message}")]
     Json { path: String, message: String },
     /// A tokenizer.json this crate cannot map onto its byte-level BPE.
@@ -104,6 +104,7 @@ pub struct Tokenizer {
     vocab: Vocab,
     model: Model,
     pieces: decode::Pieces,
+    max_token_bytes: usize,
 }
 
 impl Tokenizer {
@@ -152,7 +153,14 @@ impl Tokenizer {
             _ => Model::Spm,
         };
         let pieces = decode::Pieces::build(&vocab);
-        Ok(Self { vocab, model, pieces })
+        // An unknown character (up to 4 bytes of UTF-8) can become one unk token, whatever the texts.
+        let max_token_bytes = vocab.texts.iter().map(String::len).max().unwrap_or(0).max(4);
+        Ok(Self {
+            vocab,
+            model,
+            pieces,
+            max_token_bytes,
+        })
     }
 
     /// Token ids for `text`. `add_special`: add BOS/EOS as the vocabulary asks;
@@ -236,6 +244,17 @@ impl Tokenizer {
     /// The bytes one token renders as (control tokens: empty); `None` if out of range.
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
         self.pieces.get(id)
+    }
+
+    /// The most bytes of input text one token of [`encode`](Self::encode) can stand for: the longest
+    /// token text in the vocabulary (at least 4, an unknown character's). Every token matches its own
+    /// text in the input as the tokenizer sees it, and that text is never shorter than the bytes it
+    /// came from (byte-level BPE writes each byte as a 1- or 2-byte character, SentencePiece a space as
+    /// the 3-byte `▁`, a byte token `<0xXX>` stands for one byte), so a text of L bytes encodes into at
+    /// least L / max_token_bytes() tokens: a server can refuse a text that cannot fit in its context
+    /// without encoding it.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
     }
 
     pub fn vocab_size(&self) -> usize {

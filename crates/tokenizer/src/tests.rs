@@ -300,3 +300,42 @@ fn tokenizer_json_maps_onto_the_same_bpe() {
     assert!(from_json.is_eog(n as u32));
     assert_eq!(from_json.bos(), None);
 }
+
+/// `max_token_bytes` bounds from below the tokens any text encodes into, which is what lets a server
+/// refuse a text too long for its context without encoding it: checked on texts made of the longest
+/// tokens, of special-token texts, of spaces (a 3-byte `▁` each in SentencePiece) and of multi-byte
+/// characters.
+#[test]
+fn no_token_stands_for_more_than_max_token_bytes() {
+    let long = "abcdefghijklmnopqrstuvwxyz";
+    let merges: Vec<String> = (1..long.len())
+        .map(|i| format!("{} {}", &long[..i], &long[i..=i]))
+        .collect();
+    let merges: Vec<&str> = merges.iter().map(String::as_str).collect();
+    let bpe = Tokenizer::from_spec(bpe_spec("gpt-2", &merges, &[("<|a_long_control_token|>", 3)])).unwrap();
+    assert_eq!(bpe.max_token_bytes(), long.len());
+    let spm = Tokenizer::from_spec(spm_spec(&[("▁", -1.0), ("x", -1.0), ("▁x", -0.5), ("xxxx", -0.1)])).unwrap();
+    assert_eq!(
+        spm.max_token_bytes(),
+        "<0xC3>".len(),
+        "the byte tokens are the longest texts"
+    );
+    let texts = [
+        long.repeat(40),
+        "<|a_long_control_token|>".repeat(30),
+        " ".repeat(100),
+        "x".repeat(100),
+        "é€😀".repeat(30),
+        format!("{long} <|a_long_control_token|>xxxx </s>xxxx"),
+    ];
+    for t in [&bpe, &spm] {
+        for text in &texts {
+            let n = t.encode(text, false, true).len();
+            assert!(
+                n * t.max_token_bytes() >= text.len(),
+                "{n} tokens for {} bytes",
+                text.len()
+            );
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! `titan serve`: the OpenAI-compatible server.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use titan_store::plan::{default_ctx, mem_available};
@@ -42,16 +43,45 @@ pub struct Args {
     /// Largest request body in bytes (larger ones are answered 413).
     #[arg(long = "max-body", default_value_t = 1 << 20)]
     max_body: usize,
+    /// Seconds a connection may take to send a request's header whole, counted from when the server starts
+    /// waiting for it (so also how long an idle kept-alive connection stays open); then it is closed.
+    #[arg(long = "header-timeout", default_value_t = 10, value_name = "SECS")]
+    header_timeout: u64,
+    /// Seconds a request's body may take to arrive whole after its header (then: 408).
+    #[arg(long = "body-timeout", default_value_t = 30, value_name = "SECS")]
+    body_timeout: u64,
+    /// Connections open at once; past it, a new one is answered 503 and closed.
+    #[arg(long = "max-connections", default_value_t = 256)]
+    max_connections: usize,
 }
 
 pub fn run(a: Args) -> Result<()> {
     if a.parallel == 0 || a.parallel > 256 {
         bail!("--parallel {} is outside 1..=256", a.parallel);
     }
+    // A timeout of 0 would close every connection at once; a day is past any use and keeps Instant + it sane.
+    for (flag, secs) in [
+        ("--header-timeout", a.header_timeout),
+        ("--body-timeout", a.body_timeout),
+    ] {
+        if !(1..=86_400).contains(&secs) {
+            bail!("{flag} {secs} is outside 1..=86400 seconds");
+        }
+    }
+    if a.max_connections == 0 {
+        bail!("--max-connections 0 would refuse every connection");
+    }
     let chat_template = a
         .chat_template
         .as_ref()
-        .map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display())))
+        .map(|p| {
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading {}", p.display()))
+                .map(|source| titan_server::TemplateFile {
+                    path: p.clone(),
+                    source,
+                })
+        })
         .transpose()?;
     let model = a.model.load(KvPlan {
         sequences: a.parallel,
@@ -60,8 +90,9 @@ pub fn run(a: Args) -> Result<()> {
         past_training: a.allow_long_context,
     })?;
     let ctx_size = a.ctx_size.unwrap_or_else(|| default_ctx(&model.config));
-    // Every slot holds a whole context's KV cache from the start.
-    let memory = mem_available().unwrap_or(u64::MAX) / a.parallel as u64;
+    // Every slot holds a whole context's KV cache from the start. Unknown memory (no /proc/meminfo) checks
+    // the cache against what can be addressed only.
+    let memory = mem_available().map_or(u64::MAX, |m| m / a.parallel as u64);
     model
         .check_context(ctx_size, memory, a.allow_long_context)
         .context("--ctx-size (per slot of --parallel)")?;
@@ -91,6 +122,9 @@ pub fn run(a: Args) -> Result<()> {
             },
             queue_len: a.queue,
             body_limit: a.max_body,
+            header_timeout: Duration::from_secs(a.header_timeout),
+            body_timeout: Duration::from_secs(a.body_timeout),
+            max_connections: a.max_connections,
         },
     );
     match (served, &a.chat_template) {

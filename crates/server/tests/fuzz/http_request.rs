@@ -32,7 +32,7 @@ pub fn run(template: &ChatTemplate, data: &[u8]) {
         }
         Err(e) => assert!(e.status.is_client_error(), "{}: {}", e.status, e.message),
     }
-    match chat_body(data, Some(template)) {
+    match chat_body(data, Some(template), 16 * data.len().max(1 << 10)) {
         Ok((r, text)) => {
             assert!(!r.messages.is_empty(), "a chat without messages was accepted");
             check(r.params.settings(prompt_len(text.len()), CTX), prompt_len(text.len()));
