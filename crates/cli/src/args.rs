@@ -1,7 +1,7 @@
 //! Argument groups several commands share — the model and where its experts come from, the cluster it
 //! leads, sampling, a prompt — and loading a model as they ask.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -10,8 +10,9 @@ use titan_cluster::backbone::read_node_list;
 use titan_cluster::{attach, read_token, BackboneOptions, ClusterError};
 use titan_engine::profile::Profile;
 use titan_engine::{EngineError, GenerateOptions, Model, SamplerOptions};
-use titan_store::plan::{decide, default_ctx, mem_available};
-use titan_store::{BudgetChoice, ExpertChoice, KvPlan, Policy, ReadMode};
+use titan_store::plan::{decide, default_ctx, default_store, mem_available};
+use titan_store::{check_output, BudgetChoice, ExpertChoice, KvPlan, Layout, OutputKind, Policy, ReadMode};
+use titan_store::{EXPERTS_FILE, MANIFEST_FILE};
 
 use crate::output::progress_bar;
 
@@ -39,8 +40,8 @@ impl ModelArgs {
         let plan = self.stream.plan(&self.model, kv)?;
         let mut model = titan_store::load_model(&self.model, plan.as_ref())?;
         if let Some(p) = &self.tokenizer {
-            model.tokenizer =
-                titan_tokenizer::Tokenizer::from_tokenizer_json(p).with_context(|| format!("{}", p.display()))?;
+            // The option, not the path: the errors that come from the file name it themselves.
+            model.tokenizer = titan_tokenizer::Tokenizer::from_tokenizer_json(p).context("--tokenizer")?;
         }
         if let Some(opts) = self.cluster.options(&model)? {
             let cluster = attach(&mut model, opts).map_err(|e| match e {
@@ -51,6 +52,32 @@ impl ModelArgs {
             eprint!("{}", cluster.describe());
         }
         Ok(model)
+    }
+
+    /// Refuses `out` as the command's output file before anything is loaded: it must be none of the files
+    /// the command reads (the model, its stores, the tokenizer, the profiles, the cluster's files), under any
+    /// name, and no device, FIFO, socket or directory.
+    pub fn check_output(&self, out: &Path) -> Result<()> {
+        let mut inputs: Vec<PathBuf> = [&self.tokenizer, &self.stream.pin, &self.cluster.cluster]
+            .into_iter()
+            .chain([&self.cluster.token_file, &self.cluster.replicate_hot])
+            .flatten()
+            .cloned()
+            .collect();
+        inputs.push(self.model.clone());
+        inputs.push(default_store(&self.model, Layout::InPlace));
+        for store in self
+            .stream
+            .store
+            .iter()
+            .cloned()
+            .chain([default_store(&self.model, Layout::Copy)])
+        {
+            inputs.extend([store.join(MANIFEST_FILE), store.join(EXPERTS_FILE)]);
+            inputs.push(store);
+        }
+        let inputs: Vec<&Path> = inputs.iter().map(PathBuf::as_path).collect();
+        Ok(check_output(out, &inputs, OutputKind::File)?)
     }
 }
 
@@ -180,6 +207,11 @@ pub struct ClusterArgs {
     /// share of them like a node; one that streams them never does).
     #[arg(long = "no-backbone-share")]
     pub no_backbone_share: bool,
+    /// Recompute this share of the nodes' work here and compare the bits (e.g. 0.01: one expert answer in
+    /// 100, with all its rows, and one dense product in 100): outputs are the same bits on every machine, so
+    /// one that differs proves a node faulty or lying; it is never used again.
+    #[arg(long, default_value_t = 0.0)]
+    pub audit: f64,
 }
 
 impl ClusterArgs {
@@ -214,6 +246,15 @@ impl ClusterArgs {
             join_timeout: Duration::from_secs(self.join_timeout_s),
             backbone_share: !self.no_backbone_share
                 && model.weights.residency() == titan_engine::weights::Residency::All,
+            audit: {
+                if !(0.0..=1.0).contains(&self.audit) {
+                    bail!(
+                        "--audit {} is outside 0..=1 (the share of the nodes' work recomputed)",
+                        self.audit
+                    );
+                }
+                self.audit
+            },
         }))
     }
 }
@@ -223,16 +264,18 @@ pub struct SamplingArgs {
     /// Number of tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     pub n_predict: usize,
+    // The numbers below may be written negative: a value such as `--temp -1` is then the sampler's to refuse,
+    // with its range, rather than read as an unknown flag.
     /// Sampling temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
     pub temperature: f32,
-    #[arg(long = "top-k", default_value_t = 40)]
+    #[arg(long = "top-k", default_value_t = 40, allow_negative_numbers = true)]
     pub top_k: usize,
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    #[arg(long = "top-p", default_value_t = 0.95, allow_negative_numbers = true)]
     pub top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true)]
     pub min_p: f32,
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, allow_negative_numbers = true)]
     pub repeat_penalty: f32,
     /// Seed of the sampler's random generator.
     #[arg(short = 's', long, default_value_t = 0)]
@@ -263,11 +306,7 @@ impl SamplingArgs {
     pub fn options(&self, model: &Model, prompt_len: usize) -> Result<GenerateOptions> {
         let n_ctx = self.ctx_size.unwrap_or_else(|| default_ctx(&model.config));
         let used = n_ctx.min(prompt_len.saturating_add(self.n_predict));
-        let past = self.allow_long_context;
-        model
-            .check_context(n_ctx, u64::MAX, past)
-            .and_then(|()| model.check_context(used, mem_available().unwrap_or(u64::MAX), past))
-            .context("--ctx-size")?;
+        check_context(model, n_ctx, used, self.allow_long_context).context("--ctx-size")?;
         let opts = GenerateOptions {
             max_tokens: self.n_predict,
             n_ctx,
@@ -284,6 +323,18 @@ impl SamplingArgs {
         opts.sampler.check().map_err(|e| anyhow::anyhow!("sampling: {e}"))?;
         Ok(opts)
     }
+}
+
+/// Checks a sequence of `n_ctx` positions, of which a run uses at most `used`, before anything is allocated for
+/// it: within the model's training context (unless `past_training`), and its KV cache for the positions used
+/// within the memory available. Every command that sizes a sequence from its options checks it here; the
+/// caller names the options in the error's context.
+pub fn check_context(model: &Model, n_ctx: usize, used: usize, past_training: bool) -> Result<(), EngineError> {
+    // Unknown memory (no /proc/meminfo) checks the cache against what can be addressed only.
+    let memory = mem_available().unwrap_or(u64::MAX);
+    model
+        .check_context(n_ctx, u64::MAX, past_training)
+        .and_then(|()| model.check_context(used, memory, past_training))
 }
 
 #[derive(Args)]

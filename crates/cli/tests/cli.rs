@@ -830,3 +830,385 @@ fn a_store_binds_to_the_expert_bytes_it_was_cut_from() {
         stderr(&o)
     );
 }
+
+/// Every file in `dir` and what it is: for checking that a refused command left everything as it was.
+fn listing(dir: &Path) -> Vec<(String, bool, u64)> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            (e.file_name().to_string_lossy().into_owned(), m.is_file(), m.len())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// `slice -o M` once replaced the model with the shard (exit 0); `convert --layout in-place -o M --force` with
+/// its index; `convert --layout copy -o M --force` left it renamed to `M.old-PID`. Every command that writes
+/// refuses an output that is one of its inputs, under any name (another path, a hard or a symbolic link),
+/// before it writes anything; the model and the directory are left as they were.
+#[test]
+fn a_command_never_writes_over_what_it_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (m, store) = model_with_store(d);
+    let original = std::fs::read(&m).unwrap();
+    let (hard, soft, dotted) = (d.join("hard.gguf"), d.join("soft.gguf"), d.join(".").join("m.gguf"));
+    std::fs::hard_link(&m, &hard).unwrap();
+    std::os::unix::fs::symlink(&m, &soft).unwrap();
+    let experts = store.join("experts.bin");
+    let before = listing(d);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let model = s(&m);
+    let slice = |out: &Path| {
+        vec![
+            "slice".into(),
+            model.clone(),
+            "--layers".into(),
+            "0-1".into(),
+            "--experts".into(),
+            "0-3".into(),
+            "-o".into(),
+            s(out),
+        ]
+    };
+    let convert = |layout: &str, out: &Path| {
+        vec![
+            "convert".into(),
+            model.clone(),
+            "--layout".into(),
+            layout.into(),
+            "-o".into(),
+            s(out),
+            "--force".into(),
+        ]
+    };
+    let run = |cmd: &str, out: &Path| {
+        let mut v: Vec<String> = [cmd, "-m", &model, "-p", "hi", "-n", "1", "-o"]
+            .map(String::from)
+            .into();
+        v.push(s(out));
+        v
+    };
+    let cases: Vec<(Vec<String>, &Path)> = vec![
+        (slice(&m), &m),
+        (slice(&dotted), &dotted),
+        (convert("in-place", &m), &m),
+        (convert("in-place", &hard), &hard),
+        (convert("copy", &m), &m),
+        (convert("copy", &soft), &soft),
+        (
+            ["logits", "-m", &model, "--tokens", "1,2", "-o", &model]
+                .map(String::from)
+                .into(),
+            &m,
+        ),
+        (run("trace", &soft), &soft),
+        (run("profile", &hard), &hard),
+        // The store a run streams from is an input too.
+        (
+            [&run("trace", &experts)[..], &["--expert-budget".into(), "1".into()]].concat(),
+            &experts,
+        ),
+    ];
+    for (args, out) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = titan(&args);
+        assert_clean_error(&o, out, "it is an input of this command");
+        assert_eq!(std::fs::read(&m).unwrap(), original, "{args:?} changed the model");
+        assert_eq!(listing(d), before, "{args:?} changed the directory");
+    }
+    let o = titan(&["verify", store.to_str().unwrap(), "-m", &model]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// `-o /dev/full` once replaced the device node. An output that exists and is not a regular file — a device,
+/// a FIFO, a socket, a directory where a file is meant, a symbolic link to one of those — is refused by every
+/// command that writes one, and left as it was.
+#[test]
+fn an_output_that_is_not_a_regular_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let m = fixture(MODEL);
+    let model = m.to_str().unwrap();
+    let full = d.join("full");
+    std::os::unix::fs::symlink("/dev/full", &full).unwrap();
+    let fifo = d.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated path only.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let socket = d.join("socket");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let sub = d.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(sub.join("keep.txt"), b"mine").unwrap();
+    let before = listing(d);
+    let specials = [
+        (&full, "it is a symbolic link to a character device, not a regular file"),
+        (&fifo, "it is a FIFO (named pipe), not a regular file"),
+        (&socket, "it is a socket, not a regular file"),
+        (&sub, "it is a directory, not a regular file"),
+    ];
+    for (out, cause) in specials {
+        let o = out.to_str().unwrap();
+        let commands: [&[&str]; 6] = [
+            &["slice", model, "--layers", "0-1", "--experts", "0-3", "-o", o],
+            &["convert", model, "--layout", "in-place", "--force", "-o", o],
+            &["logits", "-m", model, "--tokens", "1,2", "-o", o],
+            &["trace", "-m", model, "-p", "hi", "-n", "1", "-o", o],
+            &["profile", "-m", model, "-p", "hi", "-n", "1", "-o", o],
+            &[
+                "synth",
+                "--preset",
+                "olmoe-1b-7b",
+                "--type",
+                "q4_0",
+                "--layers",
+                "1",
+                "-o",
+                o,
+            ],
+        ];
+        for args in commands {
+            assert_clean_error(&titan(args), out, cause);
+        }
+        let copy = titan(&["convert", model, "--layout", "copy", "--force", "-o", o]);
+        let cause = if out == &sub {
+            "it is a directory holding more than a store (keep.txt), which replacing it would delete"
+        } else {
+            "not a store directory"
+        };
+        assert_clean_error(&copy, out, cause);
+        assert_eq!(listing(d), before);
+    }
+    assert_eq!(std::fs::read_link(&full).unwrap(), Path::new("/dev/full"));
+    assert_eq!(std::fs::read(sub.join("keep.txt")).unwrap(), b"mine");
+}
+
+/// `bench -p 100000000` and `demo -n 100000000` once asked for 25.6 GB and aborted, and `bench -p 100000` ran past
+/// a 512-token training context: both check their positions as `run` does, before anything is allocated.
+#[test]
+fn bench_and_demo_check_their_context_as_run_does() {
+    let m = fixture(MODEL);
+    let model = m.to_str().unwrap();
+    for (args, cause) in [
+        (
+            &["bench", "-m", model, "-p", "100000000"][..],
+            "-p 100000000 -n 32: the bench's sequence holds 100000001 positions: a context of 100000001 tokens is \
+             outside 1..=512, the model's training context",
+        ),
+        (
+            &["bench", "-m", model, "-p", "100000"],
+            "-p 100000 -n 32: the bench's sequence holds 100001 positions: a context of 100001 tokens is outside",
+        ),
+        (
+            &["demo", "-m", model, "-n", "100000000"],
+            "-n 100000000: the prompt and the text generated: a context of 1000000",
+        ),
+        (
+            &["bench", "-m", model, "-r", "0"],
+            "-r 0: the bench reports the medians of its repetitions, and needs at least one",
+        ),
+    ] {
+        assert_clean_error(&titan(args), Path::new(""), cause);
+    }
+    // Past the training context where allowed, within memory.
+    let o = Command::new(env!("CARGO_BIN_EXE_titan"))
+        .env("TITAN_MEMORY_AVAILABLE", "1GiB")
+        .args(["bench", "-m", model, "-p", "100000000", "--allow-long-context"])
+        .output()
+        .unwrap();
+    assert_clean_error(&o, &m, "do not fit in the 1.00 GiB of memory available");
+    let o = titan(&[
+        "bench",
+        "-m",
+        model,
+        "-p",
+        "600",
+        "-n",
+        "1",
+        "-r",
+        "1",
+        "--allow-long-context",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// A directory given as the model once said `No such device (os error 19)`.
+#[test]
+fn a_directory_given_as_the_model_is_named_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["run", "-m", dir.path().to_str().unwrap(), "-p", "hi"][..],
+        &["inspect", dir.path().to_str().unwrap()],
+    ] {
+        assert_clean_error(&titan(args), dir.path(), "is a directory, not a GGUF file");
+    }
+}
+
+/// `--temp -1` was read as an unknown flag: negative sampling values reach the sampler's range check.
+#[test]
+fn negative_sampling_values_reach_the_samplers_range_check() {
+    let m = fixture(MODEL);
+    for (flag, cause) in [
+        (
+            "--temp",
+            "sampling: temperature is -1; it must be 0 or more (0 is greedy)",
+        ),
+        ("--top-p", "sampling: top_p is -1; it must be in (0, 1]"),
+        ("--min-p", "sampling: min_p is -1; it must be in [0, 1]"),
+        (
+            "--repeat-penalty",
+            "sampling: repeat_penalty is -1; it must be greater than 0",
+        ),
+    ] {
+        let o = titan(&["run", "-m", m.to_str().unwrap(), "-p", "hi", flag, "-1"]);
+        assert_clean_error(&o, Path::new(""), cause);
+    }
+}
+
+/// An expert budget that cannot be had is reported as such, before any store is looked for (the model here has
+/// none beside it: these once said "no expert store").
+#[test]
+fn an_invalid_expert_budget_is_named_before_any_store_lookup() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.gguf");
+    std::fs::copy(fixture(MODEL), &m).unwrap();
+    let run = |budget: &str, memory: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_titan"));
+        if let Some(v) = memory {
+            c.env("TITAN_MEMORY_AVAILABLE", v);
+        }
+        c.args(["run", "-m", m.to_str().unwrap(), "-p", "hi", "--expert-budget", budget])
+            .output()
+            .unwrap()
+    };
+    for (o, cause) in [
+        (run("lots", None), "--expert-budget: \"lots\" is not a size"),
+        (
+            run("0", None),
+            "--expert-budget: \"0\" is 0 bytes, which holds no expert",
+        ),
+        (run("99999999999999999999TiB", None), "is more than 16 EiB"),
+        (
+            run("auto", Some("plenty")),
+            "the memory available is unknown (TITAN_MEMORY_AVAILABLE is not a size",
+        ),
+    ] {
+        assert_clean_error(&o, Path::new(""), cause);
+        assert!(!stderr(&o).contains("no expert store"), "{}", stderr(&o));
+    }
+}
+
+/// `perplexity -c 1` said "needs at least one chunk of the context size: 13176 tokens, context 1" of a text of
+/// 13176 tokens: a chunk of 1 or 2 tokens scores none, and a text shorter than a chunk is named as such.
+#[test]
+fn perplexity_names_the_smallest_chunk_and_a_text_too_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture(MODEL);
+    let text = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/demo/heldout.txt");
+    let ppl = |file: &Path, c: &str| {
+        titan(&[
+            "perplexity",
+            "-m",
+            m.to_str().unwrap(),
+            "-f",
+            file.to_str().unwrap(),
+            "-c",
+            c,
+        ])
+    };
+    for c in ["1", "2"] {
+        let want = format!(
+            "-c {c}: the second half of each chunk is scored, each token against the next, so a chunk of {c} \
+             scores none; the smallest -c is 3"
+        );
+        assert_clean_error(&ppl(&text, c), Path::new(""), &want);
+    }
+    let o = ppl(&text, "3");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let short = write(dir.path(), "short.txt", b"hi");
+    assert_clean_error(
+        &ppl(&short, "100"),
+        &short,
+        "fewer than one chunk of -c 100; give a smaller -c or a longer text",
+    );
+}
+
+/// `--ctx-size 18446744073709551615 --allow-long-context` printed u64::MAX, the placeholder for an unknown
+/// memory, as the memory available.
+#[test]
+fn a_placeholder_is_never_printed_as_the_memory_available() {
+    let m = fixture(MODEL);
+    let o = titan(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "hi",
+        "--ctx-size",
+        "18446744073709551615",
+        "--allow-long-context",
+    ]);
+    assert_clean_error(
+        &o,
+        Path::new(""),
+        "--ctx-size: a context of 18446744073709551615 tokens needs",
+    );
+    let err = stderr(&o);
+    assert!(err.contains("of KV cache, more than this machine can address"), "{err}");
+    assert!(
+        !err.contains("memory available") && !err.contains("17179869184"),
+        "{err}"
+    );
+}
+
+/// `titan verify` of a copy store whose manifest claims 2^64−1 layers said OK: nothing backs that count.
+#[test]
+fn verify_refuses_a_layer_count_nothing_backs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, store) = model_with_store(dir.path());
+    let manifest = store.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    assert!(text.contains("\"n_layer\": 2,"), "{text}");
+    std::fs::write(
+        &manifest,
+        text.replace("\"n_layer\": 2,", "\"n_layer\": 18446744073709551615,"),
+    )
+    .unwrap();
+    let o = titan(&["verify", store.to_str().unwrap()]);
+    assert_clean_error(
+        &o,
+        &manifest,
+        "n_layer is 18446744073709551615, but its last layer with experts is layer 1 (a model's last layer always \
+         has experts)",
+    );
+}
+
+/// Each cause once: an error that quotes its source does not also pass it on to be printed again.
+#[test]
+fn each_cause_is_printed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, store) = model_with_store(dir.path());
+    let tok = dir.path().join("none/tokenizer.json");
+    let o = titan(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "hi",
+        "--tokenizer",
+        tok.to_str().unwrap(),
+    ]);
+    assert_clean_error(&o, &tok, "--tokenizer: cannot read");
+    std::fs::remove_file(store.join("experts.bin")).unwrap();
+    let o2 = titan(&["verify", store.to_str().unwrap()]);
+    assert_clean_error(&o2, &store.join("experts.bin"), "No such file");
+    for (o, path) in [(&o, &tok), (&o2, &store.join("experts.bin"))] {
+        let err = stderr(o);
+        assert_eq!(err.matches(&path.display().to_string()).count(), 1, "{err}");
+        assert_eq!(err.matches("No such file").count(), 1, "{err}");
+    }
+}

@@ -105,7 +105,8 @@ impl Model {
 
     /// Refuse a context longer than the model was trained for (unless `past_training`: its positions
     /// beyond that are the caller's risk), or whose KV cache would not fit in `memory` bytes, before
-    /// anything is allocated for it.
+    /// anything is allocated for it. Callers that do not know the memory available pass `u64::MAX`: a KV
+    /// cache is then checked only against what one allocation can be, and the figure is never printed.
     pub fn check_context(&self, n_ctx: usize, memory: u64, past_training: bool) -> Result<()> {
         let trained = self.config.n_ctx_train;
         if n_ctx == 0 || n_ctx > trained && !past_training {
@@ -114,8 +115,15 @@ impl Model {
             )));
         }
         let need = self.config.kv_bytes(n_ctx);
+        let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+        // More than isize::MAX bytes cannot be allocated, whatever the memory.
+        if need > isize::MAX as u128 {
+            return Err(EngineError::Request(format!(
+                "a context of {n_ctx} tokens needs {:.1} GiB of KV cache, more than this machine can address",
+                gib(need)
+            )));
+        }
         if need > memory as u128 {
-            let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
             return Err(EngineError::Request(format!(
                 "a context of {n_ctx} tokens needs {:.1} GiB of KV cache, more than the {:.1} GiB of memory available",
                 gib(need),

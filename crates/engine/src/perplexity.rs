@@ -32,23 +32,30 @@ impl Perplexity {
     }
 }
 
+/// The smallest chunk that scores a token: positions `n_ctx/2 .. n_ctx-1` are scored, none below 3.
+pub const MIN_CHUNK: usize = 3;
+
 /// Perplexity of `model` on `tokens`; `progress(chunks done, chunks, running perplexity)` after each chunk.
-/// Errors if the text is shorter than two chunks' worth of half contexts (fewer than `n_ctx` tokens).
+/// Errors if a chunk of `n_ctx` tokens scores none (`n_ctx` below [`MIN_CHUNK`]), or the text is shorter
+/// than one chunk.
 pub fn perplexity(
     model: &Model,
     tokens: &[u32],
     n_ctx: usize,
     mut progress: impl FnMut(usize, usize, f64),
 ) -> Result<Perplexity> {
-    let n_chunk = tokens.len() / n_ctx.max(1);
-    if n_ctx < 4 || n_chunk == 0 {
-        return Err(crate::EngineError::Model {
-            path: model.weights.file.path().display().to_string(),
-            what: format!(
-                "perplexity needs at least one chunk of the context size: {} tokens, context {n_ctx}",
-                tokens.len()
-            ),
-        });
+    if n_ctx < MIN_CHUNK {
+        return Err(crate::EngineError::Request(format!(
+            "a chunk of {n_ctx} tokens scores none (the second half of a chunk is scored, each token against the \
+             next): chunks need at least {MIN_CHUNK} tokens"
+        )));
+    }
+    let n_chunk = tokens.len() / n_ctx;
+    if n_chunk == 0 {
+        return Err(crate::EngineError::Request(format!(
+            "the text has {} tokens, fewer than one chunk of {n_ctx}",
+            tokens.len()
+        )));
     }
     let v = model.config.n_vocab;
     let first = n_ctx / 2;

@@ -71,8 +71,8 @@ impl Record {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    #[error("{path}: {error}")]
+    Io { path: String, error: std::io::Error },
     #[error("{path}: not a TITAN trace: {what}")]
     Format { path: String, what: String },
 }
@@ -139,9 +139,9 @@ impl Trace {
     }
 
     pub fn write(&self, path: &Path) -> Result<(), TraceError> {
-        let io = |source| TraceError::Io {
+        let io = |error| TraceError::Io {
             path: path.display().to_string(),
-            source,
+            error,
         };
         let index: Vec<Value> = self
             .records
@@ -174,10 +174,7 @@ impl Trace {
     pub fn read(path: &Path) -> Result<Trace, TraceError> {
         let p = path.display().to_string();
         let bad = |what: String| TraceError::Format { path: p.clone(), what };
-        let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
-            path: p.clone(),
-            source,
-        })?;
+        let bytes = std::fs::read(path).map_err(|error| TraceError::Io { path: p.clone(), error })?;
         let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(format!("safetensors header: {e}")))?;
         let meta = header.metadata().clone().ok_or_else(|| bad("no metadata".into()))?;
         let get = |k: &str| -> Result<Value, TraceError> {

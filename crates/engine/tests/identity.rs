@@ -125,6 +125,12 @@ fn requests_that_cannot_run_are_errors() {
     );
     model.check_context(trained, u64::MAX, false).unwrap();
     model.check_context(trained * 2, u64::MAX, true).unwrap();
+    // Memory unknown (u64::MAX): a cache past what can be addressed is refused, and no placeholder is printed.
+    let err = model.check_context(usize::MAX, u64::MAX, true).unwrap_err().to_string();
+    assert!(
+        err.ends_with("of KV cache, more than this machine can address") && !err.contains("memory available"),
+        "{err}"
+    );
 }
 
 /// Continuous batching: three sequences advanced together in uneven chunks (one's prompt beside another's

@@ -17,10 +17,15 @@ pub use writer::GgufWriter;
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub(crate) const MAGIC: &[u8; 4] = b"GGUF";
 
+/// Every message names the file; an I/O error is printed in the message and not also returned as
+/// [`source`](std::error::Error::source) (so a chain of causes names it once).
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    #[error("{path}: {error}")]
+    Io { path: String, error: std::io::Error },
+    /// A directory where a model file is meant (mapping one fails with a bare "No such device").
+    #[error("{path} is a directory, not a GGUF file")]
+    Directory { path: String },
     #[error("{path}: not a GGUF file (magic {found:?}, expected \"GGUF\")")]
     BadMagic { path: String, found: String },
     #[error("{path}: unsupported GGUF version {version} (supported: 2, 3)")]

@@ -50,11 +50,14 @@ impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref().to_path_buf();
         let display = path.display().to_string();
-        let io = |source| GgufError::Io {
+        let io = |error| GgufError::Io {
             path: display.clone(),
-            source,
+            error,
         };
         let file = File::open(&path).map_err(io)?;
+        if file.metadata().map_err(io)?.is_dir() {
+            return Err(GgufError::Directory { path: display });
+        }
         // SAFETY: the mapping is read-only; a concurrent writer to the model file is outside our contract,
         // as it is for every mmap-based loader (llama.cpp included).
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
@@ -639,6 +642,18 @@ mod tests {
         let at = 24 + 9 + 4 + 8;
         bytes[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
         assert!(open_err(&bytes).contains("unsupported type id 99"));
+    }
+
+    /// A directory is named as one (mapping it said "No such device"); a missing file's cause is said once,
+    /// whether the error is printed alone or with its sources.
+    #[test]
+    fn a_directory_or_a_missing_file_is_named_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let msg = GgufFile::open(dir.path()).err().unwrap().to_string();
+        assert_eq!(msg, format!("{} is a directory, not a GGUF file", dir.path().display()));
+        let e = GgufFile::open(dir.path().join("none.gguf")).err().unwrap();
+        assert!(std::error::Error::source(&e).is_none(), "{e}");
+        assert_eq!(e.to_string().matches("No such file").count(), 1, "{e}");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use titan_gguf::GgufFile;
 use titan_layout::ExpertLayout;
 
 use crate::manifest::{Manifest, RecordEntry};
+use crate::output::{check_output, OutputKind};
 use crate::{StoreError, DEFAULT_ALIGNMENT, EXPERTS_FILE, MANIFEST_FILE, MIN_ALIGNMENT};
 
 /// Large sequential writes: the copy is bound by the disk, not by syscalls.
@@ -47,6 +48,8 @@ pub fn convert(
     if !align.is_power_of_two() || align < MIN_ALIGNMENT {
         return Err(StoreError::Alignment(align));
     }
+    // Before `--force` is even looked at: it replaces an old store, never the model or a directory of files.
+    check_output(out, &[gguf.path()], OutputKind::Store)?;
     let layout = ExpertLayout::of(gguf)?;
     if out.exists() && !opts.force {
         return Err(StoreError::Exists {

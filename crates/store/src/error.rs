@@ -1,4 +1,8 @@
 //! Every way the store and the cache can fail, each message naming the file and saying what to do next.
+//!
+//! An error that wraps another prints it in its own message and does not also return it as
+//! [`source`](std::error::Error::source) (the fields are named `error`, which `thiserror` leaves alone), so a
+//! chain of causes printed one after another names each cause once.
 
 use std::io;
 use std::path::PathBuf;
@@ -6,14 +10,14 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// An I/O error on a named file.
-    #[error("{path}: {source}", path = path.display())]
-    Io { path: PathBuf, source: io::Error },
+    #[error("{path}: {error}", path = path.display())]
+    Io { path: PathBuf, error: io::Error },
     /// The filesystem does not support O_DIRECT (tmpfs, some network filesystems).
-    #[error("{path}: the filesystem refuses direct I/O (O_DIRECT): {source}; run without --direct-io", path = path.display())]
-    DirectIoUnsupported { path: PathBuf, source: io::Error },
+    #[error("{path}: the filesystem refuses direct I/O (O_DIRECT): {error}; run without --direct-io", path = path.display())]
+    DirectIoUnsupported { path: PathBuf, error: io::Error },
     /// `manifest.json` is missing or unreadable.
-    #[error("{path} cannot be read: {source}; is this a store written by titan convert?", path = path.display())]
-    ManifestMissing { path: PathBuf, source: io::Error },
+    #[error("{path} cannot be read: {error}; is this a store written by titan convert?", path = path.display())]
+    ManifestMissing { path: PathBuf, error: io::Error },
     /// `manifest.json` is not valid JSON of the expected shape.
     #[error("{path} does not parse: {what}; re-run titan convert --layout copy", path = path.display())]
     ManifestParse { path: PathBuf, what: String },
@@ -65,6 +69,9 @@ pub enum StoreError {
     /// The directory is a conversion that never finished.
     #[error("{path} is an unfinished conversion, not a store: delete it and run titan convert --layout copy", path = path.display())]
     Unfinished { path: PathBuf },
+    /// An output path that writing would destroy an input through, or that is not what the command writes.
+    #[error("refusing to write {path}: {what}", path = path.display())]
+    Output { path: PathBuf, what: String },
     /// `convert` would replace an existing store.
     #[error("{path} already exists: pass --force to replace it", path = path.display())]
     Exists { path: PathBuf },
@@ -98,7 +105,10 @@ pub enum StoreError {
     #[error("{path}: no expert store there (create it with `titan convert {model}`)", path = path.display(), model = model.display())]
     NotAStore { path: PathBuf, model: PathBuf },
     /// An automatic budget on a system whose available memory cannot be read.
-    #[error("cannot read MemAvailable from /proc/meminfo to size the expert budget; give --expert-budget a size")]
+    #[error(
+        "the memory available is unknown (TITAN_MEMORY_AVAILABLE is not a size, or MemAvailable cannot be read \
+         from /proc/meminfo), so an automatic expert budget cannot be sized; give --expert-budget a size"
+    )]
     MemoryUnknown,
     /// Not even the dense weights, the KV caches and the margin fit in memory.
     #[error(
@@ -117,10 +127,10 @@ pub enum StoreError {
     /// The index beside the model could not be written.
     #[error(
         "writing the expert index {path} (give --store a writable place for one made with \
-         `titan convert --layout in-place -o`): {source}",
+         `titan convert --layout in-place -o`): {error}",
         path = path.display()
     )]
-    IndexBeside { path: PathBuf, source: Box<StoreError> },
+    IndexBeside { path: PathBuf, error: Box<StoreError> },
     /// The model itself cannot be loaded (its file, its hyper-parameters, a routing profile).
     #[error(transparent)]
     Engine(#[from] titan_engine::EngineError),
@@ -138,6 +148,48 @@ impl From<titan_layout::LayoutError> for StoreError {
 impl StoreError {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> StoreError {
         let path = path.into();
-        move |source| StoreError::Io { path, source }
+        move |error| StoreError::Io { path, error }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    /// An error that quotes its cause does not also return it as its source, so printing the chain (as the
+    /// command line and `anyhow`'s `{:#}` do) names the cause once.
+    #[test]
+    fn a_wrapped_error_is_named_once() {
+        let gone = || io::Error::from(io::ErrorKind::NotFound);
+        let text = gone().to_string();
+        let io = |path: &str| StoreError::Io {
+            path: path.into(),
+            error: gone(),
+        };
+        let errors = [
+            io("/s/experts.bin"),
+            StoreError::DirectIoUnsupported {
+                path: "/s/experts.bin".into(),
+                error: gone(),
+            },
+            StoreError::ManifestMissing {
+                path: "/s/manifest.json".into(),
+                error: gone(),
+            },
+            StoreError::IndexBeside {
+                path: "/m.titan-index".into(),
+                error: Box::new(io("/m.titan-index.partial-1")),
+            },
+        ];
+        for e in errors {
+            let mut chain = e.to_string();
+            let mut source = e.source();
+            while let Some(s) = source {
+                chain = format!("{chain}: {s}");
+                source = s.source();
+            }
+            assert_eq!(chain.matches(&text).count(), 1, "{chain}");
+        }
     }
 }

@@ -18,6 +18,7 @@ use crate::convert::{remove_stale_partials, sibling, sync_dir};
 use titan_layout::{ExpertLayout, ModelIdentity};
 
 use crate::manifest::{LayerEntry, TensorSpec};
+use crate::output::{check_output, OutputKind};
 use crate::StoreError;
 
 /// The first eight bytes of every index.
@@ -280,6 +281,7 @@ pub fn write_index(
     force: bool,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Index, StoreError> {
+    check_output(out, &[gguf.path()], OutputKind::File)?;
     if out.exists() && !force {
         return Err(StoreError::Exists {
             path: out.to_path_buf(),

@@ -118,9 +118,9 @@ impl Manifest {
 
     /// Read and parse `path`, checking the format name and version (nothing about the model yet).
     pub fn load(path: &Path) -> Result<Manifest, StoreError> {
-        let text = std::fs::read(path).map_err(|source| StoreError::ManifestMissing {
+        let text = std::fs::read(path).map_err(|error| StoreError::ManifestMissing {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         let m: Manifest = serde_json::from_slice(&text).map_err(|e| StoreError::ManifestParse {
             path: path.to_path_buf(),

@@ -64,11 +64,16 @@ pub enum BudgetChoice {
 impl std::str::FromStr for BudgetChoice {
     type Err = String;
 
-    /// `auto`, or a size (`4GiB`).
+    /// `auto`, or a size (`4GiB`) of at least a byte.
     fn from_str(s: &str) -> Result<BudgetChoice, String> {
         match s {
             "auto" => Ok(BudgetChoice::Auto),
-            s => parse_size(s).map(BudgetChoice::Bytes),
+            s => match parse_size(s)? {
+                0 => Err(format!(
+                    "{s:?} is 0 bytes, which holds no expert (a budget below one expert per layer is raised to that)"
+                )),
+                b => Ok(BudgetChoice::Bytes(b)),
+            },
         }
     }
 }
@@ -324,6 +329,12 @@ pub fn decide(
     if automatic && fits(model, plan.as_ref())? {
         return Ok(None);
     }
+    // The budget before the store: a budget that cannot be had is the error to fix first, whatever the
+    // store lookup would say.
+    let budget_bytes = match choice.budget {
+        None | Some(BudgetChoice::Auto) => plan.ok_or(StoreError::MemoryUnknown)?.expert_budget(),
+        Some(BudgetChoice::Bytes(b)) => b,
+    };
     let store = match &choice.store {
         Some(s) if !s.is_file() && !s.join(MANIFEST_FILE).exists() => {
             return Err(StoreError::NotAStore {
@@ -337,10 +348,6 @@ pub fn decide(
             Err(_) => index_beside(model, progress)?,
         },
         None => find_store(model)?,
-    };
-    let budget_bytes = match choice.budget {
-        None | Some(BudgetChoice::Auto) => plan.ok_or(StoreError::MemoryUnknown)?.expert_budget(),
-        Some(BudgetChoice::Bytes(b)) => b,
     };
     // An automatic budget takes the memory there is: a page cache beside it would be filled and
     // reclaimed again for every read, which on two cores cost more CPU than the digests (Qwen3-30B-A3B
@@ -409,7 +416,7 @@ fn index_beside(model: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Path
     let gguf = GgufFile::open(model).map_err(titan_engine::EngineError::from)?;
     write_index(&gguf, &out, false, progress).map_err(|e| StoreError::IndexBeside {
         path: out.clone(),
-        source: Box::new(e),
+        error: Box::new(e),
     })?;
     Ok(out)
 }

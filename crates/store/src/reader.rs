@@ -504,7 +504,7 @@ impl Store {
         let plan = self.plan_of(i);
         let too_big = || StoreError::Io {
             path: self.file_path.clone(),
-            source: std::io::Error::new(
+            error: std::io::Error::new(
                 std::io::ErrorKind::OutOfMemory,
                 format!("cannot allocate {} bytes for a record", plan.len),
             ),
@@ -571,9 +571,9 @@ impl Store {
         std::thread::scope(|scope| {
             let mut result = Ok(());
             let mut others = Vec::new();
-            let io = |source| StoreError::Io {
+            let io = |error| StoreError::Io {
                 path: self.file_path.clone(),
-                source,
+                error,
             };
             for (dst, s) in reads {
                 match std::thread::Builder::new().spawn_scoped(scope, move || self.read_span(dst, s.offset, s.need)) {
@@ -606,13 +606,13 @@ impl Store {
                 Err(e) if self.opts.direct_io && e.raw_os_error() == Some(libc::EINVAL) => {
                     return Err(StoreError::DirectIoUnsupported {
                         path: self.file_path.clone(),
-                        source: e,
+                        error: e,
                     })
                 }
                 Err(e) => {
                     return Err(StoreError::Io {
                         path: self.file_path.clone(),
-                        source: e,
+                        error: e,
                     })
                 }
             }
@@ -719,7 +719,10 @@ fn layout_difference(s: &Store, model: &ExpertLayout) -> Option<String> {
     None
 }
 
-/// Each MoE layer's record shape; the layers must be ascending and below `n_layer`.
+/// Each MoE layer's record shape; the layers must be ascending and below `n_layer`, and the last of them
+/// must be layer `n_layer - 1`: a model's layers without experts are its first ones (DeepSeek's dense lead),
+/// so any other `n_layer` is one the store does not back (checked here because `titan verify` without a model
+/// has nothing else to compare it with).
 fn layer_shapes(n_layer: usize, layers: &[LayerEntry]) -> Result<Vec<RecordShape>, String> {
     let mut shapes = Vec::with_capacity(layers.len());
     for (i, l) in layers.iter().enumerate() {
@@ -730,6 +733,16 @@ fn layer_shapes(n_layer: usize, layers: &[LayerEntry]) -> Result<Vec<RecordShape
             ));
         }
         shapes.push(record_shape(l).ok_or_else(|| format!("layer {} has a type TITAN does not know", l.layer))?);
+    }
+    let Some(last) = layers.last() else {
+        return Err("it lists no layer with experts".into());
+    };
+    if last.layer + 1 != n_layer {
+        return Err(format!(
+            "n_layer is {n_layer}, but its last layer with experts is layer {} (a model's last layer always has \
+             experts)",
+            last.layer
+        ));
     }
     Ok(shapes)
 }
@@ -823,11 +836,11 @@ fn open_records(path: &Path, direct: bool) -> Result<File, StoreError> {
         o.open(path).map_err(|e| match e.raw_os_error() {
             Some(libc::EINVAL) => StoreError::DirectIoUnsupported {
                 path: path.to_path_buf(),
-                source: e,
+                error: e,
             },
             _ => StoreError::Io {
                 path: path.to_path_buf(),
-                source: e,
+                error: e,
             },
         })
     }
@@ -839,17 +852,17 @@ fn open_records(path: &Path, direct: bool) -> Result<File, StoreError> {
         if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_NOCACHE, 1) } == -1 {
             return Err(StoreError::DirectIoUnsupported {
                 path: path.to_path_buf(),
-                source: std::io::Error::last_os_error(),
+                error: std::io::Error::last_os_error(),
             });
         }
         Ok(f)
     }
     #[cfg(not(any(target_os = "linux", target_os = "macos")))]
     {
-        let source = std::io::Error::new(std::io::ErrorKind::Unsupported, "no direct I/O on this platform");
+        let error = std::io::Error::new(std::io::ErrorKind::Unsupported, "no direct I/O on this platform");
         Err(StoreError::DirectIoUnsupported {
             path: path.to_path_buf(),
-            source,
+            error,
         })
     }
 }
@@ -1146,14 +1159,24 @@ mod tests {
             msg.contains("layer 2's down expert is Q5_K 256×512 (73728 bytes) in the store but Q4_K"),
             "{msg}"
         );
-        // A layer count nothing backs is compared, never allocated for.
+        // A layer count nothing backs is refused as such, never allocated for; with a model or without one.
+        for n_layer in [usize::MAX, 4] {
+            let mut bad = m.clone();
+            bad.n_layer = n_layer;
+            let (msg, e) = open_with(&json(&bad));
+            let want = format!("n_layer is {n_layer}, but its last layer with experts is layer 2");
+            assert!(
+                matches!(e, StoreError::Inconsistent { .. }) && msg.contains(&want),
+                "{msg}"
+            );
+            let e = Store::open_unchecked(&out, &StoreOptions::default()).err().unwrap();
+            assert!(e.to_string().contains(&want), "{e}");
+        }
         let mut bad = m.clone();
-        bad.n_layer = usize::MAX;
+        bad.layers.clear();
+        bad.records.clear();
         let (msg, _) = open_with(&json(&bad));
-        assert!(
-            msg.contains(&format!("the store has {} layers of", usize::MAX)),
-            "{msg}"
-        );
+        assert!(msg.contains("it lists no layer with experts"), "{msg}");
         let mut bad = m.clone();
         bad.layers.swap(0, 1);
         let (msg, _) = open_with(&json(&bad));

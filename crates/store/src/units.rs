@@ -1,6 +1,6 @@
 //! Sizes in bytes, as people write them and as TITAN prints them.
 
-/// "4GiB", "512MiB", "2.5GB", "1000000" -> bytes; `None` for anything else.
+/// "4GiB", "512MiB", "2.5GB", "1000000" -> bytes; why not for anything else.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
@@ -24,7 +24,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
             ))
         }
     };
-    Ok((n * mult) as u64)
+    let bytes = n * mult;
+    // `as` would turn a size past u64 into u64::MAX without a word.
+    if bytes >= u64::MAX as f64 {
+        return Err(format!("{s:?} is more than 16 EiB"));
+    }
+    Ok(bytes as u64)
 }
 
 /// "512 B", "1.50 KiB", "16.00 GiB".
@@ -55,6 +60,9 @@ mod tests {
         assert_eq!(parse_size("1234").unwrap(), 1234);
         assert!(parse_size("lots").is_err());
         assert!(parse_size("4 parsecs").is_err());
+        assert!(parse_size("99999999999999999999999TiB")
+            .unwrap_err()
+            .contains("more than 16 EiB"));
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(1536), "1.50 KiB");
         assert_eq!(human_bytes(512 << 20), "512.00 MiB");

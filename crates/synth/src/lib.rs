@@ -37,8 +37,8 @@ use layout::{Role, TensorPlan};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
-    #[error("cannot write {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    #[error("cannot write {path}: {error}")]
+    Io { path: String, error: std::io::Error },
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
@@ -117,9 +117,9 @@ pub fn synth(opts: &SynthOptions, out: &Path, progress: &mut dyn FnMut(u64, u64)
     let data_bytes: u64 = w.tensor_sizes().map(|(_, s)| s.next_multiple_of(align)).sum();
 
     let tmp = temp_path(out);
-    let io = |source| SynthError::Io {
+    let io = |error| SynthError::Io {
         path: tmp.display().to_string(),
-        source,
+        error,
     };
     let mut header = Vec::new();
     w.write_header(&mut header).map_err(io)?;
@@ -166,14 +166,14 @@ pub fn synth(opts: &SynthOptions, out: &Path, progress: &mut dyn FnMut(u64, u64)
         let _ = std::fs::remove_file(&tmp);
         return Err(io(e));
     }
-    std::fs::rename(&tmp, out).map_err(|source| SynthError::Io {
+    std::fs::rename(&tmp, out).map_err(|error| SynthError::Io {
         path: out.display().to_string(),
-        source,
+        error,
     })?;
     let bytes = std::fs::metadata(out)
-        .map_err(|source| SynthError::Io {
+        .map_err(|error| SynthError::Io {
             path: out.display().to_string(),
-            source,
+            error,
         })?
         .len();
     Ok(SynthInfo {

@@ -1,9 +1,9 @@
 //! `titan bench`: prompt and decode speed measured as llama-bench measures them, memory and bytes per token.
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use titan_store::KvPlan;
 
-use crate::args::ModelArgs;
+use crate::args::{check_context, ModelArgs};
 use crate::output::human;
 
 #[derive(clap::Args)]
@@ -19,6 +19,9 @@ pub struct Args {
     /// Repetitions; the medians are reported.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     repetitions: usize,
+    /// Allow a prompt or a decode past the model's training context (positions it never saw).
+    #[arg(long)]
+    allow_long_context: bool,
     /// Print one JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -26,8 +29,22 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     use titan_engine::bench::{bench, median, BenchOptions};
-    // The bench's longest sequence: the prompt's, or the decode's, with one more position.
-    let model = a.model.load(KvPlan::positions(a.n_prompt.max(a.n_gen) + 1))?;
+    if a.repetitions == 0 {
+        bail!("-r 0: the bench reports the medians of its repetitions, and needs at least one");
+    }
+    // The bench's one sequence: the prompt (at least one token) and the warm-up's decode step after it, or
+    // the decode, with one more position.
+    let positions = a.n_prompt.max(1).max(a.n_gen).saturating_add(1);
+    let model = a.model.load(KvPlan {
+        past_training: a.allow_long_context,
+        ..KvPlan::positions(positions)
+    })?;
+    check_context(&model, positions, positions, a.allow_long_context).with_context(|| {
+        format!(
+            "-p {} -n {}: the bench's sequence holds {positions} positions",
+            a.n_prompt, a.n_gen
+        )
+    })?;
     let r = bench(
         &model,
         &BenchOptions {

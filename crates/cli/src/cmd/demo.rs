@@ -16,6 +16,8 @@ use titan_engine::trace::{diff, Trace};
 use titan_engine::{GenerateOptions, Generation, Model, SamplerOptions};
 use titan_layout::ModelIdentity;
 
+use crate::args::check_context;
+
 #[derive(clap::Args)]
 pub struct Args {
     /// The model (default: the trained demo model in models/demo/, else the qwen3moe test fixture).
@@ -94,10 +96,15 @@ fn start_workers(n: usize, model: &Path, token: &Path, log: &Path) -> Result<(Wo
     Ok((workers, addrs))
 }
 
+/// The context of a greedy run of `n` tokens after `prompt_len`.
+fn context(prompt_len: usize, n: usize) -> usize {
+    prompt_len.saturating_add(n).max(16)
+}
+
 fn greedy(model: &Model, prompt: &[u32], n: usize) -> Result<(Generation, Trace, String)> {
     let opts = GenerateOptions {
         max_tokens: n,
-        n_ctx: (prompt.len() + n).max(16),
+        n_ctx: context(prompt.len(), n),
         sampler: SamplerOptions {
             temperature: 0.0,
             ..Default::default()
@@ -126,11 +133,16 @@ pub fn run(a: Args) -> Result<()> {
     let token_hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
     std::fs::write(&token_path, &token_hex)?;
 
+    // The context is checked as `titan run` checks it, before any worker starts or any cache is allocated.
+    let single = Model::load(&path)?;
+    let prompt = single.tokenizer.encode(&a.prompt, true, true);
+    let n_ctx = context(prompt.len(), a.n_predict);
+    check_context(&single, n_ctx, n_ctx, false)
+        .with_context(|| format!("-n {}: the prompt and the text generated", a.n_predict))?;
+
     eprintln!("starting {} workers on loopback for {} …", a.workers, path.display());
     let (_workers, addrs) = start_workers(a.workers, &path, &token_path, dir.path())?;
 
-    let single = Model::load(&path)?;
-    let prompt = single.tokenizer.encode(&a.prompt, true, true);
     let (g1, t1, text1) = greedy(&single, &prompt, a.n_predict)?;
     drop(single);
 
@@ -144,6 +156,7 @@ pub fn run(a: Args) -> Result<()> {
         model: ModelIdentity::of(&model.weights.file)?.to_string(),
         hot: Vec::new(),
         backbone_share: true,
+        audit: 0.0,
     };
     let local = std::mem::replace(
         &mut model.experts,

@@ -5,10 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use titan_engine::Outputs;
-use titan_store::plan::mem_available;
 use titan_store::KvPlan;
 
-use crate::args::{ModelArgs, PromptArgs};
+use crate::args::{check_context, ModelArgs, PromptArgs};
 use crate::npy;
 
 #[derive(clap::Args)]
@@ -23,11 +22,10 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.model.check_output(&a.output)?;
     let model = a.model.load(KvPlan::positions(a.prompt.tokens_at_most()))?;
     let tokens = a.prompt.tokens(&model)?;
-    model
-        .check_context(tokens.len(), mem_available().unwrap_or(u64::MAX), false)
-        .context("--tokens")?;
+    check_context(&model, tokens.len(), tokens.len(), false).context("the prompt")?;
     let mut seq = model.new_sequence(tokens.len());
     let logits = model.forward(&tokens, 0, &mut seq, Outputs::All)?;
     let file = std::fs::File::create(&a.output).with_context(|| format!("creating {}", a.output.display()))?;

@@ -2,11 +2,11 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
-use titan_store::plan::mem_available;
+use anyhow::{bail, Context, Result};
+use titan_engine::perplexity::MIN_CHUNK;
 use titan_store::KvPlan;
 
-use crate::args::ModelArgs;
+use crate::args::{check_context, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -22,13 +22,27 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if a.ctx_size < MIN_CHUNK {
+        bail!(
+            "-c {}: the second half of each chunk is scored, each token against the next, so a chunk of {} scores \
+             none; the smallest -c is {MIN_CHUNK}",
+            a.ctx_size,
+            a.ctx_size
+        );
+    }
     let model = a.model.load(KvPlan::positions(a.ctx_size))?;
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     // As llama-perplexity: special tokens added as the vocabulary asks, control-token text kept as text.
     let tokens = model.tokenizer.encode(&text, true, false);
-    model
-        .check_context(a.ctx_size, mem_available().unwrap_or(u64::MAX), false)
-        .context("--ctx-size")?;
+    check_context(&model, a.ctx_size, a.ctx_size, false).context("--ctx-size")?;
+    if tokens.len() < a.ctx_size {
+        bail!(
+            "{}: the text has {} tokens, fewer than one chunk of -c {}; give a smaller -c or a longer text",
+            a.file.display(),
+            tokens.len(),
+            a.ctx_size
+        );
+    }
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template("perplexity [{bar:40}] chunk {pos}/{len} eta {eta} {msg}")
@@ -55,5 +69,8 @@ pub fn run(a: Args) -> Result<()> {
         tokens.len(),
         t.elapsed().as_secs_f64()
     );
+    if let Some(s) = model.experts.summary() {
+        eprint!("{s}");
+    }
     Ok(())
 }

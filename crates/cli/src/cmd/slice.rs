@@ -23,6 +23,9 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     use titan_cluster::slice::{parse_range, write_shard, SliceSpec};
+    // Checked before the model is even opened: the shard is renamed over the output, so an output that is
+    // the model (under any name) would replace it.
+    titan_store::check_output(&a.output, &[&a.model], titan_store::OutputKind::File)?;
     let f = std::sync::Arc::new(GgufFile::open(&a.model)?);
     let spec = SliceSpec {
         layers: parse_range(&a.layers)?,

@@ -34,6 +34,7 @@ pub fn run(a: Args) -> Result<()> {
         format!("unknown preset {:?}: use one of {}", a.preset, names.join(", "))
     })?;
     let ty: titan_synth::FileType = a.ty.parse().map_err(anyhow::Error::msg)?;
+    titan_store::check_output(&a.output, &[], titan_store::OutputKind::File)?;
     let mut opts = titan_synth::SynthOptions::new(preset.clone(), ty);
     opts.seed = a.seed;
     opts.layers = a.layers;

@@ -21,6 +21,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.model.check_output(&a.output)?;
     let model = a.model.load(a.sampling.kv_plan(a.prompt.tokens_at_most()))?;
     let prompt = a.prompt.tokens(&model)?;
     let opts = a.sampling.options(&model, prompt.len())?;

@@ -65,7 +65,9 @@ pub fn run(data: &[u8]) {
         // What a node reads back from the backbone (`fetch`): UTF-8 text, then JSON.
         _ => {
             if let Ok(s) = std::str::from_utf8(text) {
-                drop(serde_json::from_str::<Assignment>(s));
+                if let Ok(a) = serde_json::from_str::<Assignment>(s) {
+                    drop(a.checked());
+                }
             }
         }
     }
