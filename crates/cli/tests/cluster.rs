@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use titan_net::{read_frame, write_frame, Kind};
+use titan_cluster::auth;
+use titan_net::{read_frame, write_frame, Deadline, Kind, Session, Side};
 
 mod common;
 use common::*;
@@ -262,9 +263,19 @@ fn a_wrong_token_is_refused_and_the_node_keeps_serving() {
         .arg(&m)
         .output()
         .unwrap();
+    // The backbone checks the node's proof first: with another token, it is the node that cannot prove it.
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("wrong node token") && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("did not prove that it knows the token") && !err.contains("panicked"),
+        "{err}"
+    );
+    // A backbone whose own proof is wrong is refused by the node, which says why and keeps serving.
+    let (mut s, _, _) = handshake(&w.addr, &m, Some([7u8; 32]));
+    let mut reply = Vec::new();
+    let h = read_frame(&mut s, 1 << 20, &mut reply).unwrap();
+    assert_eq!(h.kind, Kind::Error);
+    assert_eq!(String::from_utf8_lossy(&reply), "wrong node token");
     let log = w.log_with("refused: wrong node token");
     assert!(log.contains("refused: wrong node token"), "{log}");
     let single = dir.path().join("single.trace");
@@ -283,18 +294,41 @@ fn a_wrong_token_is_refused_and_the_node_keeps_serving() {
     assert!(trace_diff(&single, &out).starts_with("IDENTICAL"));
 }
 
-/// Connects and says hello with the right token, as a backbone would.
-fn hello(addr: &str, model: &Path) -> TcpStream {
-    let f = titan_layout::ModelIdentity::of(&titan_gguf::GgufFile::open(model).unwrap())
+/// Connects and runs the handshake a backbone runs, with the right token (or, with `proof`, the proof given),
+/// as `titan_cluster::auth` defines it; the stream and its session.
+fn handshake(addr: &str, model: &Path, proof: Option<[u8; 32]>) -> (TcpStream, Session, String) {
+    let model = titan_layout::ModelIdentity::of(&titan_gguf::GgufFile::open(model).unwrap())
         .unwrap()
         .to_string();
+    let keys = auth::Keys::new(TOKEN.as_bytes());
+    let nonce = auth::nonce().unwrap();
     let mut s = TcpStream::connect(addr).unwrap();
-    let body = serde_json::json!({ "token": TOKEN, "model": f }).to_string();
+    let body = serde_json::json!({ "model": model, "nonce": auth::hex(&nonce) }).to_string();
     write_frame(&mut s, Kind::Hello, 0, body.as_bytes(), &mut Vec::new()).unwrap();
     let mut reply = Vec::new();
     let h = read_frame(&mut s, 1 << 20, &mut reply).unwrap();
+    assert_eq!(h.kind, Kind::Challenge, "{}", String::from_utf8_lossy(&reply));
+    let challenge: serde_json::Value = serde_json::from_slice(&reply).unwrap();
+    let theirs = auth::unhex(challenge["nonce"].as_str().unwrap()).unwrap();
+    let node_proof = auth::unhex(challenge["proof"].as_str().unwrap()).unwrap();
+    assert!(
+        auth::same(&node_proof, &keys.node_proof(&nonce, &theirs, &model)),
+        "the node's proof"
+    );
+    let ours = proof.unwrap_or_else(|| keys.backbone_proof(&nonce, &theirs, &model));
+    let body = serde_json::json!({ "proof": auth::hex(&ours) }).to_string();
+    write_frame(&mut s, Kind::Proof, 0, body.as_bytes(), &mut Vec::new()).unwrap();
+    let session = Session::new(keys.session_key(&nonce, &theirs, &model), Side::Backbone);
+    (s, session, model)
+}
+
+/// A backbone's connection to `addr`, handshake done and the welcome read.
+fn hello(addr: &str, model: &Path) -> (TcpStream, Session) {
+    let (mut s, mut session, _) = handshake(addr, model, None);
+    let mut reply = Vec::new();
+    let h = session.read(&mut s, 1 << 20, &mut reply, Deadline::None).unwrap();
     assert_eq!(h.kind, Kind::Welcome, "{}", String::from_utf8_lossy(&reply));
-    s
+    (s, session)
 }
 
 /// True once the peer has closed `s` (a read returns 0 or an error) within `limit`.
@@ -318,7 +352,7 @@ fn oversized_and_malformed_frames_close_only_their_connection() {
     let w = Worker::start(&m, dir.path(), "w", "127.0.0.1:0");
 
     // A frame declaring 2 GiB (the worker's limit is 1 MiB): refused before anything is allocated.
-    let mut s = hello(&w.addr, &m);
+    let (mut s, _) = hello(&w.addr, &m);
     let mut head = titan_net::frame::encode_header(&titan_net::FrameHeader {
         kind: Kind::Compute,
         id: 1,
@@ -340,7 +374,7 @@ fn oversized_and_malformed_frames_close_only_their_connection() {
     );
 
     // A well-framed compute request naming an expert that does not exist.
-    let mut s = hello(&w.addr, &m);
+    let (mut s, mut session) = hello(&w.addr, &m);
     let mut body = Vec::new();
     titan_net::PayloadWriter(&mut body)
         .u32(0)
@@ -350,9 +384,9 @@ fn oversized_and_malformed_frames_close_only_their_connection() {
         .u32(1)
         .u32(99)
         .u32(0);
-    write_frame(&mut s, Kind::Compute, 2, &body, &mut Vec::new()).unwrap();
+    session.write(&mut s, Kind::Compute, 2, &body, &mut Vec::new()).unwrap();
     let mut reply = Vec::new();
-    let h = read_frame(&mut s, 1 << 20, &mut reply).unwrap();
+    let h = session.read(&mut s, 1 << 20, &mut reply, Deadline::None).unwrap();
     assert_eq!(h.kind, Kind::Error);
     assert!(
         String::from_utf8_lossy(&reply).contains("expert 99"),
@@ -629,7 +663,7 @@ fn workers_download_exactly_their_slices_resume_and_refetch_damage() {
 }
 
 #[test]
-fn the_slice_endpoint_refuses_without_the_token_and_outside_the_assignment() {
+fn the_slice_endpoint_refuses_unsigned_replayed_and_unassigned_requests() {
     let dir = tempfile::tempdir().unwrap();
     let m = fixture("qwen3moe/q8_0.gguf");
     let (slices, node) = (free_addr(), free_addr());
@@ -665,68 +699,90 @@ fn the_slice_endpoint_refuses_without_the_token_and_outside_the_assignment() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let q = format!("/v1/slice?node={node}&layers=0-1&experts=0-7");
-    for auth in [None, Some("Bearer wrong-token-0123456789"), Some("Basic abc")] {
+    let keys = auth::Keys::new(TOKEN.as_bytes());
+    let wrong = auth::Keys::new(b"wrong-token-0123456789");
+    let sign = |keys: &auth::Keys, method: &str, target: &str, body: &[u8]| {
+        auth::Signed::new(keys, method, target, body).unwrap().header()
+    };
+    // Unsigned, the old bearer token, another token's key, a signature of another request: all 401, and
+    // nothing of the model in the answer.
+    let other = sign(&keys, "GET", "/v1/slice?node=x&layers=0-1&experts=0-7", b"");
+    for a in [
+        None,
+        Some(format!("Bearer {TOKEN}")),
+        Some(sign(&wrong, "GET", &q, b"")),
+        Some(other),
+    ] {
         let mut req = agent.get(url(&q));
-        if let Some(a) = auth {
+        if let Some(a) = &a {
             req = req.header("Authorization", a);
         }
         let (code, body) = status(req.call());
-        assert_eq!(code, 401, "{auth:?}: {body}");
+        assert_eq!(code, 401, "{a:?}: {body}");
         assert!(body.len() < 200 && !body.contains("GGUF"), "{body}");
     }
-    let bearer = format!("Bearer {TOKEN}");
-    let (code, body) = status(
-        agent
+    let join_to = |body: &[u8], keys: &auth::Keys| {
+        let signed = auth::Signed::new(keys, "POST", "/v1/join", body).unwrap();
+        let mut r = agent
             .post(url("/v1/join"))
-            .header("Authorization", "Bearer nope-nope-nope-nope")
+            .header("Authorization", &signed.header())
             .content_type("application/json")
-            .send(&b"{}"[..]),
-    );
+            .send(body)
+            .unwrap();
+        let mac = r.headers().get("x-titan-mac").map(|v| v.to_str().unwrap().to_string());
+        let (code, text) = (r.status().as_u16(), r.body_mut().read_to_string().unwrap());
+        (code, text, mac, signed.nonce)
+    };
+    let (code, body, _, _) = join_to(b"{}", &wrong);
     assert_eq!(code, 401, "{body}");
-    let (code, body) = status(
-        agent
-            .post(url("/v1/join"))
-            .header("Authorization", &bearer)
-            .content_type("application/json")
-            .send(&b"{\"node\": \"127.0.0.1:1\", \"budget\": 1}"[..]),
-    );
+    let (code, body, _, _) = join_to(b"{\"node\": \"127.0.0.1:1\", \"budget\": 1}", &keys);
     assert_eq!(code, 403, "{body}");
-    let (code, _) = status(
-        agent
-            .post(url("/v1/join"))
-            .header("Authorization", &bearer)
-            .content_type("application/json")
-            .send(&[b'x'; 20_000][..]),
-    );
+    let (code, _, _, _) = join_to(&[b'x'; 20_000], &keys);
     assert_eq!(code, 413, "a 20 kB body was accepted");
-    let (code, body) = status(agent.get(url(&q)).header("Authorization", &bearer).call());
-    assert_eq!(code, 409, "before the plan: {body}");
-    // The one node joins: it is assigned everything; a range outside the model is refused.
-    let join = format!("{{\"node\": \"{node}\", \"budget\": 1}}");
     let (code, body) = status(
         agent
-            .post(url("/v1/join"))
-            .header("Authorization", &bearer)
-            .content_type("application/json")
-            .send(join.as_bytes()),
+            .get(url(&q))
+            .header("Authorization", &sign(&keys, "GET", &q, b""))
+            .call(),
     );
+    assert_eq!(code, 409, "before the plan: {body}");
+    // The one node joins: it is assigned everything, with every expert's digest, and the answer's MAC is the
+    // token's over its nonce; a range outside the model is refused.
+    let join = format!("{{\"node\": \"{node}\", \"budget\": 1}}");
+    let (code, body, mac, nonce) = join_to(join.as_bytes(), &keys);
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"shards\":[[[0,1],[0,7]]]"), "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["digests"][0].as_str().unwrap().len(), 64 * 16, "{body}");
+    let mac = mac.and_then(|m| auth::unhex(&m)).expect("the answer carries its MAC");
+    assert!(auth::same(&mac, &keys.answer_mac(&nonce, body.as_bytes())));
+    let outside = format!("/v1/slice?node={node}&layers=0-9&experts=0-7");
     let (code, body) = status(
         agent
-            .get(url(&format!("/v1/slice?node={node}&layers=0-9&experts=0-7")))
-            .header("Authorization", &bearer)
+            .get(url(&outside))
+            .header("Authorization", &sign(&keys, "GET", &outside, b""))
             .call(),
     );
     assert_eq!(code, 400, "{body}");
+    // A signed request goes through once; the same bytes again are a replay.
+    let signed = sign(&keys, "GET", &q, b"");
     let (code, _) = status(
         agent
-            .get(url(&format!("/v1/slice?node={node}&layers=0-1&experts=0-7")))
-            .header("Authorization", &bearer)
+            .get(url(&q))
+            .header("Authorization", &signed)
             .header("Range", "bytes=10-19")
             .call(),
     );
     assert_eq!(code, 206);
+    let (code, body) = status(
+        agent
+            .get(url(&q))
+            .header("Authorization", &signed)
+            .header("Range", "bytes=10-19")
+            .call(),
+    );
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("a replay"), "{body}");
     let _ = backbone.kill();
     let _ = backbone.wait();
 }

@@ -26,6 +26,8 @@ pub struct BackboneOptions {
     pub hot: Vec<(usize, usize)>,
     /// Whether the backbone computes a share of the experts like a node (when it holds them in memory).
     pub backbone_share: bool,
+    /// The share of the nodes' outputs the backbone recomputes to check their bits (0: none).
+    pub audit: f64,
     /// Serve the nodes their shards at this address: wait for every node to join, plan from their
     /// budgets, and let each download only its experts.
     pub serve_slices: Option<String>,
@@ -59,6 +61,7 @@ pub fn attach(model: &mut Model, opts: BackboneOptions) -> Result<Arc<Cluster>, 
         model: ModelIdentity::of(&model.weights.file)?.to_string(),
         hot: opts.hot,
         backbone_share: opts.backbone_share,
+        audit: opts.audit,
     };
     let slices = match &opts.serve_slices {
         None => None,

@@ -95,6 +95,13 @@ pub enum ClusterError {
     /// The shard downloaded is of another model or another range than the one asked for.
     #[error("{path}: the backbone sent a shard of another model or range", path = path.display())]
     WrongShard { path: PathBuf },
+    /// The shard downloaded holds an expert whose bytes (and the digest the shard gives them) are not the ones
+    /// the backbone's assignment names: altered on the way, or not the backbone's.
+    #[error(
+        "{path}: expert {expert} of layer {layer} is not the one the backbone's assignment names (its digest differs)",
+        path = path.display()
+    )]
+    ForeignShard { path: PathBuf, layer: usize, expert: usize },
     /// The backbone kept being unreachable or not ready for longer than the node's patience.
     #[error("{what} at {backbone}: gave up after {patience:?}: {last}")]
     GaveUp {
@@ -124,6 +131,13 @@ pub enum ClusterError {
     /// A node's experts cannot be loaded or streamed.
     #[error(transparent)]
     Store(#[from] titan_store::StoreError),
+    /// A join's answer that is no assignment a node can take (ranges past any model, too many shards, sizes
+    /// that do not match them); nothing is fetched.
+    #[error("the backbone's assignment is refused: {0}")]
+    BadAssignment(String),
+    /// A shard's download that is longer than the shard's size, or has no size; the partial file is removed.
+    #[error("{path}: {what}; the download is stopped and its partial file removed", path = path.display())]
+    ShardSize { path: PathBuf, what: String },
 }
 
 impl ClusterError {
@@ -153,6 +167,19 @@ pub enum ExchangeError {
     /// The node did not answer a layer within the backbone's deadline.
     #[error("no answer within the deadline ({0:?})")]
     Timeout(Duration),
+    /// An answer held a NaN or an infinity, which the kernels never make from finite inputs.
+    #[error("the answer holds {0}, which no expert computes from finite weights and rows")]
+    NonFinite(f32),
+    /// An audit recomputed one of the node's outputs and got other bits: the node is faulty or lying.
+    #[error("its output of expert {expert} of layer {layer} differs from the backbone's own, bit for bit")]
+    AuditFailed { layer: usize, expert: u32 },
+    /// An audit recomputed the node's rows of a dense product and got other bits.
+    #[error("its rows of the dense product at file offset {start} differ from the backbone's own, bit for bit")]
+    RowsAuditFailed { start: u64 },
+    /// The node could not prove that it knows the token: an impostor at its address, or a node given
+    /// another token. The backbone sends it nothing more.
+    #[error("the node did not prove that it knows the token (an impostor at its address, or another token)")]
+    Impostor,
     /// The peer refused the connection (a wrong token, another model, no hello), in its words.
     #[error("refused: {0}")]
     Refused(String),

@@ -15,6 +15,7 @@
 //! (warn) or coming back (info), a worker's connections (one span each, by peer), and each exchange of the
 //! backbone with a node (a debug span with the layer and the node, free while debug logging is off).
 
+pub mod auth;
 pub mod backbone;
 pub mod calibrate;
 pub mod error;

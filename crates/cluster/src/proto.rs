@@ -26,11 +26,31 @@ use titan_engine::experts::ExpertJob;
 use titan_kernels::{Activations, GgmlType};
 use titan_net::{PayloadError, PayloadReader, PayloadWriter};
 
+/// `v` as a JSON frame body.
+pub fn json(v: &impl Serialize, what: &'static str) -> Result<Vec<u8>, crate::ExchangeError> {
+    serde_json::to_vec(v).map_err(|error| crate::ExchangeError::Json { what, error })
+}
+
+/// The backbone's first frame: no secret, only what a node checks and answers (`auth`).
 #[derive(Serialize, Deserialize)]
 pub struct Hello {
-    pub token: String,
-    /// The model the backbone runs (`model_identity`); a node with another model refuses.
+    /// The model the backbone runs (its identity); a node with another model refuses.
     pub model: String,
+    /// The backbone's fresh nonce, hex.
+    pub nonce: String,
+}
+
+/// The node's answer: its nonce and its proof that it knows the token, hex.
+#[derive(Serialize, Deserialize)]
+pub struct Challenge {
+    pub nonce: String,
+    pub proof: String,
+}
+
+/// The backbone's proof that it knows the token, hex.
+#[derive(Serialize, Deserialize)]
+pub struct Proof {
+    pub proof: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]

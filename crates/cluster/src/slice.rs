@@ -83,6 +83,17 @@ impl Digests {
         Ok(Digests { layout, cells })
     }
 
+    /// The digests of `spec`'s experts, layer-major; those not yet known are computed here, in parallel
+    /// (every byte of those experts read once).
+    pub fn of(&self, src: &GgufFile, spec: &SliceSpec) -> Result<Vec<String>, ShardError> {
+        let keys: Vec<(usize, usize)> = spec
+            .layers
+            .clone()
+            .flat_map(|l| spec.experts.clone().map(move |e| (l, e)))
+            .collect();
+        keys.par_iter().map(|&(l, e)| self.get(src, l, e)).collect()
+    }
+
     fn get(&self, src: &GgufFile, layer: usize, expert: usize) -> Result<String, ShardError> {
         let cell = &self.cells[layer * self.layout.n_expert + expert];
         if let Some(d) = cell.get() {
@@ -103,11 +114,24 @@ impl Digests {
 }
 
 impl Shard {
-    /// Plans the shard of `spec`. Digests not yet in `digests` are computed here, in parallel (every
-    /// byte of those experts read once).
+    /// Plans the shard of `spec` (its digests as [`Digests::of`] gives them).
     pub fn plan(src: &Arc<GgufFile>, spec: &SliceSpec, digests: &Digests) -> Result<Shard, ShardError> {
+        Shard::check(src, spec)?;
+        Shard::lay_out(src, spec, &digests.layout, digests.of(src, spec)?)
+    }
+
+    /// The length in bytes of the shard of `spec`, without reading an expert: every digest is 64 hex
+    /// digits, so the header's length does not depend on them. What a node is told to expect, so that a
+    /// download longer than its shard is cut off.
+    pub fn size(src: &Arc<GgufFile>, spec: &SliceSpec, digests: &Digests) -> Result<u64, ShardError> {
+        Shard::check(src, spec)?;
+        let n = spec.layers.clone().count() * spec.experts.clone().count();
+        Ok(Shard::lay_out(src, spec, &digests.layout, vec!["0".repeat(64); n])?.len)
+    }
+
+    /// Whether `src` can give the shard of `spec`.
+    fn check(src: &GgufFile, spec: &SliceSpec) -> Result<(), ShardError> {
         let config = Config::from_gguf(src)?;
-        let layout = &digests.layout;
         if *spec.layers.end() >= config.n_layer || *spec.experts.end() >= config.n_expert {
             return Err(ShardError::OutsideModel {
                 layers: spec.layers.clone(),
@@ -125,16 +149,16 @@ impl Shard {
                 dense: config.dense_lead,
             });
         }
-        let keys: Vec<(usize, usize)> = spec
-            .layers
-            .clone()
-            .flat_map(|l| spec.experts.clone().map(move |e| (l, e)))
-            .collect();
-        let digests = keys
-            .par_iter()
-            .map(|&(l, e)| digests.get(src, l, e))
-            .collect::<Result<Vec<_>, _>>()?;
+        Ok(())
+    }
 
+    /// The shard of `spec` (checked), its header holding `digests`, one per expert, layer-major.
+    fn lay_out(
+        src: &Arc<GgufFile>,
+        spec: &SliceSpec,
+        layout: &ExpertLayout,
+        digests: Vec<String>,
+    ) -> Result<Shard, ShardError> {
         let mut w = GgufWriter::new();
         for (k, v) in &src.metadata {
             if !k.starts_with("titan.shard.") {
@@ -270,6 +294,9 @@ pub struct ShardExperts {
     /// Q4_0/Q8_0 tensors regrouped for the SIMD kernels (as a resident model's are), by file offset; their
     /// mapped pages are released, so the node holds each expert once.
     regrouped: std::collections::HashMap<u64, Vec<u8>>,
+    /// Every expert's digest as the shard's header gives it, layer-major (checked against the bytes when
+    /// opened with `verify`).
+    digests: Vec<String>,
 }
 
 impl ShardExperts {
@@ -358,9 +385,10 @@ impl ShardExperts {
             config,
             layout,
             regrouped: Default::default(),
+            digests,
         };
         if verify {
-            shard.verify(path, &digests)?;
+            shard.verify(path)?;
         }
         shard.regroup();
         Ok(shard)
@@ -383,14 +411,14 @@ impl ShardExperts {
     }
 
     /// Checks every expert's bytes against its digest; names the first that fails.
-    fn verify(&self, path: &Path, digests: &[String]) -> Result<(), ShardError> {
+    fn verify(&self, path: &Path) -> Result<(), ShardError> {
         let keys: Vec<(usize, usize)> = self
             .spec
             .layers
             .clone()
             .flat_map(|l| self.spec.experts.clone().map(move |e| (l, e)))
             .collect();
-        keys.par_iter().zip(digests).try_for_each(|(&(l, e), want)| {
+        keys.par_iter().zip(&self.digests).try_for_each(|(&(l, e), want)| {
             let [g, u, d] = self.views(l, e).map(|v| v.data);
             if blake3::Hash::from_bytes(titan_layout::digest_of([g, u, d]))
                 .to_hex()
@@ -405,6 +433,16 @@ impl ShardExperts {
             }
             Ok(())
         })
+    }
+
+    /// The digest the shard's header gives expert `e` of layer `l`, if it holds it.
+    pub fn digest(&self, l: usize, e: usize) -> Option<&str> {
+        if !self.spec.contains(l, e) {
+            return None;
+        }
+        let width = self.spec.experts.end() - self.spec.experts.start() + 1;
+        let i = (l - self.spec.layers.start()) * width + (e - self.spec.experts.start());
+        self.digests.get(i).map(String::as_str)
     }
 
     /// Expert `e` of layer `l`, if this shard holds it.
@@ -631,6 +669,14 @@ mod tests {
             &Digests::new(&src).unwrap(),
         )
         .unwrap();
+        let spec = SliceSpec {
+            layers: 1..=1,
+            experts: 2..=5,
+        };
+        assert_eq!(
+            Shard::size(&src, &spec, &Digests::new(&src).unwrap()).unwrap(),
+            shard.len()
+        );
         let mut whole = vec![0u8; shard.len() as usize];
         shard.read_at(0, &mut whole);
         for (off, len) in [

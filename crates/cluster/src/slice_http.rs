@@ -1,31 +1,39 @@
 //! The backbone's slice endpoint: expert nodes join, receive their assignment, and download exactly the
-//! shards of it, over HTTP with the node token.
+//! shards of it, over HTTP, each request signed with a key derived from the node token.
 //!
 //! - `POST /v1/join` `{"node": "HOST:PORT", "budget": BYTES}`: a node of `--nodes` announces itself. Once
 //!   every expected node has joined, the plan is made from their budgets, and each join is answered with
-//!   the model's identity and the node's shards (layers × expert-id rectangles).
+//!   the model's identity, the node's shards (layers × expert-id rectangles), each shard's size and every
+//!   expert's digest as this backbone computes it from its own model — the digests the node checks its
+//!   shards against, not the shards' own.
 //! - `GET /v1/slice?node=HOST:PORT&layers=A-B&experts=X-Y`: a shard, cut from the model while it is
 //!   sent (never held whole in memory), with `Range` support so a download resumes; only rectangles
 //!   inside that node's assignment are served. Its header carries every expert's digest.
 //!
-//! Every request needs `Authorization: Bearer TOKEN` (401 otherwise, compared in constant time); no
-//! request names a file; bodies are at most 16 KiB; a client that stops reading for a minute is cut off.
+//! Every request carries `Authorization: Titan time=T, nonce=N, mac=M` ([`auth::Signed`]): a MAC under a key
+//! derived from the node token over its method, path and query, time, nonce and body — the token never
+//! crosses the wire. A request without a valid MAC, older or newer than five minutes, or whose nonce was
+//! seen before, is a 401. A join's answer carries `X-Titan-Mac`, the MAC of the request's nonce and the
+//! answer's body, so that a node trusts an assignment (and its digests) only from a backbone that knows
+//! the token. No request names a file; bodies are at most 16 KiB; a client that stops reading for a minute
+//! is cut off.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Router;
 use serde::{Deserialize, Serialize};
 use titan_gguf::GgufFile;
-use titan_net::secrets_equal;
 use tokio::sync::watch;
 
+use crate::auth::{self, Keys, Nonce, Signed};
 use crate::plan::{Placement, Plan};
 use crate::slice::{cover, parse_range, Digests, Shard, SliceSpec};
 use crate::ClusterError;
@@ -60,6 +68,82 @@ impl Join {
 pub struct Assignment {
     pub model: String,
     pub shards: Vec<crate::proto::Held>,
+    /// Each shard's length in bytes, so a node stops a download that runs longer (empty from a backbone
+    /// older than the field).
+    #[serde(default)]
+    pub sizes: Vec<u64>,
+    /// Each shard's experts' digests, layer-major, 64 hex digits each, one string per shard: what the
+    /// node checks every shard it serves against (a shard's own digests certify only themselves). Missing
+    /// is refused by [`Assignment::checked`], with the reason.
+    #[serde(default)]
+    pub digests: Vec<String>,
+}
+
+/// The header of a join's answer that carries its MAC.
+pub const ANSWER_MAC: &str = "x-titan-mac";
+
+/// An assignment's bounds: far above any model (a few hundred layers, a few hundred experts a layer, a shard
+/// per run of expert ids), and low enough that nothing a node computes from an assignment is large.
+pub const MAX_LAYERS: usize = 1 << 16;
+pub const MAX_EXPERTS: usize = 1 << 16;
+pub const MAX_SHARDS: usize = 1 << 12;
+
+impl Assignment {
+    /// The shards, each with its size where the backbone gives one, checked against the bounds before a node
+    /// computes anything from them: ranges that run forwards, below [`MAX_LAYERS`] and [`MAX_EXPERTS`], at
+    /// most [`MAX_SHARDS`] of them, and a size for each or none at all.
+    pub fn checked(&self) -> Result<Vec<(SliceSpec, Option<u64>)>, ClusterError> {
+        let bad = |what: String| Err(ClusterError::BadAssignment(what));
+        if self.shards.len() > MAX_SHARDS {
+            return bad(format!("{} shards, more than {MAX_SHARDS}", self.shards.len()));
+        }
+        if !self.sizes.is_empty() && self.sizes.len() != self.shards.len() {
+            return bad(format!("{} sizes for {} shards", self.sizes.len(), self.shards.len()));
+        }
+        if self.digests.len() > self.shards.len() {
+            return bad(format!(
+                "{} digest lists for {} shards",
+                self.digests.len(),
+                self.shards.len()
+            ));
+        }
+        let mut shards = Vec::with_capacity(self.shards.len());
+        for (i, &((l0, l1), (e0, e1))) in self.shards.iter().enumerate() {
+            if l0 > l1 || e0 > e1 || l1 >= MAX_LAYERS || e1 >= MAX_EXPERTS {
+                return bad(format!(
+                    "layers {l0}-{l1} × experts {e0}-{e1} is not a shard of layers below {MAX_LAYERS} and expert \
+                     ids below {MAX_EXPERTS}"
+                ));
+            }
+            let cells = (l1 - l0 + 1) * (e1 - e0 + 1);
+            let Some(digests) = self.digests.get(i) else {
+                return bad(format!("no digests for layers {l0}-{l1} × experts {e0}-{e1}"));
+            };
+            if digests.len() != 64 * cells || !digests.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return bad(format!(
+                    "the digests of layers {l0}-{l1} × experts {e0}-{e1} are not {cells} of 64 hex digits"
+                ));
+            }
+            let spec = SliceSpec {
+                layers: l0..=l1,
+                experts: e0..=e1,
+            };
+            shards.push((spec, self.sizes.get(i).copied()));
+        }
+        Ok(shards)
+    }
+
+    /// The digest the backbone gives expert `e` of layer `l`, if it assigns it (on a checked assignment).
+    pub fn digest(&self, l: usize, e: usize) -> Option<&str> {
+        self.shards
+            .iter()
+            .zip(&self.digests)
+            .find_map(|(&((l0, l1), (e0, e1)), d)| {
+                let inside = (l0..=l1).contains(&l) && (e0..=e1).contains(&e);
+                let i = (l - l0).checked_mul(e1 - e0 + 1)? + (e - e0);
+                inside.then(|| d.get(64 * i..64 * i + 64)).flatten()
+            })
+    }
 }
 
 struct Shared {
@@ -70,6 +154,10 @@ struct Shared {
     dense: usize,
     n_expert: usize,
     opts: SliceServerOptions,
+    keys: Keys,
+    /// The nonces of the requests accepted in the last [`auth::REQUEST_SKEW`] × 2 seconds, with their times:
+    /// a request sent again is refused.
+    seen: Mutex<HashMap<Nonce, u64>>,
     digests: Digests,
     budgets: Mutex<Vec<Option<u64>>>,
     plan: watch::Sender<Option<Arc<Plan>>>,
@@ -109,6 +197,8 @@ impl SliceServer {
             dense: config.dense_lead,
             n_expert: config.n_expert,
             model,
+            keys: Keys::new(&opts.token),
+            seen: Mutex::new(HashMap::new()),
             opts,
             budgets: Mutex::new(vec![None; n]),
             plan: tx,
@@ -147,19 +237,43 @@ fn error(status: StatusCode, msg: impl Into<String>) -> Response {
     (status, msg.into()).into_response()
 }
 
-/// The refusal of a request without the node token, if it has none.
-fn unauthorised(s: &Shared, headers: &HeaderMap) -> Option<Response> {
-    let presented = headers
+/// Requests remembered at most, against replays: far above what any number of nodes sends in ten minutes.
+const SEEN_MAX: usize = 1 << 16;
+
+/// The request's nonce if it is signed with the node token's key, recently and for the first time; else
+/// its refusal.
+fn authorised(
+    s: &Shared,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Nonce, Box<Response>> {
+    let refuse = |why: &str| Box::new(error(StatusCode::UNAUTHORIZED, why));
+    let target = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+    let signed = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    (!secrets_equal(presented.as_bytes(), &s.opts.token)).then(|| {
-        error(
-            StatusCode::UNAUTHORIZED,
-            "a valid node token is required (Authorization: Bearer TOKEN)",
-        )
-    })
+        .and_then(Signed::parse)
+        .ok_or_else(|| refuse("a request signed with the node token is required (Authorization: Titan …)"))?;
+    if !signed.signs(&s.keys, method.as_str(), target, body) {
+        return Err(refuse(
+            "the request's signature is not the node token's, or its time is more than five minutes off",
+        ));
+    }
+    let mut seen = s.seen.lock().unwrap_or_else(|e| e.into_inner());
+    let now = auth::now();
+    seen.retain(|_, &mut t| now.abs_diff(t) <= 2 * auth::REQUEST_SKEW);
+    if seen.len() >= SEEN_MAX {
+        return Err(Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many requests: try again",
+        )));
+    }
+    if seen.insert(signed.nonce, signed.time).is_some() {
+        return Err(refuse("this request was sent before: a replay"));
+    }
+    Ok(signed.nonce)
 }
 
 /// The index of `node` in `--nodes`, or the refusal of a node this backbone does not expect.
@@ -180,11 +294,18 @@ fn assignment(s: &Shared, plan: &Plan, i: usize) -> Vec<SliceSpec> {
     cover(s.n_layer, s.n_expert, |l, e| plan.owners(l, e).contains(&i))
 }
 
-async fn join(State(s): State<Arc<Shared>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
-    // The token before anything else: an unauthorised peer learns nothing, not even how a join looks.
-    if let Some(r) = unauthorised(&s, &headers) {
-        return r;
-    }
+async fn join(
+    State(s): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    // The signature before anything else: an unauthorised peer learns nothing, not even how a join looks.
+    let nonce = match authorised(&s, &method, &uri, &headers, &body) {
+        Ok(n) => n,
+        Err(r) => return *r,
+    };
     let j = match Join::parse(&body) {
         Ok(j) => j,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
@@ -217,7 +338,28 @@ async fn join(State(s): State<Arc<Shared>>, headers: HeaderMap, body: axum::body
             )
         }
     };
-    let shards = assignment(&s, &plan, i)
+    let specs = assignment(&s, &plan, i);
+    // Each shard's header is laid out to measure it (the model's metadata copied), and its experts' digests
+    // computed (each expert's bytes read, the first time): off the async threads.
+    let s2 = s.clone();
+    let (specs, sizes, digests) = match tokio::task::spawn_blocking(move || {
+        let sizes = specs
+            .iter()
+            .map(|r| Shard::size(&s2.model, r, &s2.digests))
+            .collect::<Result<Vec<_>, _>>()?;
+        let digests = specs
+            .iter()
+            .map(|r| s2.digests.of(&s2.model, r).map(|d| d.concat()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok::<_, crate::ShardError>((specs, sizes, digests))
+    })
+    .await
+    {
+        Ok(Ok(sized)) => sized,
+        Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let shards = specs
         .into_iter()
         .map(|r| {
             (
@@ -226,11 +368,25 @@ async fn join(State(s): State<Arc<Shared>>, headers: HeaderMap, body: axum::body
             )
         })
         .collect();
-    Json(Assignment {
+    let answer = Assignment {
         model: s.identity.clone(),
         shards,
-    })
-    .into_response()
+        sizes,
+        digests,
+    };
+    let body = match serde_json::to_vec(&answer) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let mac = auth::hex(&s.keys.answer_mac(&nonce, &body));
+    (
+        [
+            (header::CONTENT_TYPE, "application/json".to_string()),
+            (header::HeaderName::from_static(ANSWER_MAC), mac),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 /// A slice request's query string (`node=HOST:PORT&layers=A-B&experts=X-Y`).
@@ -276,9 +432,15 @@ pub fn byte_range(headers: &HeaderMap, len: u64) -> Result<Option<(u64, u64)>, C
     Ok(Some((start, end)))
 }
 
-async fn slice(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Query<SliceQuery>) -> Response {
-    if let Some(r) = unauthorised(&s, &headers) {
-        return r;
+async fn slice(
+    State(s): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Query(q): Query<SliceQuery>,
+) -> Response {
+    if let Err(r) = authorised(&s, &method, &uri, &headers, &[]) {
+        return *r;
     }
     let i = match node_index(&s, &q.node) {
         Ok(i) => i,

@@ -12,9 +12,12 @@ use titan_engine::experts::Experts;
 use titan_engine::weights::Weights;
 use titan_engine::EngineError;
 use titan_kernels::{matmul_many, MatmulJob};
-use titan_net::{read_frame, secrets_equal, write_frame, FrameError, Kind};
+use titan_net::{read_frame_by, write_frame, Deadline, FrameError, Kind, Session, Side};
 
-use crate::proto::{start_output, write_output, Compute, Held, Hello, RowsRequest, Shape, Welcome};
+use crate::auth::{self, Keys};
+use crate::proto::{
+    json, start_output, write_output, Challenge, Compute, Held, Hello, Proof, RowsRequest, Shape, Welcome,
+};
 use crate::{ClusterError, ExchangeError};
 
 pub struct WorkerOptions {
@@ -24,8 +27,13 @@ pub struct WorkerOptions {
     pub max_frame: usize,
 }
 
-/// How long a new connection has to say hello.
+/// How long each frame of a new connection's handshake has to arrive whole.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a frame a backbone has begun may take to arrive whole.
+const FRAME_TIME: Duration = Duration::from_secs(60);
+/// Connections at most in their handshake at once: past that, a new one is closed at once, so that
+/// connections that never prove the token cannot hold the node's threads.
+const HANDSHAKES: usize = 16;
 
 /// The node's counters since it started, over every connection.
 #[derive(Default)]
@@ -93,8 +101,10 @@ pub fn serve(model: NodeModel, opts: WorkerOptions, ready: impl FnOnce(SocketAdd
             speed: probed_speed(),
         },
         model,
+        keys: Keys::new(&opts.token),
         opts,
         metrics: WorkerMetrics::default(),
+        handshaking: Default::default(),
     });
     for stream in listener.incoming() {
         let stream = match stream {
@@ -104,6 +114,12 @@ pub fn serve(model: NodeModel, opts: WorkerOptions, ready: impl FnOnce(SocketAdd
                 continue;
             }
         };
+        if ctx.handshaking.load(Relaxed) >= HANDSHAKES {
+            ctx.metrics.refused.fetch_add(1, Relaxed);
+            tracing::debug!("closed a connection at once: {HANDSHAKES} are in their handshake already");
+            continue;
+        }
+        ctx.handshaking.fetch_add(1, Relaxed);
         let ctx = ctx.clone();
         std::thread::spawn(move || {
             let peer = stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
@@ -132,8 +148,20 @@ pub const PROBE: Duration = Duration::from_millis(300);
 struct Node {
     model: NodeModel,
     opts: WorkerOptions,
+    keys: Keys,
     welcome: Welcome,
     metrics: WorkerMetrics,
+    /// Connections in their handshake now.
+    handshaking: std::sync::atomic::AtomicUsize,
+}
+
+/// A connection counted as in its handshake until this is dropped (the handshake over, or failed).
+struct Handshaking<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Handshaking<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
 }
 
 impl Node {
@@ -142,42 +170,70 @@ impl Node {
     /// (with the reason logged by the caller) and nothing else.
     fn connection(&self, stream: TcpStream) -> Result<Option<u64>, ExchangeError> {
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
         let mut w = stream.try_clone()?;
         let mut r = BufReader::with_capacity(1 << 16, stream);
         let (mut body, mut frame) = (Vec::new(), Vec::new());
         let limit = self.opts.max_frame;
+        let handshake = Handshaking(&self.handshaking);
 
-        let h = match read_frame(&mut r, limit.min(1 << 16), &mut body) {
-            Ok(h) => h,
+        // The handshake, each of its frames due whole within the hello's time however it trickles.
+        let by = || Deadline::By(Instant::now() + HELLO_TIMEOUT);
+        let h = match read_frame_by(&mut r, 1 << 16, &mut body, by()) {
+            Ok((h, _, _)) => h,
             Err(FrameError::Closed) => return Ok(None),
             Err(e) => return Err(ExchangeError::Hello(e)),
         };
-        let hello: Option<Hello> = (h.kind == Kind::Hello)
-            .then(|| serde_json::from_slice(&body).ok())
+        let hello = (h.kind == Kind::Hello)
+            .then(|| serde_json::from_slice::<Hello>(&body).ok())
             .flatten();
-        let refusal = match &hello {
-            None => Some("the first frame must be a hello".to_string()),
-            Some(hi) if !secrets_equal(hi.token.as_bytes(), &self.opts.token) => Some("wrong node token".into()),
-            Some(hi) if hi.model != self.welcome.model => Some(format!(
-                "this node holds another model ({}), the backbone runs {}",
-                self.welcome.model, hi.model
-            )),
-            Some(_) => None,
-        };
-        if let Some(why) = refusal {
+        let refuse = |w: &mut TcpStream, frame: &mut Vec<u8>, why: String| {
             self.metrics.refused.fetch_add(1, Relaxed);
-            let _ = write_frame(&mut w, Kind::Error, h.id, why.as_bytes(), &mut frame);
-            return Err(ExchangeError::Refused(why));
+            let _ = write_frame(w, Kind::Error, h.id, why.as_bytes(), frame);
+            Err(ExchangeError::Refused(why))
+        };
+        let (hello, backbone_nonce) = match hello.map(|hi| (auth::unhex(&hi.nonce), hi)) {
+            Some((Some(nonce), hi)) => (hi, nonce),
+            _ => return refuse(&mut w, &mut frame, "the first frame must be a hello".into()),
+        };
+        if hello.model != self.welcome.model {
+            let why = format!(
+                "this node holds another model ({}), the backbone runs {}",
+                self.welcome.model, hello.model
+            );
+            return refuse(&mut w, &mut frame, why);
         }
-        let welcome = serde_json::to_vec(&self.welcome).map_err(|error| ExchangeError::Json {
-            what: "writing the welcome",
-            error,
-        })?;
-        write_frame(&mut w, Kind::Welcome, h.id, &welcome, &mut frame)?;
+        let model = &self.welcome.model;
+        let nonce = auth::nonce()?;
+        let challenge = Challenge {
+            nonce: auth::hex(&nonce),
+            proof: auth::hex(&self.keys.node_proof(&backbone_nonce, &nonce, model)),
+        };
+        write_frame(
+            &mut w,
+            Kind::Challenge,
+            h.id,
+            &json(&challenge, "writing the challenge")?,
+            &mut frame,
+        )?;
+        let (h, _, _) = read_frame_by(&mut r, 1 << 16, &mut body, by()).map_err(ExchangeError::Hello)?;
+        let proof = (h.kind == Kind::Proof)
+            .then(|| serde_json::from_slice::<Proof>(&body).ok())
+            .flatten()
+            .and_then(|p| auth::unhex(&p.proof));
+        let expected = self.keys.backbone_proof(&backbone_nonce, &nonce, model);
+        if !proof.is_some_and(|p| auth::same(&p, &expected)) {
+            return refuse(&mut w, &mut frame, "wrong node token".into());
+        }
+        let mut session = Session::new(self.keys.session_key(&backbone_nonce, &nonce, model), Side::Node);
+        session.write(
+            &mut w,
+            Kind::Welcome,
+            h.id,
+            &json(&self.welcome, "writing the welcome")?,
+            &mut frame,
+        )?;
+        drop(handshake);
         self.metrics.connections.fetch_add(1, Relaxed);
-        // A backbone may idle between tokens for as long as its users do.
-        r.get_ref().set_read_timeout(None)?;
 
         let m = &self.model;
         let shape = Shape {
@@ -189,7 +245,8 @@ impl Node {
         let (mut rows_req, mut floats) = (RowsRequest::default(), Vec::new());
         let mut served = 0u64;
         loop {
-            let h = match read_frame(&mut r, limit, &mut body) {
+            // A backbone may idle between tokens for as long as its users do; a frame it begins must end.
+            let h = match session.read(&mut r, limit, &mut body, Deadline::Once(FRAME_TIME)) {
                 Ok(h) => h,
                 Err(FrameError::Closed) => return Ok(Some(served)),
                 Err(e) => return Err(e.into()),
@@ -205,7 +262,7 @@ impl Node {
                         Err(e) => Err(e.to_string()),
                     };
                     if let Err(why) = result {
-                        let _ = write_frame(&mut w, Kind::Error, h.id, why.as_bytes(), &mut frame);
+                        let _ = session.write(&mut w, Kind::Error, h.id, why.as_bytes(), &mut frame);
                         return Err(ExchangeError::RequestFailed { id: h.id, why });
                     }
                     self.metrics
@@ -217,7 +274,7 @@ impl Node {
                 Kind::Rows => {
                     let t = Instant::now();
                     if let Err(why) = self.rows(&body, &mut rows_req, &mut floats, &mut out) {
-                        let _ = write_frame(&mut w, Kind::Error, h.id, why.as_bytes(), &mut frame);
+                        let _ = session.write(&mut w, Kind::Error, h.id, why.as_bytes(), &mut frame);
                         return Err(ExchangeError::RequestFailed { id: h.id, why });
                     }
                     self.metrics
@@ -236,11 +293,11 @@ impl Node {
                 }
                 other => {
                     let e = ExchangeError::Unexpected(other);
-                    let _ = write_frame(&mut w, Kind::Error, h.id, e.to_string().as_bytes(), &mut frame);
+                    let _ = session.write(&mut w, Kind::Error, h.id, e.to_string().as_bytes(), &mut frame);
                     return Err(e);
                 }
             };
-            write_frame(&mut w, reply.0, h.id, reply.1, &mut frame)?;
+            session.write(&mut w, reply.0, h.id, reply.1, &mut frame)?;
             self.metrics
                 .bytes_out
                 .fetch_add((reply.1.len() + titan_net::HEADER_LEN) as u64, Relaxed);

@@ -102,6 +102,7 @@ fn an_exchange_allocates_nothing_with_the_log_at_info() {
             model: identity.to_string(),
             hot: Vec::new(),
             backbone_share: false,
+            audit: 0.0,
         },
     )
     .unwrap();

@@ -1,11 +1,17 @@
 //! A frame: a 20-byte header — magic `TTNF`, version, kind, two reserved zero bytes, a request id and
-//! the body's length, all little-endian — then the body.
+//! the body's length, all little-endian — then the body, then a 16-byte tag: the MAC of an authenticated
+//! session ([`crate::Session`]), zeros in the handshake's frames, which prove themselves.
 
-use std::io::{self, Read, Write};
+use std::io::{self, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 pub const MAGIC: [u8; 4] = *b"TTNF";
-pub const VERSION: u8 = 1;
+/// 2: frames carry a tag, connections start with a challenge–response (version 1 sent the token).
+pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 20;
+/// Bytes of a frame's tag, after its body.
+pub const TAG_LEN: usize = 16;
 /// The largest body accepted unless a peer is configured otherwise: 64 MiB, far above one layer's
 /// exchange (a 512-token prompt of a 4096-wide model in Q8_0 is 2.2 MB out, 8 MB back).
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
@@ -14,9 +20,9 @@ pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {
-    /// Backbone → node: the token and what the backbone expects (JSON).
+    /// Backbone → node: the model the backbone runs and its nonce (JSON; never the token).
     Hello = 1,
-    /// Node → backbone: accepted, with the node's model, budget and capabilities (JSON).
+    /// Node → backbone, once both proved they know the token: its model, budget and capabilities (JSON).
     Welcome = 2,
     /// Backbone → node: one layer's rows and the experts to apply to them.
     Compute = 3,
@@ -34,6 +40,10 @@ pub enum Kind {
     Rows = 10,
     /// Node → backbone: the products' output rows.
     RowsOutput = 11,
+    /// Node → backbone, answering a hello: the node's nonce and its proof that it knows the token.
+    Challenge = 12,
+    /// Backbone → node: the backbone's proof that it knows the token.
+    Proof = 13,
 }
 
 impl Kind {
@@ -51,6 +61,8 @@ impl Kind {
             Metrics,
             Rows,
             RowsOutput,
+            Challenge,
+            Proof,
         ]
         .into_iter()
         .find(|k| *k as u8 == v)
@@ -89,6 +101,13 @@ pub enum FrameError {
     /// copy of it as a source).
     #[error(transparent)]
     Io(#[from] io::Error),
+    /// The frame's MAC is not the session's for the next frame: altered, injected, replayed or reordered
+    /// on the way, or sent by someone without the token.
+    #[error("a frame failed its authentication (altered, replayed or injected on the way)")]
+    BadMac,
+    /// The whole frame did not arrive by its deadline (however it trickled).
+    #[error("the frame did not arrive whole within {0:?}")]
+    Late(Duration),
 }
 
 impl FrameError {
@@ -133,13 +152,59 @@ pub fn decode_header(b: &[u8; HEADER_LEN], limit: usize) -> Result<FrameHeader, 
     })
 }
 
-/// Reads one frame into `body` (reused; resized to the body's length only after the header passed
-/// its checks, so no more than `limit` bytes are ever allocated). A peer that closes cleanly between
-/// frames gives [`FrameError::Closed`].
-pub fn read_frame(r: &mut impl Read, limit: usize, body: &mut Vec<u8>) -> Result<FrameHeader, FrameError> {
+/// A byte source whose reads can be given a time limit: what a deadline on a whole message needs.
+pub trait Timed: Read {
+    fn set_read_timeout(&mut self, t: Option<Duration>) -> io::Result<()>;
+}
+
+impl Timed for BufReader<TcpStream> {
+    fn set_read_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
+        self.get_ref().set_read_timeout(t)
+    }
+}
+
+impl Timed for TcpStream {
+    fn set_read_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, t)
+    }
+}
+
+/// Bytes in memory never wait.
+impl Timed for &[u8] {
+    fn set_read_timeout(&mut self, _: Option<Duration>) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// When a frame must have arrived whole.
+#[derive(Clone, Copy, Debug)]
+pub enum Deadline {
+    /// Whenever: the socket's own timeout, if it has one, applies to each read.
+    None,
+    /// The whole frame by this instant (a backbone's answer, a connection's first frame).
+    By(Instant),
+    /// Any wait for the frame to begin (a backbone idles between tokens), then the whole frame within this
+    /// long of its first byte.
+    Once(Duration),
+}
+
+/// Reads one frame into `body` (reused; resized to the body's length only after the header passed its
+/// checks, so no more than `limit` bytes are ever allocated), by `deadline`. Returns the header, its bytes
+/// (for a MAC) and the tag. A peer that closes cleanly between frames gives [`FrameError::Closed`].
+pub fn read_frame_by(
+    r: &mut (impl Timed + ?Sized),
+    limit: usize,
+    body: &mut Vec<u8>,
+    deadline: Deadline,
+) -> Result<(FrameHeader, [u8; HEADER_LEN], [u8; TAG_LEN]), FrameError> {
+    let mut until = match deadline {
+        Deadline::By(t) => Some(t),
+        Deadline::None | Deadline::Once(_) => None,
+    };
     let mut head = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
+        wait(r, until, deadline)?;
         match r.read(&mut head[got..]) {
             Ok(0) if got == 0 => return Err(FrameError::Closed),
             Ok(0) => {
@@ -147,38 +212,105 @@ pub fn read_frame(r: &mut impl Read, limit: usize, body: &mut Vec<u8>) -> Result
                     io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed inside a frame header").into(),
                 )
             }
-            Ok(n) => got += n,
+            Ok(n) => {
+                if got == 0 {
+                    if let Deadline::Once(d) = deadline {
+                        until = Some(Instant::now() + d);
+                    }
+                }
+                got += n;
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if is_timeout(&e) && until.is_some() => return Err(late(deadline)),
             Err(e) => return Err(e.into()),
         }
     }
     let h = decode_header(&head, limit)?;
     body.clear();
     body.resize(h.len, 0);
-    r.read_exact(body).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => io::Error::new(
-            e.kind(),
-            format!("connection closed inside a {}-byte frame body", h.len),
-        )
-        .into(),
-        _ => FrameError::Io(e),
-    })?;
-    Ok(h)
+    let mut tag = [0u8; TAG_LEN];
+    for part in [&mut body[..], &mut tag[..]] {
+        let mut at = 0;
+        while at < part.len() {
+            wait(r, until, deadline)?;
+            match r.read(&mut part[at..]) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("connection closed inside a {}-byte frame body", h.len),
+                    )
+                    .into())
+                }
+                Ok(n) => at += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_timeout(&e) && until.is_some() => return Err(late(deadline)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    if until.is_some() {
+        // Whoever reads next sets their own limit; a frame's is over.
+        r.set_read_timeout(None)?;
+    }
+    Ok((h, head, tag))
 }
 
-/// Writes one frame (header and body in one write, so a small frame is one segment with TCP_NODELAY).
-pub fn write_frame(w: &mut impl Write, kind: Kind, id: u64, body: &[u8], scratch: &mut Vec<u8>) -> io::Result<()> {
+/// Gives the next read what is left of the deadline, or fails when nothing is.
+fn wait(r: &mut (impl Timed + ?Sized), until: Option<Instant>, deadline: Deadline) -> Result<(), FrameError> {
+    if let Some(t) = until {
+        let left = t.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(late(deadline));
+        }
+        r.set_read_timeout(Some(left))?;
+    }
+    Ok(())
+}
+
+fn late(deadline: Deadline) -> FrameError {
+    FrameError::Late(match deadline {
+        Deadline::Once(d) => d,
+        _ => Duration::ZERO,
+    })
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+}
+
+/// Reads one unauthenticated frame (a handshake's, or a test's), its tag ignored.
+pub fn read_frame(r: &mut (impl Timed + ?Sized), limit: usize, body: &mut Vec<u8>) -> Result<FrameHeader, FrameError> {
+    read_frame_by(r, limit, body, Deadline::None).map(|(h, _, _)| h)
+}
+
+/// Writes one frame with `tag(header, body)` after its body (header, body and tag in one write, so a small
+/// frame is one segment with TCP_NODELAY).
+pub fn write_frame_tagged(
+    w: &mut impl Write,
+    kind: Kind,
+    id: u64,
+    body: &[u8],
+    scratch: &mut Vec<u8>,
+    tag: impl FnOnce(&[u8], &[u8]) -> [u8; TAG_LEN],
+) -> io::Result<()> {
     let len =
         u32::try_from(body.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame body over 4 GiB"))?;
-    scratch.clear();
-    scratch.extend_from_slice(&encode_header(&FrameHeader {
+    let header = encode_header(&FrameHeader {
         kind,
         id,
         len: len as usize,
-    }));
+    });
+    scratch.clear();
+    scratch.extend_from_slice(&header);
     scratch.extend_from_slice(body);
+    scratch.extend_from_slice(&tag(&header, body));
     w.write_all(scratch)?;
     w.flush()
+}
+
+/// Writes one unauthenticated frame (a handshake's): its tag is zeros.
+pub fn write_frame(w: &mut impl Write, kind: Kind, id: u64, body: &[u8], scratch: &mut Vec<u8>) -> io::Result<()> {
+    write_frame_tagged(w, kind, id, body, scratch, |_, _| [0; TAG_LEN])
 }
 
 #[cfg(test)]

@@ -6,9 +6,14 @@
 
 pub mod frame;
 pub mod payload;
+pub mod session;
 
-pub use frame::{read_frame, write_frame, FrameError, FrameHeader, Kind, DEFAULT_MAX_FRAME, HEADER_LEN};
+pub use frame::{
+    read_frame, read_frame_by, write_frame, Deadline, FrameError, FrameHeader, Kind, Timed, DEFAULT_MAX_FRAME,
+    HEADER_LEN, TAG_LEN, VERSION,
+};
 pub use payload::{PayloadError, PayloadReader, PayloadWriter};
+pub use session::{Session, Side};
 
 /// Whether two secrets are equal, in time that depends on their lengths only (not on where they first
 /// differ), so a peer cannot find a node token byte by byte by timing refusals.

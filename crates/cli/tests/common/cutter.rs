@@ -118,7 +118,8 @@ fn after_bytes(bytes: usize) -> impl FnMut(&[u8]) -> Option<usize> + Send {
 }
 
 /// Stops `into` bytes into the first frame of `kind`, walking the frames by their headers (20 bytes: the
-/// kind at 5, the payload length little-endian at 16..20); panics if that frame is too short to cut inside.
+/// kind at 5, the payload length little-endian at 16..20; the payload, then a 16-byte tag); panics if that
+/// frame is too short to cut inside.
 fn mid_frame(kind: titan_net::Kind, into: usize) -> impl FnMut(&[u8]) -> Option<usize> + Send {
     move |seen| {
         let mut at = 0;
@@ -132,7 +133,7 @@ fn mid_frame(kind: titan_net::Kind, into: usize) -> impl FnMut(&[u8]) -> Option<
                 );
                 return (seen.len() >= at + into).then_some(at + into);
             }
-            at += 20 + len;
+            at += 20 + len + titan_net::TAG_LEN;
         }
     }
 }

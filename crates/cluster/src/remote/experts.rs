@@ -8,12 +8,86 @@ use titan_engine::experts::{ExpertJob, Experts};
 use titan_engine::samples::Sample;
 use titan_engine::EngineError;
 use titan_kernels::GgmlType;
-use titan_net::{read_frame, write_frame, Kind, DEFAULT_MAX_FRAME, HEADER_LEN};
+use titan_net::{Deadline, FrameError, Kind, DEFAULT_MAX_FRAME, HEADER_LEN};
 use tracing::Span;
 
 use super::{Cluster, NodeMetrics, State};
 use crate::proto::{decode_output, encode_compute};
 use crate::ExchangeError;
+
+impl Cluster {
+    /// Recomputes a random sample (`--audit`'s rate) of the experts node `n` just answered — each picked
+    /// expert with all its rows, so that the audit costs that share of the node's work (one pass over the
+    /// expert's weights whatever its rows) — from the answer still in `st.floats`, and compares the bits: by
+    /// the determinism contract they are equal on every machine, so one that differs proves the node faulty
+    /// or lying.
+    fn audit(&self, st: &mut State, n: usize, job: &ExpertJob) -> Result<(), ExchangeError> {
+        if self.opts.audit <= 0.0 {
+            return Ok(());
+        }
+        let State {
+            nodes,
+            audit,
+            rng,
+            sub_ids,
+            sub_rows,
+            sub_starts,
+            ..
+        } = st;
+        // The picked experts, as a job of their own; `audit` holds each one's offset in the answer.
+        audit.clear();
+        sub_ids.clear();
+        sub_rows.clear();
+        sub_starts.clear();
+        sub_starts.push(0);
+        let d = job.input.cols();
+        let mut at = 0;
+        for &i in &nodes[n].assigned {
+            let rows = job.rows_of(i);
+            if rng.next_f32() < self.opts.audit as f32 {
+                sub_ids.push(job.ids[i]);
+                sub_rows.extend_from_slice(rows);
+                sub_starts.push(sub_rows.len());
+                audit.push((i, at));
+            }
+            at += rows.len() * d;
+        }
+        if audit.is_empty() {
+            return Ok(());
+        }
+        nodes[n].metrics.audited += sub_rows.len() as u64;
+        let sub = ExpertJob {
+            layer: job.layer,
+            input: job.input,
+            ids: sub_ids,
+            rows: sub_rows,
+            starts: sub_starts,
+        };
+        let (picked, answers) = (&*audit, &st.floats);
+        let mut differs = None;
+        let r = self.local.apply(&sub, &mut || Ok(()), &mut |k, y| {
+            let (i, from) = picked[k];
+            let same = y
+                .iter()
+                .zip(&answers[from..from + y.len()])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            if !same && differs.is_none() {
+                differs = Some(job.ids[i]);
+            }
+        });
+        r.map_err(|e| ExchangeError::NodeFailed(format!("the audit could not recompute: {e}")))?;
+        match differs {
+            Some(expert) => {
+                st.nodes[n].metrics.audit_failures += 1;
+                Err(ExchangeError::AuditFailed {
+                    layer: job.layer,
+                    expert,
+                })
+            }
+            None => Ok(()),
+        }
+    }
+}
 
 impl Experts for Cluster {
     fn input_type(&self, layer: usize) -> Result<GgmlType, EngineError> {
@@ -58,11 +132,15 @@ impl Experts for Cluster {
             st.nodes[n].span = span;
         }
 
-        // The caller's own work (the shared expert) and the backbone's share, while the nodes work.
-        meanwhile()?;
+        // The caller's own work (the shared expert) and the backbone's share, while the nodes work. If it
+        // fails, the answers on their way are read and dropped first: left in the sockets, the next layer
+        // would read them as its own.
         let local = std::mem::take(&mut st.local);
-        let r = compute_here(&*self.local, job, &local, st, deliver);
+        let r = meanwhile().and_then(|()| compute_here(&*self.local, job, &local, st, deliver));
         st.local = local;
+        if r.is_err() {
+            self.drain(st);
+        }
         r?;
         let waiting_since = Instant::now();
 
@@ -73,17 +151,23 @@ impl Experts for Cluster {
                 continue;
             }
             let _entered = span.enter();
-            match receive(st, n, job, deliver, self.opts.timeout) {
+            // Checked whole — read, finite, audited — before any of it is delivered.
+            let answered = receive(st, n, job, self.opts.timeout).and_then(|()| self.audit(st, n, job));
+            match answered {
                 Ok(()) => {
+                    deliver_answer(st, n, job, deliver);
                     let m = &mut st.nodes[n].metrics;
                     m.wait_ns += waiting_since.elapsed().as_nanos() as u64;
                 }
                 Err(e) => {
-                    self.down(st, n, &format!("layer {}: {e}", job.layer));
+                    self.failed(st, n, &e, &format!("layer {}", job.layer));
                     st.nodes[n].metrics.failovers += 1;
                     let share = std::mem::take(&mut st.nodes[n].assigned);
                     let r = compute_here(&*self.local, job, &share, st, deliver);
                     st.nodes[n].assigned = share;
+                    if r.is_err() {
+                        self.drain(st);
+                    }
                     r?;
                 }
             }
@@ -119,7 +203,7 @@ impl Experts for Cluster {
     fn samples(&self, out: &mut Vec<Sample>) {
         self.local.samples(out);
         type Series = (&'static str, &'static str, fn(&NodeMetrics) -> f64);
-        let series: [Series; 6] = [
+        let series: [Series; 9] = [
             ("node_exchanges_total", "Layer exchanges with the node.", |m| {
                 m.round_trips as f64
             }),
@@ -143,6 +227,21 @@ impl Experts for Cluster {
                 "node_failovers_total",
                 "Layers whose experts were computed elsewhere because the node failed them.",
                 |m| m.failovers as f64,
+            ),
+            (
+                "node_rejected_answers_total",
+                "Answers refused because they held a NaN or an infinity.",
+                |m| m.rejected as f64,
+            ),
+            (
+                "node_audits_total",
+                "Outputs of the node the backbone recomputed to check its bits.",
+                |m| m.audited as f64,
+            ),
+            (
+                "node_audit_failures_total",
+                "Audits whose bits differed: each proves the node faulty or lying.",
+                |m| m.audit_failures as f64,
             ),
         ];
         let nodes = self.metrics();
@@ -168,6 +267,12 @@ impl Experts for Cluster {
                  (ping {ping:.3} ms, waited {wait:.3} ms), {} failovers\n",
                 m.round_trips, m.experts, m.rows, m.bytes_out, m.bytes_in, m.failovers
             );
+            if m.rejected + m.audited > 0 {
+                out += &format!(
+                    "    answers refused as not finite: {}; outputs audited: {}, of which differed: {}\n",
+                    m.rejected, m.audited, m.audit_failures
+                );
+            }
             let seen = node.map_or("down".to_string(), |j| {
                 let ms = j["compute_ns"].as_u64().unwrap_or(0) as f64 / 1e6;
                 format!(
@@ -214,7 +319,7 @@ fn send(st: &mut State, n: usize, id: u64, job: &ExpertJob) -> std::io::Result<(
     encode_compute(body, job.layer, job.input, &node.rows, experts);
     let conn = node.conn.as_mut().expect("only live nodes are assigned work");
     let t = Instant::now();
-    write_frame(&mut conn.w, Kind::Compute, id, body, frame)?;
+    conn.session.write(&mut conn.w, Kind::Compute, id, body, frame)?;
     conn.w.flush()?;
     node.pending = Some((id, t));
     let m = &mut node.metrics;
@@ -225,14 +330,8 @@ fn send(st: &mut State, n: usize, id: u64, job: &ExpertJob) -> std::io::Result<(
     Ok(())
 }
 
-/// Reads node `n`'s answer to this layer (due within `timeout`) and delivers each expert's rows.
-fn receive(
-    st: &mut State,
-    n: usize,
-    job: &ExpertJob,
-    deliver: &mut dyn FnMut(usize, &[f32]),
-    timeout: Duration,
-) -> Result<(), ExchangeError> {
+/// Reads node `n`'s answer to this layer (due within `timeout`) into `st.floats`, and checks that it is finite.
+fn receive(st: &mut State, n: usize, job: &ExpertJob, timeout: Duration) -> Result<(), ExchangeError> {
     let State {
         nodes, body, floats, ..
     } = st;
@@ -242,13 +341,16 @@ fn receive(
         .conn
         .as_mut()
         .expect("a node with a request in flight is connected");
-    let h = read_frame(&mut conn.r, DEFAULT_MAX_FRAME, body).map_err(|e| {
-        if e.is_timeout() {
-            ExchangeError::Timeout(timeout)
-        } else {
-            e.into()
-        }
-    })?;
+    let h = conn
+        .session
+        .read(&mut conn.r, DEFAULT_MAX_FRAME, body, Deadline::By(sent + timeout))
+        .map_err(|e| {
+            if e.is_timeout() || matches!(e, FrameError::Late(_)) {
+                ExchangeError::Timeout(timeout)
+            } else {
+                e.into()
+            }
+        })?;
     if h.id != id {
         return Err(ExchangeError::WrongRequest { got: h.id, pending: id });
     }
@@ -264,17 +366,27 @@ fn receive(
     }
     let d = job.input.cols();
     decode_output(body, node.assigned.iter().map(|&i| job.rows_of(i).len()), d, floats)?;
-    let mut at = 0;
-    for &i in &node.assigned {
-        let len = job.rows_of(i).len() * d;
-        deliver(i, &floats[at..at + len]);
-        at += len;
+    // Kernels make no NaN, no infinity from finite weights and inputs: such an answer is a fault or a lie.
+    if let Some(at) = floats.iter().position(|v| !v.is_finite()) {
+        node.metrics.rejected += 1;
+        return Err(ExchangeError::NonFinite(floats[at]));
     }
     let m = &mut node.metrics;
     m.bytes_in += (body.len() + HEADER_LEN) as u64;
     m.exchange_ns += sent.elapsed().as_nanos() as u64;
     tracing::trace!(experts = node.assigned.len(), bytes = body.len(), "answered");
     Ok(())
+}
+
+/// Hands node `n`'s answer, read and checked into `st.floats`, to the engine, expert by expert.
+fn deliver_answer(st: &State, n: usize, job: &ExpertJob, deliver: &mut dyn FnMut(usize, &[f32])) {
+    let d = job.input.cols();
+    let mut at = 0;
+    for &i in &st.nodes[n].assigned {
+        let len = job.rows_of(i).len() * d;
+        deliver(i, &st.floats[at..at + len]);
+        at += len;
+    }
 }
 
 /// Computes experts `which` (indices into the job's ids, ascending) with the backbone's own source.

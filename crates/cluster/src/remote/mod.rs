@@ -16,11 +16,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use titan_engine::experts::Experts;
-use titan_net::{read_frame, write_frame, Kind};
+use titan_net::{read_frame_by, write_frame, Deadline, FrameError, Kind, Session, Side};
 use tracing::Span;
 
+use crate::auth::{self, Keys};
 use crate::plan::{Placement, Plan};
-use crate::proto::{Hello, Welcome};
+use crate::proto::{json, Challenge, Hello, Proof, Welcome};
 use crate::slice::SliceSpec;
 use crate::{ClusterError, ExchangeError};
 
@@ -41,6 +42,9 @@ pub struct ClusterOptions {
     /// Whether the backbone computes a share of the experts like a node (it holds them all in memory),
     /// or only those no live node holds (it streams them, or is busy enough with the rest).
     pub backbone_share: bool,
+    /// The share of the nodes' expert answers and dense products the backbone recomputes to check their
+    /// bits (0: none).
+    pub audit: f64,
 }
 
 /// A down node is dialled again this often, off the generation's path; a node that answers is used again
@@ -97,6 +101,8 @@ struct Node {
     row_weight: f64,
     /// What it announced of its speed (bytes of weights per second; 0: unknown).
     speed: f64,
+    /// Proven faulty or lying by an audit: never given work again, never dialled again.
+    distrusted: bool,
 }
 
 impl Node {
@@ -113,6 +119,7 @@ impl Node {
             takes_rows: false,
             row_weight: 1.0,
             speed: 0.0,
+            distrusted: false,
         }
     }
 
@@ -142,6 +149,8 @@ fn check_shape(addr: &str, w: &Welcome, n_layer: usize, n_expert: usize) -> Resu
 struct Conn {
     w: TcpStream,
     r: BufReader<TcpStream>,
+    /// The frames' MACs and sequence numbers, both ways.
+    session: Session,
 }
 
 /// Counters of one node as the backbone saw it.
@@ -161,6 +170,11 @@ pub struct NodeMetrics {
     pub downs: u64,
     /// The median of a few empty round trips at connection (the network's and the node's floor).
     pub ping_ns: u64,
+    /// Answers refused for a NaN or an infinity.
+    pub rejected: u64,
+    /// Output rows recomputed by the audit, and the audits whose bits differed.
+    pub audited: u64,
+    pub audit_failures: u64,
 }
 
 struct State {
@@ -192,6 +206,10 @@ struct State {
     row_out: Vec<f32>,
     /// Always empty: the allocation of the backbone's own share's job list (see `scratch::recycle`).
     row_list: Vec<titan_engine::rows::RowJob<'static>>,
+    /// The experts an audit recomputes: (job index, offset of its answer).
+    audit: Vec<(usize, usize)>,
+    /// What picks them.
+    rng: titan_kernels::splitmix::SplitMix64,
 }
 
 impl Cluster {
@@ -326,6 +344,13 @@ impl Cluster {
             row_jobs: Vec::new(),
             row_out: Vec::new(),
             row_list: Vec::new(),
+            audit: Vec::new(),
+            // Any seed will do, as long as a node cannot know which outputs will be checked.
+            rng: titan_kernels::splitmix::SplitMix64(u64::from_le_bytes(
+                auth::nonce().map_err(ClusterError::io("seeding the audit"))?[..8]
+                    .try_into()
+                    .expect("8 bytes"),
+            )),
         };
         let redial = Arc::new(Redial {
             revived: Mutex::new((0..opts.nodes.len()).map(|_| None).collect()),
@@ -406,8 +431,11 @@ impl Cluster {
             .map(|n| {
                 let conn = n.conn.as_mut()?;
                 *next_id += 1;
-                write_frame(&mut conn.w, Kind::MetricsRequest, *next_id, &[], frame).ok()?;
-                let h = read_frame(&mut conn.r, 1 << 20, body).ok()?;
+                conn.session
+                    .write(&mut conn.w, Kind::MetricsRequest, *next_id, &[], frame)
+                    .ok()?;
+                let by = Deadline::By(Instant::now() + CONNECT_TIMEOUT);
+                let h = conn.session.read(&mut conn.r, 1 << 20, body, by).ok()?;
                 (h.kind == Kind::Metrics && h.id == *next_id)
                     .then(|| serde_json::from_slice(body).ok())
                     .flatten()
@@ -421,7 +449,9 @@ impl Cluster {
     }
 }
 
-/// Connects to `addr`, says hello with the token and the model, and reads the node's welcome.
+/// Connects to `addr` and runs the handshake (`auth`): the hello with the model and a nonce, the node's
+/// proof checked before the backbone sends its own, then the node's welcome under the session's MAC. The
+/// token never crosses the wire; a node that cannot prove it gets no proof, no rows, nothing.
 fn handshake(addr: &str, opts: &ClusterOptions) -> Result<(Conn, Welcome), ExchangeError> {
     let sock = addr
         .to_socket_addrs()?
@@ -429,33 +459,51 @@ fn handshake(addr: &str, opts: &ClusterOptions) -> Result<(Conn, Welcome), Excha
         .ok_or_else(|| ExchangeError::Unresolved(addr.to_string()))?;
     let stream = TcpStream::connect_timeout(&sock, CONNECT_TIMEOUT)?;
     stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(opts.timeout.max(CONNECT_TIMEOUT)))?;
-    let mut conn = Conn {
-        w: stream.try_clone()?,
-        r: BufReader::with_capacity(1 << 16, stream),
-    };
+    let (mut w, mut r) = (stream.try_clone()?, BufReader::with_capacity(1 << 16, stream));
+    let by = || Deadline::By(Instant::now() + opts.timeout.max(CONNECT_TIMEOUT));
+    let keys = Keys::new(&opts.token);
+    let nonce = auth::nonce()?;
     let hello = Hello {
-        token: String::from_utf8_lossy(&opts.token).into_owned(),
         model: opts.model.clone(),
+        nonce: auth::hex(&nonce),
     };
-    let hello = serde_json::to_vec(&hello).map_err(|error| ExchangeError::Json {
-        what: "writing the hello",
-        error,
-    })?;
-    write_frame(&mut conn.w, Kind::Hello, 0, &hello, &mut Vec::new())?;
+    let mut frame = Vec::new();
+    write_frame(&mut w, Kind::Hello, 0, &json(&hello, "writing the hello")?, &mut frame)?;
     let mut body = Vec::new();
-    let h = read_frame(&mut conn.r, 1 << 16, &mut body)?;
+    let (h, _, _) = read_frame_by(&mut r, 1 << 16, &mut body, by())?;
+    let challenge: Challenge = match h.kind {
+        Kind::Challenge => serde_json::from_slice(&body).map_err(|error| ExchangeError::Json {
+            what: "reading the node's challenge",
+            error,
+        })?,
+        Kind::Error => return Err(ExchangeError::Refused(String::from_utf8_lossy(&body).into_owned())),
+        kind => return Err(ExchangeError::WrongAnswer { to: "the hello", kind }),
+    };
+    let node_nonce = auth::unhex(&challenge.nonce).ok_or(ExchangeError::Impostor)?;
+    let proof = auth::unhex(&challenge.proof).ok_or(ExchangeError::Impostor)?;
+    if !auth::same(&proof, &keys.node_proof(&nonce, &node_nonce, &opts.model)) {
+        return Err(ExchangeError::Impostor);
+    }
+    let ours = Proof {
+        proof: auth::hex(&keys.backbone_proof(&nonce, &node_nonce, &opts.model)),
+    };
+    write_frame(&mut w, Kind::Proof, 0, &json(&ours, "writing the proof")?, &mut frame)?;
+    let mut session = Session::new(keys.session_key(&nonce, &node_nonce, &opts.model), Side::Backbone);
+    let h = match session.read(&mut r, 1 << 16, &mut body, by()) {
+        Ok(h) => h,
+        // A refusal after the proofs (another model) comes as a plain frame, without a MAC.
+        Err(FrameError::BadMac) => return Err(ExchangeError::Refused(String::from_utf8_lossy(&body).into_owned())),
+        Err(e) => return Err(e.into()),
+    };
     match h.kind {
         Kind::Welcome => {
             let welcome: Welcome = serde_json::from_slice(&body).map_err(|error| ExchangeError::Json {
                 what: "reading the node's welcome",
                 error,
             })?;
-            conn.r.get_ref().set_read_timeout(Some(opts.timeout))?;
-            Ok((conn, welcome))
+            Ok((Conn { w, r, session }, welcome))
         }
-        Kind::Error => Err(ExchangeError::Refused(String::from_utf8_lossy(&body).into_owned())),
-        kind => Err(ExchangeError::WrongAnswer { to: "the hello", kind }),
+        kind => Err(ExchangeError::WrongAnswer { to: "the proof", kind }),
     }
 }
 
@@ -465,8 +513,10 @@ fn ping(conn: &mut Conn, n: usize) -> Result<u64, ExchangeError> {
     let mut times = Vec::with_capacity(n);
     for i in 0..n as u64 {
         let t = Instant::now();
-        write_frame(&mut conn.w, Kind::Ping, i, &[], &mut frame)?;
-        let h = read_frame(&mut conn.r, 1 << 16, &mut body)?;
+        conn.session.write(&mut conn.w, Kind::Ping, i, &[], &mut frame)?;
+        let h = conn
+            .session
+            .read(&mut conn.r, 1 << 16, &mut body, Deadline::By(t + CONNECT_TIMEOUT))?;
         if h.kind != Kind::Pong {
             return Err(ExchangeError::WrongAnswer {
                 to: "a ping",
@@ -503,23 +553,65 @@ impl Cluster {
                 self.names[n]
             );
         }
-        if self.redial.dialing[n].swap(true, Ordering::SeqCst) {
+        if node.distrusted || self.redial.dialing[n].swap(true, Ordering::SeqCst) {
             return;
         }
         let (redial, opts, addr) = (self.redial.clone(), self.opts.clone(), self.names[n].clone());
-        std::thread::spawn(move || loop {
-            std::thread::sleep(RETRY_EVERY);
-            if redial.closing.load(Ordering::SeqCst) {
-                return;
-            }
-            match handshake(&addr, &opts) {
-                Ok(answer) => {
-                    redial.revived.lock().unwrap_or_else(|e| e.into_inner())[n] = Some(answer);
+        std::thread::spawn(move || {
+            let mut said = String::new();
+            loop {
+                std::thread::sleep(RETRY_EVERY);
+                if redial.closing.load(Ordering::SeqCst) {
                     return;
                 }
-                Err(e) => tracing::debug!("node {n} ({addr}) is still down: {e}"),
+                match handshake(&addr, &opts) {
+                    Ok(answer) => {
+                        redial.revived.lock().unwrap_or_else(|e| e.into_inner())[n] = Some(answer);
+                        return;
+                    }
+                    // Something answers at the address but cannot be used (an impostor, another token):
+                    // worth a warning, once for each new reason; a node still dead is not.
+                    Err(e @ (ExchangeError::Impostor | ExchangeError::Refused(_))) => {
+                        let why = e.to_string();
+                        if why != said {
+                            tracing::warn!("node {n} ({addr}) answers but is not taken back: {why}");
+                            said = why;
+                        }
+                    }
+                    Err(e) => tracing::debug!("node {n} ({addr}) is still down: {e}"),
+                }
             }
         });
+    }
+
+    /// Node `n` failed an exchange (`what`): a node whose answer failed its audit is distrusted for good,
+    /// any other is down and dialled again.
+    fn failed(&self, st: &mut State, n: usize, e: &ExchangeError, what: &str) {
+        if let ExchangeError::AuditFailed { .. } | ExchangeError::RowsAuditFailed { .. } = e {
+            st.nodes[n].distrusted = true;
+            tracing::error!(
+                "node {n} ({}) is faulty or lying and takes no more work: {what}: {e}",
+                self.names[n]
+            );
+        }
+        self.down(st, n, &format!("{what}: {e}"));
+    }
+
+    /// Reads and drops every answer still on its way (after the backbone's own share failed): a node
+    /// that does not answer in time is marked down.
+    fn drain(&self, st: &mut State) {
+        for n in 0..st.nodes.len() {
+            let Some((_, sent)) = st.nodes[n].pending.take() else {
+                continue;
+            };
+            let State { nodes, body, .. } = &mut *st;
+            let Some(conn) = nodes[n].conn.as_mut() else { continue };
+            let by = Deadline::By(sent + self.opts.timeout);
+            let read = conn.session.read(&mut conn.r, titan_net::DEFAULT_MAX_FRAME, body, by);
+            if let Err(e) = read {
+                self.down(st, n, &format!("its answer, dropped after a failure here: {e}"));
+            }
+        }
     }
 
     /// Takes back the down nodes that answered again; they are used from this layer on.

@@ -13,7 +13,7 @@ use titan_engine::scratch::recycle;
 use titan_engine::weights::Weights;
 use titan_engine::EngineError;
 use titan_kernels::Activations;
-use titan_net::{read_frame, write_frame, Kind, DEFAULT_MAX_FRAME, HEADER_LEN};
+use titan_net::{Deadline, FrameError, Kind, DEFAULT_MAX_FRAME, HEADER_LEN};
 
 use super::{Cluster, State};
 use crate::proto::{decode_rows_output, encode_rows, RowsJob};
@@ -47,8 +47,12 @@ impl Rows for Cluster {
             }
         }
 
-        // The backbone's own share while the nodes compute theirs.
-        compute_here(&self.local_rows, weights, st, 0, parts, jobs)?;
+        // The backbone's own share while the nodes compute theirs; if it fails, the answers on their way are
+        // read and dropped first, or the next call would read them as its own.
+        if let Err(e) = compute_here(&self.local_rows, weights, st, 0, parts, jobs) {
+            self.drain(st);
+            return Err(e);
+        }
 
         // The answers, in node order; a node that failed, sending or answering, has its share computed here.
         let mut p = 0;
@@ -58,15 +62,68 @@ impl Rows for Cluster {
             }
             p += 1;
             let result = match st.nodes[n].pending.take() {
-                Some(pending) => receive(st, n, pending, p, parts, jobs, self.opts.timeout).map_err(Some),
+                Some(pending) => receive(st, n, pending, p, parts, jobs, self.opts.timeout)
+                    .and_then(|()| self.audit_rows(weights, st, n, p, parts, jobs))
+                    .map_err(Some),
                 None => Err(None),
             };
             if let Err(e) = result {
                 if let Some(e) = e {
-                    self.down(st, n, &format!("a dense product: {e}"));
+                    self.failed(st, n, &e, "a dense product");
                 }
                 st.nodes[n].metrics.failovers += 1;
-                compute_here(&self.local_rows, weights, st, p, parts, jobs)?;
+                if let Err(e) = compute_here(&self.local_rows, weights, st, p, parts, jobs) {
+                    self.drain(st);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Cluster {
+    /// Recomputes node `n`'s (participant `p`'s) share of a random sample of the jobs (`--audit`'s rate),
+    /// and compares its bits with what the node answered, already in place in the jobs' outputs.
+    fn audit_rows(
+        &self,
+        weights: &Weights,
+        st: &mut State,
+        n: usize,
+        p: usize,
+        parts: usize,
+        jobs: &[RowJob],
+    ) -> Result<(), ExchangeError> {
+        if self.opts.audit <= 0.0 {
+            return Ok(());
+        }
+        for (j, job) in jobs.iter().enumerate() {
+            let (a, b) = share(st, parts, j, p);
+            if a == b || st.rng.next_f32() >= self.opts.audit as f32 {
+                continue;
+            }
+            st.nodes[n].metrics.audited += 1;
+            let rows = job.input.rows();
+            let mut here = vec![0f32; rows * (b - a)];
+            let mut one = [RowJob {
+                w: row_range(&job.w, a..b),
+                input: job.input,
+                out: &mut here,
+            }];
+            self.local_rows
+                .matmul_many(weights, &mut one)
+                .map_err(|e| ExchangeError::NodeFailed(format!("the audit could not recompute: {e}")))?;
+            let width = b - a;
+            let same = (0..rows).all(|i| {
+                let theirs = &job.out[i * job.w.rows + a..i * job.w.rows + b];
+                let ours = &here[i * width..(i + 1) * width];
+                theirs.iter().zip(ours).all(|(x, y)| x.to_bits() == y.to_bits())
+            });
+            if !same {
+                st.nodes[n].metrics.audit_failures += 1;
+                return Err(ExchangeError::RowsAuditFailed {
+                    start: job.w.start as u64 + (a * job.w.row_bytes()) as u64,
+                });
             }
         }
         Ok(())
@@ -162,7 +219,7 @@ fn send(st: &mut State, n: usize, p: usize, parts: usize, id: u64, jobs: &[RowJo
     let node = &mut nodes[n];
     let conn = node.conn.as_mut().expect("only live nodes take a share");
     let t = Instant::now();
-    write_frame(&mut conn.w, Kind::Rows, id, body, frame)?;
+    conn.session.write(&mut conn.w, Kind::Rows, id, body, frame)?;
     conn.w.flush()?;
     node.pending = Some((id, t));
     let m = &mut node.metrics;
@@ -196,13 +253,16 @@ fn receive(
             .conn
             .as_mut()
             .expect("a node with a request in flight is connected");
-        let h = read_frame(&mut conn.r, DEFAULT_MAX_FRAME, body).map_err(|e| {
-            if e.is_timeout() {
-                ExchangeError::Timeout(timeout)
-            } else {
-                e.into()
-            }
-        })?;
+        let h = conn
+            .session
+            .read(&mut conn.r, DEFAULT_MAX_FRAME, body, Deadline::By(sent + timeout))
+            .map_err(|e| {
+                if e.is_timeout() || matches!(e, FrameError::Late(_)) {
+                    ExchangeError::Timeout(timeout)
+                } else {
+                    e.into()
+                }
+            })?;
         if h.id != id {
             return Err(ExchangeError::WrongRequest { got: h.id, pending: id });
         }
@@ -217,6 +277,10 @@ fn receive(
             }
         }
         decode_rows_output(body, len, floats)?;
+        if let Some(at) = floats.iter().position(|v| !v.is_finite()) {
+            nodes[n].metrics.rejected += 1;
+            return Err(ExchangeError::NonFinite(floats[at]));
+        }
         let m = &mut nodes[n].metrics;
         m.bytes_in += (body.len() + HEADER_LEN) as u64;
         m.exchange_ns += sent.elapsed().as_nanos() as u64;
