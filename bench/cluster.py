@@ -49,7 +49,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TITAN = os.path.join(ROOT, "target", "release", "titan")
+TITAN = os.environ.get("TITAN_BIN") or os.path.join(ROOT, "target", "release", "titan")
 
 
 def sh(cmd):
