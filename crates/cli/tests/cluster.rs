@@ -312,13 +312,13 @@ fn handshake(addr: &str, model: &Path, proof: Option<[u8; 32]>) -> (TcpStream, S
     let theirs = auth::unhex(challenge["nonce"].as_str().unwrap()).unwrap();
     let node_proof = auth::unhex(challenge["proof"].as_str().unwrap()).unwrap();
     assert!(
-        auth::same(&node_proof, &keys.node_proof(&nonce, &theirs, &model)),
+        auth::same(&node_proof, &keys.node_proof(&nonce, &theirs, &model, false)),
         "the node's proof"
     );
-    let ours = proof.unwrap_or_else(|| keys.backbone_proof(&nonce, &theirs, &model));
+    let ours = proof.unwrap_or_else(|| keys.backbone_proof(&nonce, &theirs, &model, false));
     let body = serde_json::json!({ "proof": auth::hex(&ours) }).to_string();
     write_frame(&mut s, Kind::Proof, 0, body.as_bytes(), &mut Vec::new()).unwrap();
-    let session = Session::new(keys.session_key(&nonce, &theirs, &model), Side::Backbone);
+    let session = Session::new(keys.session_key(&nonce, &theirs, &model, false), Side::Backbone);
     (s, session, model)
 }
 

@@ -100,6 +100,7 @@ fn liar(model: &Path, lie: Lie) -> String {
         listen: "127.0.0.1:0".into(),
         token: TOKEN.as_bytes().to_vec(),
         max_frame: titan_net::DEFAULT_MAX_FRAME,
+        encrypt: false,
     };
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || titan_cluster::serve(node, opts, |a| tx.send(a).unwrap()));
@@ -533,5 +534,97 @@ fn an_audit_catches_a_node_with_a_damaged_dense_weight() {
     assert!(
         offset >= start && offset <= at,
         "offset {offset}: the product starts at {start}, the damage is at {at}"
+    );
+}
+
+/// The frames' bodies of `kind` in `bytes` (a stream of frames as a relay heard them).
+fn bodies(bytes: &[u8], kind: Kind) -> Vec<Vec<u8>> {
+    let (mut at, mut out) = (0, Vec::new());
+    while at + HEADER_LEN <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at + 16..at + 20].try_into().unwrap()) as usize;
+        if bytes[at + 5] == kind as u8 {
+            out.push(bytes[at + HEADER_LEN..at + HEADER_LEN + len].to_vec());
+        }
+        at += HEADER_LEN + len + TAG_LEN;
+    }
+    out
+}
+
+/// With `--encrypt` on both ends, an eavesdropper between backbone and node hears none of the activations
+/// it hears in the clear without it (the same run, so the same answers), the text is the single machine's,
+/// and a bit flipped on the way is still caught. A node that requires encryption refuses a backbone without
+/// it, saying why.
+#[test]
+fn encrypted_connections_show_no_activation() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("qwen3moe/q8_0.gguf");
+    let token = token_file(dir.path());
+    let single = dir.path().join("single.trace");
+    trace(&m, &single, &[]);
+    let plain = Worker::start(&m, dir.path(), "plain", "127.0.0.1:0");
+    let sealed = Worker::start_with_args("-m", &m, dir.path(), "sealed", "127.0.0.1:0", &["--encrypt"]);
+    let mut heard = Vec::new();
+    for (name, w, extra) in [("clear", &plain, &[][..]), ("encrypted", &sealed, &["--encrypt"][..])] {
+        let relay = Relay::start(&w.addr, Tamper::Record);
+        let out = dir.path().join(format!("{name}.trace"));
+        let mut args = cluster_args(&relay.addr, &token);
+        args.extend(extra);
+        let o = trace(&m, &out, &args);
+        assert!(
+            trace_diff(&single, &out).starts_with("IDENTICAL"),
+            "{name}: {}",
+            stderr(&o)
+        );
+        heard.push(relay.heard());
+    }
+    let answers = bodies(&heard[0], Kind::Output);
+    assert!(
+        answers.len() > 4,
+        "the relay heard {} answers in the clear",
+        answers.len()
+    );
+    for (i, answer) in answers.iter().enumerate() {
+        for window in answer.chunks_exact(32) {
+            assert!(
+                !heard[1].windows(32).any(|w| w == window),
+                "32 bytes of answer {i} in the clear were heard on the encrypted connection"
+            );
+        }
+    }
+    // Tampering is caught under encryption as under MACs alone.
+    let relay = Relay::start(&sealed.addr, Tamper::Alter { nth: 3 });
+    let out = dir.path().join("altered.trace");
+    let mut args = cluster_args(&relay.addr, &token);
+    args.push("--encrypt");
+    let o = trace(&m, &out, &args);
+    assert!(relay.tampered());
+    assert!(trace_diff(&single, &out).starts_with("IDENTICAL"));
+    assert!(
+        stderr(&o).contains("a frame failed its authentication"),
+        "{}",
+        stderr(&o)
+    );
+    // A backbone without --encrypt is refused by a node that requires it.
+    let o = titan()
+        .args([
+            "run",
+            "-p",
+            "Hi",
+            "-n",
+            "2",
+            "--nodes",
+            &sealed.addr,
+            "--token-file",
+            token.to_str().unwrap(),
+            "-m",
+        ])
+        .arg(&m)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("this node accepts only encrypted connections: give the backbone --encrypt"),
+        "{err}"
     );
 }

@@ -39,19 +39,20 @@ impl Keys {
         *h.finalize().as_bytes()
     }
 
-    /// The node's proof for the backbone's nonce `b`, its own `n` and the model both run.
-    pub fn node_proof(&self, b: &Nonce, n: &Nonce, model: &str) -> [u8; 32] {
-        Self::mac(&self.cluster, "node", &[b, n, model.as_bytes()])
+    /// The node's proof for the backbone's nonce `b`, its own `n`, the model both run and whether the
+    /// session is encrypted (so that nobody on the path can turn encryption off unnoticed).
+    pub fn node_proof(&self, b: &Nonce, n: &Nonce, model: &str, encrypt: bool) -> [u8; 32] {
+        Self::mac(&self.cluster, "node", &[b, n, model.as_bytes(), &[encrypt as u8]])
     }
 
     /// The backbone's proof, over the same values.
-    pub fn backbone_proof(&self, b: &Nonce, n: &Nonce, model: &str) -> [u8; 32] {
-        Self::mac(&self.cluster, "backbone", &[b, n, model.as_bytes()])
+    pub fn backbone_proof(&self, b: &Nonce, n: &Nonce, model: &str, encrypt: bool) -> [u8; 32] {
+        Self::mac(&self.cluster, "backbone", &[b, n, model.as_bytes(), &[encrypt as u8]])
     }
 
-    /// The key of the connection's frame MACs.
-    pub fn session_key(&self, b: &Nonce, n: &Nonce, model: &str) -> [u8; 32] {
-        Self::mac(&self.cluster, "session", &[b, n, model.as_bytes()])
+    /// The connection's session key (its frames' MACs, or their encryption's key).
+    pub fn session_key(&self, b: &Nonce, n: &Nonce, model: &str, encrypt: bool) -> [u8; 32] {
+        Self::mac(&self.cluster, "session", &[b, n, model.as_bytes(), &[encrypt as u8]])
     }
 
     /// The MAC of an HTTP request to the slice endpoint: its method, path and query, the time and nonce it
@@ -167,14 +168,15 @@ mod tests {
     fn proofs_depend_on_everything_they_cover() {
         let (k, other) = (Keys::new(b"0123456789abcdef"), Keys::new(b"0123456789abcdeg"));
         let (b, n) = ([1u8; 32], [2u8; 32]);
-        let p = k.node_proof(&b, &n, "m");
-        assert!(same(&p, &k.node_proof(&b, &n, "m")));
+        let p = k.node_proof(&b, &n, "m", false);
+        assert!(same(&p, &k.node_proof(&b, &n, "m", false)));
         for q in [
-            other.node_proof(&b, &n, "m"),
-            k.node_proof(&n, &b, "m"),
-            k.node_proof(&b, &n, "m2"),
-            k.backbone_proof(&b, &n, "m"),
-            k.session_key(&b, &n, "m"),
+            other.node_proof(&b, &n, "m", false),
+            k.node_proof(&n, &b, "m", false),
+            k.node_proof(&b, &n, "m2", false),
+            k.node_proof(&b, &n, "m", true),
+            k.backbone_proof(&b, &n, "m", false),
+            k.session_key(&b, &n, "m", false),
         ] {
             assert!(!same(&p, &q));
         }

@@ -28,6 +28,8 @@ pub struct BackboneOptions {
     pub backbone_share: bool,
     /// The share of the nodes' outputs the backbone recomputes to check their bits (0: none).
     pub audit: f64,
+    /// Encrypt the connections to the nodes.
+    pub encrypt: bool,
     /// Serve the nodes their shards at this address: wait for every node to join, plan from their
     /// budgets, and let each download only its experts.
     pub serve_slices: Option<String>,
@@ -62,6 +64,7 @@ pub fn attach(model: &mut Model, opts: BackboneOptions) -> Result<Arc<Cluster>, 
         hot: opts.hot,
         backbone_share: opts.backbone_share,
         audit: opts.audit,
+        encrypt: opts.encrypt,
     };
     let slices = match &opts.serve_slices {
         None => None,

@@ -38,6 +38,9 @@ pub struct Hello {
     pub model: String,
     /// The backbone's fresh nonce, hex.
     pub nonce: String,
+    /// Whether the connection's frames are encrypted (else authenticated only).
+    #[serde(default)]
+    pub encrypt: bool,
 }
 
 /// The node's answer: its nonce and its proof that it knows the token, hex.

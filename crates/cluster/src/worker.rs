@@ -25,6 +25,8 @@ pub struct WorkerOptions {
     pub token: Vec<u8>,
     /// The largest frame accepted.
     pub max_frame: usize,
+    /// Refuse backbones that do not encrypt their connection.
+    pub encrypt: bool,
 }
 
 /// How long each frame of a new connection's handshake has to arrive whole.
@@ -202,11 +204,15 @@ impl Node {
             );
             return refuse(&mut w, &mut frame, why);
         }
-        let model = &self.welcome.model;
+        if self.opts.encrypt && !hello.encrypt {
+            let why = "this node accepts only encrypted connections: give the backbone --encrypt".to_string();
+            return refuse(&mut w, &mut frame, why);
+        }
+        let (model, encrypt) = (&self.welcome.model, hello.encrypt);
         let nonce = auth::nonce()?;
         let challenge = Challenge {
             nonce: auth::hex(&nonce),
-            proof: auth::hex(&self.keys.node_proof(&backbone_nonce, &nonce, model)),
+            proof: auth::hex(&self.keys.node_proof(&backbone_nonce, &nonce, model, encrypt)),
         };
         write_frame(
             &mut w,
@@ -220,11 +226,16 @@ impl Node {
             .then(|| serde_json::from_slice::<Proof>(&body).ok())
             .flatten()
             .and_then(|p| auth::unhex(&p.proof));
-        let expected = self.keys.backbone_proof(&backbone_nonce, &nonce, model);
+        let expected = self.keys.backbone_proof(&backbone_nonce, &nonce, model, encrypt);
         if !proof.is_some_and(|p| auth::same(&p, &expected)) {
             return refuse(&mut w, &mut frame, "wrong node token".into());
         }
-        let mut session = Session::new(self.keys.session_key(&backbone_nonce, &nonce, model), Side::Node);
+        let key = self.keys.session_key(&backbone_nonce, &nonce, model, encrypt);
+        let mut session = if encrypt {
+            Session::encrypted(key, Side::Node)
+        } else {
+            Session::new(key, Side::Node)
+        };
         session.write(
             &mut w,
             Kind::Welcome,

@@ -81,6 +81,7 @@ fn an_exchange_allocates_nothing_with_the_log_at_info() {
             listen: "127.0.0.1:0".into(),
             token: TOKEN.to_vec(),
             max_frame: titan_net::DEFAULT_MAX_FRAME,
+            encrypt: false,
         };
         titan_cluster::node::serve_model(&node, None, true, opts, |addr| tx.send(addr).unwrap()).unwrap();
     });
@@ -103,6 +104,7 @@ fn an_exchange_allocates_nothing_with_the_log_at_info() {
             hot: Vec::new(),
             backbone_share: false,
             audit: 0.0,
+            encrypt: false,
         },
     )
     .unwrap();

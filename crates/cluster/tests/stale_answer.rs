@@ -23,6 +23,7 @@ fn an_error_here_leaves_no_stale_answer_for_the_next_layer() {
             listen: "127.0.0.1:0".into(),
             token: TOKEN.to_vec(),
             max_frame: titan_net::DEFAULT_MAX_FRAME,
+            encrypt: false,
         };
         titan_cluster::node::serve_model(&node, None, false, opts, |addr| tx.send(addr).unwrap()).unwrap();
     });
@@ -46,6 +47,7 @@ fn an_error_here_leaves_no_stale_answer_for_the_next_layer() {
             hot: Vec::new(),
             backbone_share: false,
             audit: 0.0,
+            encrypt: false,
         },
     )
     .unwrap();

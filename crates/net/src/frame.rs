@@ -284,14 +284,15 @@ pub fn read_frame(r: &mut (impl Timed + ?Sized), limit: usize, body: &mut Vec<u8
 }
 
 /// Writes one frame with `tag(header, body)` after its body (header, body and tag in one write, so a small
-/// frame is one segment with TCP_NODELAY).
+/// frame is one segment with TCP_NODELAY). `tag` sees the body as it will be sent, and may change it in place
+/// (an encrypting session does).
 pub fn write_frame_tagged(
     w: &mut impl Write,
     kind: Kind,
     id: u64,
     body: &[u8],
     scratch: &mut Vec<u8>,
-    tag: impl FnOnce(&[u8], &[u8]) -> [u8; TAG_LEN],
+    tag: impl FnOnce(&[u8], &mut [u8]) -> [u8; TAG_LEN],
 ) -> io::Result<()> {
     let len =
         u32::try_from(body.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame body over 4 GiB"))?;
@@ -303,7 +304,9 @@ pub fn write_frame_tagged(
     scratch.clear();
     scratch.extend_from_slice(&header);
     scratch.extend_from_slice(body);
-    scratch.extend_from_slice(&tag(&header, body));
+    let (head, sent) = scratch.split_at_mut(HEADER_LEN);
+    let t = tag(head, sent);
+    scratch.extend_from_slice(&t);
     w.write_all(scratch)?;
     w.flush()
 }

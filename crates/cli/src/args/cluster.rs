@@ -55,6 +55,10 @@ pub struct ClusterArgs {
     /// one that differs proves a node faulty or lying; it is never used again.
     #[arg(long, default_value_t = 0.0)]
     pub audit: f64,
+    /// Encrypt the connections to the nodes (ChaCha20-Poly1305 under each connection's own key), so that
+    /// nobody on the network sees activations; without it they are authenticated only.
+    #[arg(long)]
+    pub encrypt: bool,
 }
 
 impl ClusterArgs {
@@ -98,6 +102,7 @@ impl ClusterArgs {
                 }
                 self.audit
             },
+            encrypt: self.encrypt,
         }))
     }
 }

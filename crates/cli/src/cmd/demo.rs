@@ -157,6 +157,7 @@ pub fn run(a: Args) -> Result<()> {
         hot: Vec::new(),
         backbone_share: true,
         audit: 0.0,
+        encrypt: false,
     };
     let local = std::mem::replace(
         &mut model.experts,

@@ -42,6 +42,10 @@ pub struct Args {
     /// Worker threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Accept only backbones that encrypt their connection (`--encrypt` on the backbone): activations never
+    /// cross the network in the clear.
+    #[arg(long)]
+    encrypt: bool,
     /// Serve the model's experts only: leave its dense weights unloaded, and take no share of a backbone's
     /// dense products (projections, LM head). Less memory, less speed-up.
     #[arg(long = "experts-only", requires = "model")]
@@ -61,6 +65,7 @@ pub fn run(a: Args) -> Result<()> {
         listen: a.listen.clone(),
         token: read_token(&a.token_file)?,
         max_frame: a.max_frame,
+        encrypt: a.encrypt,
     };
     if let Some(m) = &a.model {
         let plan = a.stream.plan(m, KvPlan::NONE)?;

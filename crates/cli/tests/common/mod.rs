@@ -40,6 +40,11 @@ impl Worker {
 
     /// A worker serving `what` (`-m` a model, or `--shard` a shard).
     pub fn start_with(flag: &str, what: &Path, dir: &Path, name: &str, listen: &str) -> Worker {
+        Worker::start_with_args(flag, what, dir, name, listen, &[])
+    }
+
+    /// The same, with more options.
+    pub fn start_with_args(flag: &str, what: &Path, dir: &Path, name: &str, listen: &str, extra: &[&str]) -> Worker {
         let token = token_file(dir);
         let log = dir.join(format!("{name}.log"));
         let mut child = titan()
@@ -56,6 +61,7 @@ impl Worker {
             .arg(&token)
             .arg(flag)
             .arg(what)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

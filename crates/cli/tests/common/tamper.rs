@@ -20,11 +20,14 @@ pub enum Tamper {
     Replay { nth: usize },
     /// The header and the first body byte sent, then one more byte a second.
     Trickle { nth: usize },
+    /// Nothing changed: every byte the node sends is kept, as an eavesdropper would.
+    Record,
 }
 
 pub struct Relay {
     pub addr: String,
     done: Arc<AtomicBool>,
+    heard: Arc<std::sync::Mutex<Vec<u8>>>,
 }
 
 impl Relay {
@@ -32,7 +35,8 @@ impl Relay {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let done = Arc::new(AtomicBool::new(false));
-        let (target, flag) = (target.to_string(), done.clone());
+        let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (target, flag, ear) = (target.to_string(), done.clone(), heard.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
@@ -42,11 +46,16 @@ impl Relay {
                 let tamper = (!flag.load(Ordering::SeqCst)).then_some(tamper);
                 let (c, s) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 std::thread::spawn(move || copy(c, s));
-                let flag = flag.clone();
-                std::thread::spawn(move || answers(server, client, tamper, &flag));
+                let (flag, ear) = (flag.clone(), ear.clone());
+                std::thread::spawn(move || answers(server, client, tamper, &flag, &ear));
             }
         });
-        Relay { addr, done }
+        Relay { addr, done, heard }
+    }
+
+    /// Every byte the node sent, over every connection (with [`Tamper::Record`]).
+    pub fn heard(&self) -> Vec<u8> {
+        self.heard.lock().unwrap().clone()
     }
 
     /// Whether the tampering happened (a test that tampered with nothing would prove nothing).
@@ -62,7 +71,13 @@ fn copy(mut from: TcpStream, mut to: TcpStream) {
 }
 
 /// The node's frames to the backbone, one at a time, the chosen one tampered with.
-fn answers(mut from: TcpStream, mut to: TcpStream, tamper: Option<Tamper>, done: &AtomicBool) {
+fn answers(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    tamper: Option<Tamper>,
+    done: &AtomicBool,
+    heard: &std::sync::Mutex<Vec<u8>>,
+) {
     let (mut outputs, mut last_output) = (0, Vec::new());
     loop {
         let mut frame = vec![0u8; HEADER_LEN];
@@ -73,6 +88,9 @@ fn answers(mut from: TcpStream, mut to: TcpStream, tamper: Option<Tamper>, done:
         frame.resize(HEADER_LEN + len + TAG_LEN, 0);
         if from.read_exact(&mut frame[HEADER_LEN..]).is_err() {
             break;
+        }
+        if let Some(Tamper::Record) = tamper {
+            heard.lock().unwrap().extend_from_slice(&frame);
         }
         let mut out = frame.clone();
         if frame[5] == Kind::Output as u8 {

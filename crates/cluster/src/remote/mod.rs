@@ -45,6 +45,8 @@ pub struct ClusterOptions {
     /// The share of the nodes' expert answers and dense products the backbone recomputes to check their
     /// bits (0: none).
     pub audit: f64,
+    /// Encrypt every connection's frames (else they are authenticated only).
+    pub encrypt: bool,
 }
 
 /// A down node is dialled again this often, off the generation's path; a node that answers is used again
@@ -466,6 +468,7 @@ fn handshake(addr: &str, opts: &ClusterOptions) -> Result<(Conn, Welcome), Excha
     let hello = Hello {
         model: opts.model.clone(),
         nonce: auth::hex(&nonce),
+        encrypt: opts.encrypt,
     };
     let mut frame = Vec::new();
     write_frame(&mut w, Kind::Hello, 0, &json(&hello, "writing the hello")?, &mut frame)?;
@@ -481,14 +484,19 @@ fn handshake(addr: &str, opts: &ClusterOptions) -> Result<(Conn, Welcome), Excha
     };
     let node_nonce = auth::unhex(&challenge.nonce).ok_or(ExchangeError::Impostor)?;
     let proof = auth::unhex(&challenge.proof).ok_or(ExchangeError::Impostor)?;
-    if !auth::same(&proof, &keys.node_proof(&nonce, &node_nonce, &opts.model)) {
+    if !auth::same(&proof, &keys.node_proof(&nonce, &node_nonce, &opts.model, opts.encrypt)) {
         return Err(ExchangeError::Impostor);
     }
     let ours = Proof {
-        proof: auth::hex(&keys.backbone_proof(&nonce, &node_nonce, &opts.model)),
+        proof: auth::hex(&keys.backbone_proof(&nonce, &node_nonce, &opts.model, opts.encrypt)),
     };
     write_frame(&mut w, Kind::Proof, 0, &json(&ours, "writing the proof")?, &mut frame)?;
-    let mut session = Session::new(keys.session_key(&nonce, &node_nonce, &opts.model), Side::Backbone);
+    let key = keys.session_key(&nonce, &node_nonce, &opts.model, opts.encrypt);
+    let mut session = if opts.encrypt {
+        Session::encrypted(key, Side::Backbone)
+    } else {
+        Session::new(key, Side::Backbone)
+    };
     let h = match session.read(&mut r, 1 << 16, &mut body, by()) {
         Ok(h) => h,
         // A refusal after the proofs (another model) comes as a plain frame, without a MAC.
