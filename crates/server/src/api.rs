@@ -315,8 +315,9 @@ impl Responder {
     }
 }
 
-pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
-    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens})
+/// `cached`: of the prompt's tokens, those a slot's cache held already (not computed again).
+pub fn usage(prompt_tokens: usize, cached: usize, completion_tokens: usize) -> Value {
+    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 /// Collects a request's events into its text, token log-probabilities and end.
@@ -334,8 +335,16 @@ pub async fn collect(
             Event::Done {
                 finish,
                 prompt_tokens,
+                cached_tokens,
                 completion_tokens,
-            } => return Ok((text, entries, finish, usage(prompt_tokens, completion_tokens))),
+            } => {
+                return Ok((
+                    text,
+                    entries,
+                    finish,
+                    usage(prompt_tokens, cached_tokens, completion_tokens),
+                ))
+            }
             Event::Failed(why) => return Err(ApiError::internal(why)),
         }
     }

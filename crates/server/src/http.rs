@@ -447,11 +447,13 @@ fn chunks<F: Fn(u32) -> String + Send + 'static>(
                 Some(Event::Done {
                     finish,
                     prompt_tokens,
+                    cached_tokens,
                     completion_tokens,
                 }) => {
                     let mut v = vec![data(o.r.chunk("", &[], Some(finish), false))];
                     if include_usage {
-                        v.push(data(o.r.usage_chunk(&usage(prompt_tokens, completion_tokens))));
+                        let usage = usage(prompt_tokens, cached_tokens, completion_tokens);
+                        v.push(data(o.r.usage_chunk(&usage)));
                     }
                     v
                 }

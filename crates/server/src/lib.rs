@@ -6,6 +6,7 @@ mod conn;
 pub mod error;
 mod http;
 mod metrics;
+mod prompt_cache;
 mod scheduler;
 pub mod template;
 

@@ -5,7 +5,8 @@
 //!
 //! The loop runs on its own thread and owns the model's sequences; the HTTP side only sends [`Job`]s and
 //! reads [`Event`]s. A sequence's tokens do not depend on what it is batched with (`forward_batch`'s
-//! contract), so a greedy request returns the same text alone or beside others.
+//! contract), so a greedy request returns the same text alone or beside others. A freed slot keeps its
+//! sequence's cache for the next request that shares a prefix with it (`prompt_cache.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use titan_tokenizer::StreamDecoder;
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
+use crate::prompt_cache::PromptCache;
 
 /// One request, as the engine runs it.
 pub struct Job {
@@ -42,6 +44,8 @@ pub enum Event {
     Done {
         finish: Finish,
         prompt_tokens: usize,
+        /// Of the prompt's tokens, those whose cache a slot held already (OpenAI's `cached_tokens`).
+        cached_tokens: usize,
         completion_tokens: usize,
     },
     Failed(String),
@@ -69,6 +73,8 @@ pub struct SchedulerOptions {
     pub ctx_size: usize,
     /// Most tokens one step carries (decode rows first, then prompt chunks).
     pub step_tokens: usize,
+    /// Reuse the longest prefix of a prompt that a free slot's cache holds.
+    pub prompt_cache: bool,
 }
 
 /// A request in a slot: its sequence, what it has generated, and what it has sent.
@@ -80,6 +86,8 @@ struct Slot<'m> {
     history: Vec<u32>,
     /// Positions of `history` already in the sequence's cache.
     in_cache: usize,
+    /// Of those, the ones the slot's cache held when the request came.
+    cached: usize,
     generated: usize,
     decoder: StreamDecoder<'m>,
     /// Decoded text held back because it may be the start of a stop string.
@@ -96,10 +104,7 @@ impl Slot<'_> {
 /// Runs until every sender of `queue` is gone.
 pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job>, metrics: &Metrics) {
     let mut slots: Vec<Slot<'_>> = Vec::new();
-    // The sequences of finished requests, for the next ones: a new sequence writes its whole KV cache
-    // once (`KvCache::new`), hundreds of megabytes at a long context, which a reused one has done already.
-    // A sequence started again at position 0 computes exactly what a fresh one would.
-    let mut spare: Vec<Sequence> = Vec::new();
+    let mut free = PromptCache::new(opts.prompt_cache);
     let mut batch = Batch::default();
     loop {
         // Admit: block for work when idle; otherwise take what is waiting, up to the free slots.
@@ -121,11 +126,15 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
                     .in_scope(|| tracing::info!("abandoned by the client while queued"));
                 continue;
             }
+            let unused = slots.len() + free.held() < opts.parallel;
+            let (seq, cached) = free.take(model, opts.ctx_size, &job.prompt, unused);
+            metrics.prompt_tokens_cached.fetch_add(cached as u64, Ordering::Relaxed);
             slots.push(Slot {
-                seq: spare.pop().unwrap_or_else(|| model.new_sequence(opts.ctx_size)),
+                seq,
                 sampler: Sampler::new(job.sampler.clone()),
                 history: job.prompt.clone(),
-                in_cache: 0,
+                in_cache: cached,
+                cached,
                 generated: 0,
                 decoder: model.tokenizer.stream(),
                 held: String::new(),
@@ -140,24 +149,31 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
                 s.job.span.in_scope(|| {
                     tracing::info!(generated = s.generated, "abandoned by the client");
                 });
-                spare.push(s.seq);
+                release(&mut free, s);
             }
         }
         if slots.is_empty() {
             continue;
         }
         metrics.active.store(slots.len() as u64, Ordering::Relaxed);
-        step(model, opts, &mut slots, &mut spare, &mut batch, metrics);
+        step(model, opts, &mut slots, &mut free, &mut batch, metrics);
     }
 }
 
-/// One forward step over the slots, then each finished row sampled and sent; the sequences of the slots it
-/// frees go to `spare`.
+/// A slot's sequence back to the free ones, with the tokens its cache holds.
+fn release(free: &mut PromptCache, s: Slot<'_>) {
+    let mut tokens = s.history;
+    tokens.truncate(s.in_cache);
+    free.put(s.seq, tokens);
+}
+
+/// One forward step over the slots, then each finished row sampled and sent; the slots it frees go to
+/// `free`.
 fn step<'m>(
     model: &'m Model,
     opts: &SchedulerOptions,
     slots: &mut Vec<Slot<'m>>,
-    spare: &mut Vec<Sequence>,
+    free: &mut PromptCache,
     batch: &mut Batch,
     metrics: &Metrics,
 ) {
@@ -201,7 +217,8 @@ fn step<'m>(
                 let s = slots.remove(i);
                 s.job.span.in_scope(|| tracing::error!("the engine step failed: {e}"));
                 let _ = s.job.events.send(Event::Failed(e.to_string()));
-                spare.push(s.seq);
+                // What the step wrote of its cache is unknown: nothing of it is reused.
+                free.put(s.seq, Vec::new());
             }
             return;
         }
@@ -210,9 +227,15 @@ fn step<'m>(
     let mut finished = Vec::new();
     for (row, &i) in members.iter().enumerate() {
         let s = &mut slots[i];
+        let was_reading = s.reading_prompt();
         s.in_cache += take[i];
         if s.reading_prompt() {
             continue;
+        }
+        if was_reading && opts.prompt_cache {
+            // The one position a recurrent state can come back to (a KV cache needs no copy): the next
+            // turn of a conversation repeats this prompt, whatever it makes of the answer.
+            s.seq.checkpoint();
         }
         let logits = &logits[row * v..(row + 1) * v];
         if let Some(finish) = advance(model, opts, s, logits, metrics) {
@@ -220,6 +243,7 @@ fn step<'m>(
                 tracing::info!(
                     finish = %finish.as_str(),
                     prompt_tokens = s.job.prompt.len(),
+                    cached_tokens = s.cached,
                     generated = s.generated,
                     ms = %crate::ms(s.job.queued_at.elapsed()),
                     "generated"
@@ -228,13 +252,14 @@ fn step<'m>(
             let _ = s.job.events.send(Event::Done {
                 finish,
                 prompt_tokens: s.job.prompt.len(),
+                cached_tokens: s.cached,
                 completion_tokens: s.generated,
             });
             finished.push(i);
         }
     }
     for &i in finished.iter().rev() {
-        spare.push(slots.remove(i).seq);
+        release(free, slots.remove(i));
         metrics.completed.fetch_add(1, Ordering::Relaxed);
     }
 }
