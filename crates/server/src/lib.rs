@@ -4,7 +4,9 @@
 pub mod api;
 mod conn;
 pub mod error;
+mod fields;
 mod http;
+mod logprobs;
 mod metrics;
 mod prompt_cache;
 mod scheduler;

@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use titan_engine::sampler::TokenLogprobs;
 use titan_engine::{Batch, Model, Outputs, Sampler, SamplerOptions, Sequence, Span};
 use titan_tokenizer::StreamDecoder;
 use tokio::sync::mpsc;
@@ -27,6 +28,8 @@ pub struct Job {
     /// Generation ends before the first occurrence of any of these (not included in the text).
     pub stop: Vec<String>,
     pub logprobs: bool,
+    /// With `logprobs`, how many of the most likely tokens to give beside the chosen one.
+    pub top_logprobs: usize,
     pub events: mpsc::UnboundedSender<Event>,
     pub queued_at: Instant,
     /// The HTTP request's span: the engine's lines about the request carry its id.
@@ -36,10 +39,10 @@ pub struct Job {
 #[derive(Debug)]
 pub enum Event {
     /// Newly decoded text (possibly empty, while a multi-byte character is incomplete or a stop string
-    /// might be starting), with the token's log-probability when asked for.
+    /// might be starting), with the token's log-probabilities when asked for.
     Text {
         text: String,
-        logprob: Option<(u32, f32)>,
+        logprob: Option<TokenLogprobs>,
     },
     Done {
         finish: Finish,
@@ -285,7 +288,10 @@ fn advance<'m>(
     s.generated += 1;
     s.history.push(token);
     metrics.generated.fetch_add(1, Ordering::Relaxed);
-    let logprob = s.job.logprobs.then(|| (token, log_softmax_at(logits, token)));
+    let logprob = s
+        .job
+        .logprobs
+        .then(|| titan_engine::sampler::logprobs(logits, token, s.job.top_logprobs));
     s.held.push_str(&s.decoder.push(token));
     // A stop string ends the text where it begins; text that could still become one is held back.
     if let Some(at) = s.job.stop.iter().filter_map(|stop| s.held.find(stop.as_str())).min() {
@@ -314,7 +320,7 @@ fn advance<'m>(
     None
 }
 
-fn send_text(s: &Slot<'_>, text: String, logprob: Option<(u32, f32)>) {
+fn send_text(s: &Slot<'_>, text: String, logprob: Option<TokenLogprobs>) {
     let _ = s.job.events.send(Event::Text { text, logprob });
 }
 
@@ -324,13 +330,6 @@ fn partial_suffix(text: &str, stop: &str) -> usize {
         .rev()
         .find(|&n| text.is_char_boundary(text.len() - n) && stop.starts_with(&text[text.len() - n..]))
         .unwrap_or(0)
-}
-
-/// log p(token) under softmax(logits), in f64 for the sum.
-fn log_softmax_at(logits: &[f32], token: u32) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
-    (logits[token as usize] - max) - sum.ln() as f32
 }
 
 /// The queue the HTTP side sends jobs into, and the engine thread that drains it.
@@ -360,12 +359,5 @@ mod tests {
         assert_eq!(partial_suffix("ab", "abc"), 2);
         assert_eq!(partial_suffix("xé", "éa"), "é".len());
         assert_eq!(partial_suffix("", "abc"), 0);
-    }
-
-    #[test]
-    fn log_softmax_sums_to_one() {
-        let logits = [1.0f32, 2.0, 3.0];
-        let total: f32 = (0..3).map(|t| log_softmax_at(&logits, t).exp()).sum();
-        assert!((total - 1.0).abs() < 1e-6, "{total}");
     }
 }
