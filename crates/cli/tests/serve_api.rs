@@ -1,8 +1,8 @@
 //! The sampling fields and the scripting endpoints of `titan serve`, over real HTTP to a real server process:
 //! logit_bias, frequency and presence penalties (checked against a reference computed here from the
 //! model's own log-probabilities), top_logprobs and the legacy completions logprobs, random seeds given
-//! back, fields refused by name; and the official `openai` client reading the new fields (when TITAN_PYTHON
-//! names a python with it).
+//! back, fields refused by name, /tokenize, /detokenize and /props; and the official `openai` client
+//! reading the new fields (when TITAN_PYTHON names a python with it).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -543,6 +543,101 @@ fn fields_the_server_does_not_implement_are_refused_by_name() {
         "/v1/completions",
         &json!({"prompt": "Hi", "max_tokens": 2, "user": "u-1", "best_of": 1, "echo": false, "suffix": null}),
     );
+}
+
+#[test]
+fn tokenize_and_detokenize_round_trip_and_refuse_bad_ids() {
+    let server = Server::start(&["--max-body", "4096"]);
+    let text = "Hello world, the quick brown fox.";
+    let ids = server.ok("/tokenize", &json!({"content": text}))["tokens"].clone();
+    assert!(ids.as_array().unwrap().len() > 1, "{ids}");
+    assert_eq!(server.ok("/detokenize", &json!({"tokens": ids}))["content"], text);
+    // The prompt of a completion is tokenised the same way (with the special tokens the vocabulary adds).
+    let with_special = server.ok("/tokenize", &json!({"content": text, "add_special": true}))["tokens"].clone();
+    let usage = server.ok("/v1/completions", &json!({"prompt": text, "max_tokens": 1}))["usage"].clone();
+    assert_eq!(
+        usage["prompt_tokens"],
+        with_special.as_array().unwrap().len(),
+        "{usage}"
+    );
+    // A prompt given as those ids is the same prompt.
+    let greedy = |prompt: Value| {
+        server.ok(
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 6, "temperature": 0}),
+        )["choices"][0]["text"]
+            .clone()
+    };
+    assert_eq!(greedy(json!(text)), greedy(with_special));
+    // Control tokens' text is that token unless parse_special is false; pieces are the ids' texts.
+    let special = |parse: bool| {
+        server.ok(
+            "/tokenize",
+            &json!({"content": "<|im_start|>user", "parse_special": parse}),
+        )["tokens"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert!(special(true) < special(false));
+    let pieces = server.ok("/tokenize", &json!({"content": text, "with_pieces": true}))["tokens"].clone();
+    let joined: String = pieces
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["piece"].as_str().unwrap())
+        .collect();
+    assert_eq!(joined, text);
+    assert_eq!(pieces[0]["id"], ids[0]);
+    // Ids outside the vocabulary (451 tokens), ids that are not ids, unknown fields: 400.
+    for bad in [
+        json!([451]),
+        json!([0, -1]),
+        json!([4294967296u64]),
+        json!(["a"]),
+        json!([1.5]),
+    ] {
+        let e = server.refused("/detokenize", &json!({ "tokens": bad }));
+        assert!(e["message"].as_str().unwrap().contains("token") || e["message"].as_str().unwrap().contains("valid"));
+    }
+    let e = server.refused("/detokenize", &json!({"tokens": [451]}));
+    assert_eq!(e["message"], "token id 451 is outside the vocabulary (0..451)");
+    let e = server.refused("/tokenize", &json!({"text": "Hi"}));
+    assert!(e["message"].as_str().unwrap().contains("unknown field `text`"), "{e}");
+    // Behind the API key, like the rest of the API.
+    let answer = server
+        .agent
+        .post(format!("{}/tokenize", server.url))
+        .content_type("application/json")
+        .send(&br#"{"content": "Hi"}"#[..])
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 401);
+    // A body over --max-body is a 413 here as everywhere (small enough to be sent whole before the answer).
+    let (status, _) = server.post("/tokenize", &json!({"content": "x".repeat(8000)}));
+    assert_eq!(status, 413);
+}
+
+#[test]
+fn props_report_the_settings_slots_context_model_and_template() {
+    let server = Server::start(&["--parallel", "3", "-c", "256", "--alias", "tiny"]);
+    let (status, p) = server.get("/props", true);
+    assert_eq!(status, 200, "{p}");
+    assert_eq!(p["total_slots"], 3);
+    assert_eq!(p["default_generation_settings"]["n_ctx"], 256);
+    assert_eq!(p["model_alias"], "tiny");
+    assert!(p["model_path"].as_str().unwrap().ends_with("qwen3moe/q8_0.gguf"), "{p}");
+    assert_eq!(p["n_vocab"], 451);
+    let template = std::fs::read_to_string(fixture("templates/qwen3.jinja")).unwrap();
+    assert_eq!(p["chat_template"], template.as_str());
+    let params = &p["default_generation_settings"]["params"];
+    assert!((params["temperature"].as_f64().unwrap() - 0.8).abs() < 1e-6, "{params}");
+    assert_eq!(params["top_k"], 40);
+    assert_eq!(params["frequency_penalty"], 0.0);
+    assert!(
+        params["seed"].is_null(),
+        "the default seed is a random one per request: {params}"
+    );
+    assert_eq!(server.get("/props", false).0, 401);
 }
 
 /// The official client reads the new fields: top_logprobs objects, the legacy logprobs, the seed; it sends

@@ -258,7 +258,7 @@ fn random_seed() -> u64 {
 }
 
 /// A body as JSON of `T`; a malformed one is a 400 that quotes serde's reason.
-fn from_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body is not a valid request: {e}")))
 }
 

@@ -1,5 +1,6 @@
 //! The routes: the chat page, health, metrics, models, completions and chat completions, streamed as
-//! server-sent events or not, behind an optional API key and a body size limit. Each request has an id
+//! server-sent events or not, and llama-server's tokenize, detokenize and props, behind an optional API key
+//! and a body size limit. Each request has an id
 //! (`x-request-id`), a span its log lines carry, the engine's included, and one access-log line.
 //!
 //! What costs CPU in proportion to the request (parsing a body, rendering the chat template, tokenising)
@@ -59,6 +60,8 @@ pub struct AppState {
     /// Permits to parse, render and tokenise on a blocking thread (see [`prepare`]).
     pub preparing: Arc<Semaphore>,
     pub created: u64,
+    /// The answer to `GET /props` (it does not change while the server runs).
+    pub props: Value,
 }
 
 type Shared = Arc<AppState>;
@@ -68,6 +71,12 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
+        .route("/tokenize", post(tokenize_text))
+        .route("/detokenize", post(detokenize_ids))
+        .route(
+            "/props",
+            get(|State(s): State<Shared>| async move { Json(s.props.clone()) }),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key))
         .route_layer(middleware::from_fn_with_state(state.clone(), body_deadline));
     Router::new()
@@ -370,6 +379,20 @@ async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> R
     };
     let top = r.logprobs.then(|| r.top_logprobs.unwrap_or(0) as usize);
     respond(s, prompt, &r.params, responder, top).await
+}
+
+async fn tokenize_text(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+    let body = bytes(&s, body)?;
+    prepare(&s, move |s| crate::tokens::tokenize(&s.model.tokenizer, &body))
+        .await
+        .map(Json)
+}
+
+async fn detokenize_ids(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+    let body = bytes(&s, body)?;
+    prepare(&s, move |s| crate::tokens::detokenize(&s.model.tokenizer, &body))
+        .await
+        .map(Json)
 }
 
 /// Queues the request and answers it, whole or streamed; `top_logprobs`: with log-probabilities, how many

@@ -119,6 +119,7 @@ pub fn run(a: Args) -> Result<()> {
             listen: a.listen,
             api_key: a.api_key,
             name,
+            model_path: a.model.model.clone(),
             chat_template,
             scheduler: titan_server::SchedulerOptions {
                 parallel: a.parallel,
