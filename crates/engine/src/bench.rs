@@ -112,6 +112,7 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
                 repeat_penalty: 1.0,
                 repeat_last_n: 0,
                 seed: 1,
+                ..Default::default()
             });
             let half = o.gen_tokens / 2;
             let t = Instant::now();

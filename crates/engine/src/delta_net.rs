@@ -16,13 +16,29 @@ use crate::ops::{exp, rms_norm, sigmoid};
 use crate::weights::DeltaNet;
 
 /// One linear-attention layer's state for one sequence.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub struct DeltaState {
     /// The convolution's last `conv_kernel - 1` inputs, oldest first, `conv_dim` channels each.
     conv: Vec<f32>,
     /// Per value head a d × d matrix M, stored by rows: M[j][i] is how key dimension i maps to value
     /// dimension j, so reading value j is one contiguous dot product.
     ssm: Vec<f32>,
+}
+
+impl Clone for DeltaState {
+    fn clone(&self) -> DeltaState {
+        DeltaState {
+            conv: self.conv.clone(),
+            ssm: self.ssm.clone(),
+        }
+    }
+
+    /// Into the buffers already there: a checkpoint of the state is taken once per prompt, and some
+    /// models' states are tens of megabytes.
+    fn clone_from(&mut self, source: &DeltaState) {
+        self.conv.clone_from(&source.conv);
+        self.ssm.clone_from(&source.ssm);
+    }
 }
 
 impl DeltaState {

@@ -12,6 +12,7 @@ pub mod delta_net;
 pub mod experts;
 pub mod generate;
 pub mod latent;
+mod memory;
 pub mod model;
 pub mod moe;
 pub mod ops;

@@ -13,6 +13,7 @@ use crate::config::{Config, Mixer, RopeStyle};
 use crate::delta_net::{self, DeltaScratch, DeltaState};
 use crate::experts::{Experts, ResidentExperts};
 use crate::latent::attend_latent;
+use crate::memory::Memory;
 use crate::moe::{dense_ffn, moe_block, MoeScratch, RouteRule, Routing};
 use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head, sigmoid};
 use crate::rows::{LocalRows, RowJob, Rows};
@@ -152,11 +153,7 @@ impl Model {
             None => Vec::new(),
         };
         Sequence {
-            mem: Memory {
-                kv: KvCache::new(&attends, n_ctx, c.kv_dim(), c.mla.is_none()),
-                delta,
-                next: 0,
-            },
+            mem: Memory::new(KvCache::new(&attends, n_ctx, c.kv_dim(), c.mla.is_none()), delta),
             scratch: Scratch::default(),
         }
     }
@@ -255,7 +252,7 @@ impl Model {
 
         for p in parts.iter_mut() {
             if p.pos0 == 0 {
-                p.mem.delta.iter_mut().for_each(DeltaState::reset);
+                p.mem.restart();
             }
             // Until this step completes, only a restart at 0 is valid.
             p.mem.next = usize::MAX;
@@ -864,16 +861,26 @@ impl Sequence {
     pub fn n_ctx(&self) -> usize {
         self.mem.kv.n_ctx()
     }
-}
 
-/// What a sequence keeps of its past: keys and values of its attention layers, the recurrent state of
-/// its linear-attention layers (one per layer, empty for attention layers; none at all in a model
-/// without linear attention).
-struct Memory {
-    kv: KvCache,
-    delta: Vec<DeltaState>,
-    /// The position the recurrent state has reached: the next call continues here or restarts at 0.
-    next: usize,
+    /// Keep a copy of the recurrent state at the position the sequence has reached, for [`Sequence::truncate`]
+    /// to come back to (one copy: it replaces the one before). Nothing is kept, or needed, for a model
+    /// without linear attention.
+    pub fn checkpoint(&mut self) {
+        self.mem.checkpoint();
+    }
+
+    /// The most of the first `n` positions that [`Sequence::truncate`] can keep: all of those computed for
+    /// a KV cache; for a recurrent state, only where it stands or where its [`Sequence::checkpoint`] was
+    /// taken, else 0.
+    pub fn reusable(&self, n: usize) -> usize {
+        self.mem.reusable(n)
+    }
+
+    /// Keep the first `n` positions (as [`Sequence::reusable`] allows), so that the next call continues at
+    /// `n` with the same bits as if the sequence had computed only those.
+    pub fn truncate(&mut self, n: usize) -> Result<()> {
+        self.mem.truncate(n)
+    }
 }
 
 /// The working buffers of [`Model::forward`] (each step's output, named as in the forward pass).

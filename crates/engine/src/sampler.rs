@@ -1,5 +1,9 @@
-//! Turning logits into the next token: repetition penalty, top-k, top-p, min-p, temperature, then a draw
-//! from a seeded generator (the order llama.cpp's default sampler chain uses). Temperature 0 is greedy.
+//! Turning logits into the next token: logit bias, repetition penalty, frequency and presence penalties,
+//! top-k, top-p, min-p, temperature, then a draw from a seeded generator (the order llama.cpp's default
+//! sampler chain uses). Temperature 0 is greedy. Given the same options (the seed among them) and the same
+//! logits, a sampler draws the same tokens.
+
+use std::collections::BTreeMap;
 
 use titan_kernels::splitmix::SplitMix64;
 
@@ -12,8 +16,20 @@ pub struct SamplerOptions {
     pub repeat_penalty: f32,
     /// How many recent tokens the repetition penalty looks at.
     pub repeat_last_n: usize,
+    /// OpenAI's `frequency_penalty`: subtracted from a token's logit once for every time this sampler has
+    /// chosen it before.
+    pub frequency_penalty: f32,
+    /// OpenAI's `presence_penalty`: subtracted once from the logit of every token this sampler has chosen.
+    pub presence_penalty: f32,
+    /// Added to a token's logit before anything else (OpenAI's `logit_bias`, in [-100, 100]); a bias of
+    /// [`BAN`] or less takes the token out of the draw altogether. Ids past the logits are ignored.
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: u64,
 }
+
+/// A logit bias this low bans its token (its logit becomes -∞), whatever the other logits are: OpenAI
+/// documents -100 as a ban, and a plain -100 would not be one for a model whose logits span more.
+pub const BAN: f32 = -100.0;
 
 impl Default for SamplerOptions {
     fn default() -> Self {
@@ -24,6 +40,9 @@ impl Default for SamplerOptions {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0,
         }
     }
@@ -54,20 +73,50 @@ impl SamplerOptions {
                 self.repeat_penalty > 0.0,
                 "greater than 0 (1 is off)",
             ),
+            (
+                "frequency_penalty",
+                self.frequency_penalty,
+                (-2.0..=2.0).contains(&self.frequency_penalty),
+                "in [-2, 2]",
+            ),
+            (
+                "presence_penalty",
+                self.presence_penalty,
+                (-2.0..=2.0).contains(&self.presence_penalty),
+                "in [-2, 2]",
+            ),
         ];
         for (name, value, ok, range) in checks {
             if !(value.is_finite() && ok) {
                 return Err(format!("{name} is {value}; it must be {range}"));
             }
         }
+        for &(id, bias) in &self.logit_bias {
+            if !(bias.is_finite() && (-100.0..=100.0).contains(&bias)) {
+                return Err(format!("logit_bias of token {id} is {bias}; it must be in [-100, 100]"));
+            }
+        }
         Ok(())
+    }
+
+    /// Whether the sampler changes the logits before it filters them.
+    fn adjusts(&self) -> bool {
+        self.repeat_penalty != 1.0
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
+            || !self.logit_bias.is_empty()
     }
 }
 
 pub struct Sampler {
     opts: SamplerOptions,
     rng: SplitMix64,
-    /// Working space: the candidates as [`rank_key`]s, and their weights in the draw.
+    /// How many times this sampler has chosen each token (for the frequency and presence penalties; kept
+    /// only when one of them is on).
+    chosen: BTreeMap<u32, u32>,
+    /// Working space: the logits after bias and penalties, the candidates as [`rank_key`]s, and their
+    /// weights in the draw.
+    adjusted: Vec<f32>,
     keys: Vec<u64>,
     weights: Vec<f32>,
 }
@@ -98,40 +147,76 @@ impl Sampler {
         Sampler {
             rng: SplitMix64(opts.seed),
             opts,
+            chosen: BTreeMap::new(),
+            adjusted: Vec::new(),
             keys: Vec::new(),
             weights: Vec::new(),
         }
     }
 
     /// Pick the next token from `logits`, given the tokens so far (`history`, for the repetition penalty).
+    /// The frequency and presence penalties count this sampler's own earlier picks: the generated tokens.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let token = self.pick(logits, history);
+        if self.opts.frequency_penalty != 0.0 || self.opts.presence_penalty != 0.0 {
+            *self.chosen.entry(token).or_default() += 1;
+        }
+        token
+    }
+
+    /// `logits` with the bias and the penalties applied, into `self.adjusted`.
+    fn adjust(&mut self, logits: &[f32], history: &[u32]) {
         let o = &self.opts;
-        let mut penalised;
-        let logits = if o.repeat_penalty != 1.0 {
-            penalised = logits.to_vec();
+        let l = &mut self.adjusted;
+        l.clear();
+        l.extend_from_slice(logits);
+        // As llama.cpp: the bias first, then the repetition penalty, then frequency and presence.
+        for &(id, bias) in &o.logit_bias {
+            if let Some(x) = l.get_mut(id as usize) {
+                *x = if bias <= BAN { f32::NEG_INFINITY } else { *x + bias };
+            }
+        }
+        if o.repeat_penalty != 1.0 {
             let recent = &history[history.len().saturating_sub(o.repeat_last_n)..];
             let mut seen = std::collections::HashSet::new();
             for &t in recent {
                 if seen.insert(t) {
-                    if let Some(l) = penalised.get_mut(t as usize) {
+                    if let Some(x) = l.get_mut(t as usize) {
                         // As llama.cpp: shrink positive logits, push negative ones further down.
-                        *l = if *l > 0.0 {
-                            *l / o.repeat_penalty
+                        *x = if *x > 0.0 {
+                            *x / o.repeat_penalty
                         } else {
-                            *l * o.repeat_penalty
+                            *x * o.repeat_penalty
                         };
                     }
                 }
             }
-            &penalised[..]
-        } else {
-            logits
-        };
+        }
+        for (&t, &n) in &self.chosen {
+            if let Some(x) = l.get_mut(t as usize) {
+                *x -= n as f32 * o.frequency_penalty + o.presence_penalty;
+            }
+        }
+    }
+
+    fn pick(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let adjusts = self.opts.adjusts();
+        if adjusts {
+            self.adjust(logits, history);
+        }
+        let Sampler {
+            opts: o,
+            rng,
+            adjusted,
+            keys: c,
+            weights,
+            ..
+        } = self;
+        let logits = if adjusts { &adjusted[..] } else { logits };
         if o.temperature <= 0.0 || logits.is_empty() {
             return argmax(logits);
         }
 
-        let c = &mut self.keys;
         c.clear();
         c.extend(logits.iter().enumerate().map(|(i, &l)| rank_key(i as u32, l)));
         let logit = |k: u64| logits[k as u32 as usize];
@@ -149,9 +234,13 @@ impl Sampler {
         } else {
             logits.iter().copied().fold(f32::NEG_INFINITY, f32::max)
         };
+        if max == f32::NEG_INFINITY {
+            // Every token banned: there is nothing to draw from, and the weights below would be NaN.
+            return argmax(logits);
+        }
         if o.top_p < 1.0 || o.min_p > 0.0 {
             // Probabilities (at temperature 1) for the top-p and min-p filters.
-            let probs = &mut self.weights;
+            let probs = &mut *weights;
             probs.clear();
             probs.extend(c.iter().map(|&k| logit(k) - max));
             titan_kernels::exp_in_place(probs);
@@ -176,12 +265,11 @@ impl Sampler {
             }
         }
         // Temperature, softmax over the survivors, one draw.
-        let weights = &mut self.weights;
         weights.clear();
         weights.extend(c.iter().map(|&k| (logit(k) - max) / o.temperature));
         titan_kernels::exp_in_place(weights);
         let total: f32 = weights.iter().sum();
-        let mut r = self.rng.next_f32() * total;
+        let mut r = rng.next_f32() * total;
         for (&k, &wt) in c.iter().zip(weights.iter()) {
             if r < wt {
                 return id(k);
@@ -189,6 +277,36 @@ impl Sampler {
             r -= wt;
         }
         c.last().map_or(0, |&k| id(k))
+    }
+}
+
+/// A chosen token's log-probability and the `top` most likely tokens' (highest first, ties by the lowest
+/// id), all under the model's own distribution: softmax of the logits as the model gave them, before any
+/// bias, penalty, filter or temperature (as llama-server reports them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// [`TokenLogprobs`] of `token` under `logits`, with the `top` most likely tokens. The normaliser is summed
+/// in f64, in id order.
+pub fn logprobs(logits: &[f32], token: u32, top: usize) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_sum = logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let logprob = |t: u32| (logits[t as usize] - max) - log_sum;
+    let mut keys: Vec<u64> = logits.iter().enumerate().map(|(i, &l)| rank_key(i as u32, l)).collect();
+    let top = top.min(keys.len());
+    if top > 0 && top < keys.len() {
+        keys.select_nth_unstable(top - 1);
+    }
+    keys.truncate(top);
+    keys.sort_unstable();
+    TokenLogprobs {
+        token,
+        logprob: logprob(token),
+        top: keys.iter().map(|&k| (k as u32, logprob(k as u32))).collect(),
     }
 }
 
@@ -396,6 +514,144 @@ mod tests {
             ..SamplerOptions::greedy()
         });
         assert_eq!(s.sample(&[1.0, 1.5], &[1]), 0);
+    }
+
+    #[test]
+    fn logit_bias_forces_and_bans_tokens() {
+        let logits = [3.0f32, 1.0, 2.0, -4.0];
+        let biased = |bias: Vec<(u32, f32)>, temperature| {
+            let mut s = Sampler::new(SamplerOptions {
+                logit_bias: bias,
+                temperature,
+                seed: 9,
+                ..Default::default()
+            });
+            (0..50).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
+        };
+        // +100 makes the lowest logit the choice, greedy or drawn.
+        assert!(biased(vec![(3, 100.0)], 0.0).iter().all(|&t| t == 3));
+        assert!(biased(vec![(3, 100.0)], 1.0).iter().all(|&t| t == 3));
+        // -100 bans: never drawn even at a high temperature, and greedy takes the next best.
+        assert!(biased(vec![(0, -100.0)], 0.0).iter().all(|&t| t == 2));
+        assert!(biased(vec![(0, -100.0), (2, -100.0)], 50.0)
+            .iter()
+            .all(|&t| t == 1 || t == 3));
+        // A small bias adds to the logit: 1 + 1.5 > 2, below 3.
+        assert!(biased(vec![(1, 1.5)], 0.0).iter().all(|&t| t == 0));
+        assert!(biased(vec![(0, -1.0), (1, 1.5)], 0.0).iter().all(|&t| t == 1));
+        // Ids past the vocabulary change nothing; every token banned still gives a token.
+        assert!(biased(vec![(99, 100.0)], 0.0).iter().all(|&t| t == 0));
+        let all: Vec<(u32, f32)> = (0..4).map(|t| (t, -100.0)).collect();
+        assert_eq!(biased(all.clone(), 1.0), biased(all, 1.0));
+    }
+
+    /// OpenAI's definition: logit[j] − count[j] × frequency_penalty − (count[j] > 0) × presence_penalty, the
+    /// counts over the tokens generated so far (not the prompt).
+    fn penalised_greedy(logits: &[f32], steps: usize, frequency: f32, presence: f32) -> Vec<u32> {
+        let mut counts = vec![0u32; logits.len()];
+        let mut out = Vec::new();
+        for _ in 0..steps {
+            let l: Vec<f32> = logits
+                .iter()
+                .zip(&counts)
+                .map(|(&l, &c)| l - c as f32 * frequency - if c > 0 { presence } else { 0.0 })
+                .collect();
+            let t = argmax(&l);
+            counts[t as usize] += 1;
+            out.push(t);
+        }
+        out
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_follow_openais_definition() {
+        let logits = [2.0f32, 1.6, 1.0, 0.1];
+        for (frequency, presence) in [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.3, 0.2), (2.0, 2.0), (-0.5, 0.0)] {
+            let mut s = Sampler::new(SamplerOptions {
+                frequency_penalty: frequency,
+                presence_penalty: presence,
+                ..SamplerOptions::greedy()
+            });
+            // The prompt (history) does not count: only the sampler's own picks do.
+            let prompt = [0u32, 0, 0, 1];
+            let got: Vec<u32> = (0..12).map(|_| s.sample(&logits, &prompt)).collect();
+            assert_eq!(
+                got,
+                penalised_greedy(&logits, 12, frequency, presence),
+                "frequency {frequency}, presence {presence}"
+            );
+        }
+        // The two penalties differ: frequency keeps pushing a repeated token down, presence only once.
+        assert_eq!(penalised_greedy(&logits, 4, 0.5, 0.0), [0, 1, 0, 1]);
+        assert_eq!(penalised_greedy(&logits, 4, 0.0, 0.5), [0, 1, 0, 0]);
+    }
+
+    #[test]
+    fn penalised_and_biased_draws_repeat_with_their_seed() {
+        let mut gen = SplitMix64(3);
+        let steps: Vec<Vec<f32>> = (0..40)
+            .map(|_| (0..200).map(|_| gen.next_f32() * 8.0).collect())
+            .collect();
+        let draw = |seed| {
+            let mut s = Sampler::new(SamplerOptions {
+                temperature: 1.0,
+                frequency_penalty: 0.7,
+                presence_penalty: 0.4,
+                logit_bias: vec![(5, 3.0), (6, -100.0)],
+                seed,
+                ..Default::default()
+            });
+            steps.iter().map(|l| s.sample(l, &[])).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(1), draw(1));
+        assert_ne!(draw(1), draw(2));
+        assert!(!draw(1).contains(&6));
+    }
+
+    #[test]
+    fn penalties_and_biases_out_of_range_are_named() {
+        let d = SamplerOptions::default;
+        assert_eq!(
+            SamplerOptions {
+                frequency_penalty: 2.5,
+                ..d()
+            }
+            .check()
+            .unwrap_err(),
+            "frequency_penalty is 2.5; it must be in [-2, 2]"
+        );
+        assert_eq!(
+            SamplerOptions {
+                presence_penalty: f32::NAN,
+                ..d()
+            }
+            .check()
+            .unwrap_err(),
+            "presence_penalty is NaN; it must be in [-2, 2]"
+        );
+        assert_eq!(
+            SamplerOptions {
+                logit_bias: vec![(7, -101.0)],
+                ..d()
+            }
+            .check()
+            .unwrap_err(),
+            "logit_bias of token 7 is -101; it must be in [-100, 100]"
+        );
+    }
+
+    #[test]
+    fn logprobs_sum_to_one_and_rank_the_top_tokens() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0, -1.0];
+        let total: f32 = (0..5).map(|t| logprobs(&logits, t, 0).logprob.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+        let l = logprobs(&logits, 2, 3);
+        // Highest first, the tie between 1 and 3 broken by the lower id.
+        assert_eq!(l.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 3, 2]);
+        assert_eq!(l.top[2].1, l.logprob);
+        assert!(l.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        assert_eq!(logprobs(&logits, 0, 10).top.len(), 5);
+        assert!(logprobs(&logits, 0, 0).top.is_empty());
     }
 
     #[test]

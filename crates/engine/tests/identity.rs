@@ -241,3 +241,70 @@ fn a_reused_sequence_equals_a_fresh_one() {
         );
     }
 }
+
+/// A prompt cache: a sequence cut back to a prefix it shares with a new text, then given the rest, gives
+/// the rest's logits the same bits as a fresh sequence given the whole text. A KV cache is cut at the
+/// longest common prefix; a recurrent state only where its checkpoint was taken (the end of the first
+/// prompt), and nowhere else.
+#[test]
+fn a_truncated_sequence_equals_a_fresh_one() {
+    for f in FILES {
+        let model = Model::load(fixtures().join(f)).unwrap();
+        let v = model.config.n_vocab;
+        let encode = |t: &str| model.tokenizer.encode(t, true, false);
+        let first = encode("The quick brown fox jumps over the lazy dog");
+        let answer = model.tokenizer.encode(" and then it ran far away", false, false);
+        let next = model.tokenizer.encode(" and then it sat down", false, false);
+        let old: Vec<u32> = first.iter().chain(&answer).copied().collect();
+        let new: Vec<u32> = first.iter().chain(&next).copied().collect();
+        let common = old.iter().zip(&new).take_while(|(a, b)| a == b).count();
+        assert!(common > first.len() && common < old.len(), "{f}: {common}");
+
+        let mut fresh = model.new_sequence(64);
+        let expected = model.forward(&new, 0, &mut fresh, Outputs::All).unwrap().to_vec();
+        // The first prompt in one call, its checkpoint, then the answer a token at a time.
+        let mut seq = model.new_sequence(64);
+        model.forward(&first, 0, &mut seq, Outputs::Last).unwrap();
+        seq.checkpoint();
+        for (i, &t) in answer.iter().enumerate() {
+            model.forward(&[t], first.len() + i, &mut seq, Outputs::Last).unwrap();
+        }
+        let recurrent = model.config.delta_net.is_some();
+        let keep = seq.reusable(common);
+        assert_eq!(keep, if recurrent { first.len() } else { common }, "{f}");
+        if recurrent {
+            let err = seq.truncate(common).unwrap_err().to_string();
+            let (at, end) = (first.len(), old.len());
+            assert_eq!(
+                err,
+                format!("this model's linear-attention state cannot go back to position {common}: it stands at {end} and has a copy at {at}"),
+                "{f}"
+            );
+        }
+        assert!(
+            seq.truncate(old.len() + 1).is_err(),
+            "{f}: kept a position never computed"
+        );
+        seq.truncate(keep).unwrap();
+        let got = model.forward(&new[keep..], keep, &mut seq, Outputs::All).unwrap();
+        assert!(
+            got.iter()
+                .zip(&expected[keep * v..])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{f}: the rest after {keep} cached positions differs from a fresh sequence"
+        );
+        // Cut again, to the checkpoint, which the second text still shares: the same bits once more.
+        seq.truncate(first.len()).unwrap();
+        let again = model
+            .forward(&new[first.len()..], first.len(), &mut seq, Outputs::All)
+            .unwrap();
+        assert!(
+            again
+                .iter()
+                .zip(&expected[first.len() * v..])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{f}: cut back to the checkpoint, the rest differs"
+        );
+        println!("{f}: {keep} of {} positions reused, identical", new.len());
+    }
+}

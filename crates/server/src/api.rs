@@ -1,13 +1,23 @@
 //! The OpenAI-shaped requests and responses: parsing and checking a body into a [`Job`], and turning the
 //! engine's [`Event`]s into a completion, a chat completion, or a stream of their chunks.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
+use titan_engine::sampler::{TokenLogprobs, BAN};
 use titan_engine::SamplerOptions;
 
 use crate::error::ApiError;
+use crate::logprobs::Logprobs;
 use crate::scheduler::{Event, Finish};
 use crate::template::{ChatTemplate, Message};
+
+/// The most `top_logprobs` (chat) or `logprobs` (completions) a request may ask for, as OpenAI's chat.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// What responses give as `system_fingerprint`: the server and its version.
+const FINGERPRINT: &str = concat!("titan-", env!("CARGO_PKG_VERSION"));
 
 /// Sampling and length fields common to both endpoints (names as OpenAI and llama-server take them).
 #[derive(Deserialize, Default)]
@@ -21,6 +31,11 @@ pub struct Params {
     pub top_k: Option<usize>,
     pub min_p: Option<f32>,
     pub repeat_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    /// Token id (a string, as JSON keys are) → bias added to its logit.
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    /// None: a random one, given back in the response.
     pub seed: Option<u64>,
     pub stop: Option<Stop>,
     pub stream: bool,
@@ -44,11 +59,16 @@ pub struct StreamOptions {
 #[derive(Deserialize)]
 pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
-    /// Chat takes `logprobs: true`.
+    /// Chat takes `logprobs: true`, and `top_logprobs: N` with it.
     #[serde(default)]
     pub logprobs: bool,
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
     #[serde(flatten)]
     pub params: Params,
+    /// The fields none of the above read: checked by [`crate::fields::check`].
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
 }
 
 #[derive(Deserialize)]
@@ -62,13 +82,16 @@ pub struct ChatMessage {
 #[derive(Deserialize)]
 pub struct CompletionRequest {
     pub prompt: Value,
-    /// Completions take `logprobs: N` (TITAN gives the chosen token's, for any N ≥ 0).
+    /// Completions take `logprobs: N`: the chosen token's and the N most likely tokens'.
     #[serde(default)]
     pub logprobs: Option<u32>,
     #[serde(default)]
     pub echo: bool,
     #[serde(flatten)]
     pub params: Params,
+    /// The fields none of the above read: checked by [`crate::fields::check`].
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
 }
 
 impl ChatMessage {
@@ -125,7 +148,8 @@ pub enum PromptInput {
     Tokens(Vec<u32>),
 }
 
-/// What a request asks of the engine, checked: sampler values in range, one choice, lengths that fit.
+/// What a request asks of the engine, checked: sampler values in range, one choice, lengths that fit, a
+/// seed (the one given, or a random one).
 pub struct Settings {
     pub sampler: SamplerOptions,
     pub max_tokens: usize,
@@ -133,9 +157,19 @@ pub struct Settings {
 }
 
 impl Params {
-    pub fn settings(&self, prompt_len: usize, ctx_size: usize) -> Result<Settings, ApiError> {
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::bad_request("n must be 1: one choice per request").param("n"));
+    /// The settings of a request whose prompt has `prompt_len` tokens, for a context of `ctx_size` and a
+    /// vocabulary of `n_vocab`.
+    pub fn settings(&self, prompt_len: usize, ctx_size: usize, n_vocab: usize) -> Result<Settings, ApiError> {
+        match self.n {
+            Some(0) => return Err(ApiError::bad_request("n is 0; it must be 1").param("n")),
+            Some(n) if n > 1 => {
+                return Err(ApiError::bad_request(format!(
+                    "n is {n}: more than one choice per request is not supported yet"
+                ))
+                .param("n")
+                .code("unsupported_parameter"))
+            }
+            _ => {}
         }
         if prompt_len == 0 {
             return Err(ApiError::bad_request("the prompt has no tokens").param("prompt"));
@@ -164,7 +198,10 @@ impl Params {
             top_p: self.top_p.unwrap_or(d.top_p),
             min_p: self.min_p.unwrap_or(d.min_p),
             repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
-            seed: self.seed.unwrap_or(d.seed),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            logit_bias: self.logit_bias(n_vocab)?,
+            seed: self.seed.unwrap_or_else(random_seed),
             ..d
         };
         sampler.check().map_err(ApiError::bad_request)?;
@@ -182,18 +219,62 @@ impl Params {
             stop,
         })
     }
+
+    /// `logit_bias` as (token id, bias) in id order; every id in the vocabulary, and not every token banned.
+    fn logit_bias(&self, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+        let Some(map) = &self.logit_bias else {
+            return Ok(Vec::new());
+        };
+        let mut bias = Vec::with_capacity(map.len());
+        for (key, &b) in map {
+            let id = key
+                .parse::<u32>()
+                .ok()
+                .filter(|&id| (id as usize) < n_vocab)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "logit_bias: {key:?} is not a token id of this model (0..{n_vocab})"
+                    ))
+                    .param("logit_bias")
+                })?;
+            bias.push((id, b));
+        }
+        bias.sort_by_key(|&(id, _)| id);
+        if bias.iter().filter(|&&(_, b)| b <= BAN).count() >= n_vocab {
+            return Err(ApiError::bad_request("logit_bias bans every token of the vocabulary").param("logit_bias"));
+        }
+        Ok(bias)
+    }
+}
+
+/// A seed for a request that gives none: different for every request and every run of the server, below
+/// 2^53 so that it survives a JavaScript number (the chat page shows it, a client may send it back).
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    // The standard library keys each RandomState from the operating system's random source.
+    RandomState::new().hash_one(NEXT.fetch_add(1, Ordering::Relaxed)) >> 11
 }
 
 /// A body as JSON of `T`; a malformed one is a 400 that quotes serde's reason.
-fn from_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body is not a valid request: {e}")))
 }
 
 /// A `/v1/completions` body, checked as far as it can be without the model: the request and its prompt.
 pub fn completion_body(body: &[u8]) -> Result<(CompletionRequest, PromptInput), ApiError> {
     let r: CompletionRequest = from_json(body)?;
+    crate::fields::check(Kind::Completion, &r.rest)?;
     if r.echo {
-        return Err(ApiError::bad_request("echo is not supported").param("echo"));
+        return Err(ApiError::bad_request("echo is not supported")
+            .param("echo")
+            .code("unsupported_parameter"));
+    }
+    if let Some(n) = r.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+        return Err(
+            ApiError::bad_request(format!("logprobs is {n}; it must be in 0..={MAX_TOP_LOGPROBS}")).param("logprobs"),
+        );
     }
     let prompt = completion_prompt(&r.prompt)?;
     Ok((r, prompt))
@@ -208,6 +289,19 @@ pub fn chat_body(
     max_bytes: usize,
 ) -> Result<(ChatRequest, String), ApiError> {
     let r: ChatRequest = from_json(body)?;
+    crate::fields::check(Kind::Chat, &r.rest)?;
+    match r.top_logprobs {
+        Some(n) if n > MAX_TOP_LOGPROBS => {
+            return Err(
+                ApiError::bad_request(format!("top_logprobs is {n}; it must be in 0..={MAX_TOP_LOGPROBS}"))
+                    .param("top_logprobs"),
+            )
+        }
+        Some(_) if !r.logprobs => {
+            return Err(ApiError::bad_request("top_logprobs needs logprobs: true").param("top_logprobs"))
+        }
+        _ => {}
+    }
     let Some(template) = template else {
         return Err(ApiError::bad_request("the model has no chat template (tokenizer.chat_template); start titan serve with --chat-template FILE, or use /v1/completions"));
     };
@@ -250,7 +344,10 @@ pub struct Responder {
     pub id: String,
     pub model: String,
     pub created: u64,
-    pub logprobs: bool,
+    /// The sampler's seed, given back so that the request can be repeated.
+    pub seed: u64,
+    /// When the request asked for log-probabilities: their shape, and where the text has got to.
+    pub logprobs: Option<Logprobs>,
 }
 
 impl Responder {
@@ -262,22 +359,37 @@ impl Responder {
         }
     }
 
-    fn logprobs_json(&self, entries: &[(String, f32)]) -> Value {
-        if !self.logprobs {
-            return Value::Null;
+    fn logprobs_json(&mut self, entries: &[TokenLogprobs]) -> Value {
+        self.logprobs.as_mut().map_or(Value::Null, |l| l.json(entries))
+    }
+
+    /// The fields every response and chunk begins with.
+    fn head(&self, chunk: bool) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": FINGERPRINT,
+            "seed": self.seed,
+        })
+    }
+
+    fn with(mut head: Value, fields: Value) -> Value {
+        if let (Some(h), Value::Object(f)) = (head.as_object_mut(), fields) {
+            h.extend(f);
         }
-        match self.kind {
-            Kind::Chat => {
-                json!({ "content": entries.iter().map(|(t, l)| json!({"token": t, "logprob": l, "bytes": t.as_bytes(), "top_logprobs": []})).collect::<Vec<_>>() })
-            }
-            Kind::Completion => {
-                json!({ "tokens": entries.iter().map(|(t, _)| t).collect::<Vec<_>>(), "token_logprobs": entries.iter().map(|(_, l)| l).collect::<Vec<_>>() })
-            }
-        }
+        head
     }
 
     /// One streamed chunk: new text (`finish` None), or the last one (empty text, `finish` set).
-    pub fn chunk(&self, text: &str, entries: &[(String, f32)], finish: Option<Finish>, first: bool) -> Value {
+    pub fn chunk(&mut self, text: &str, entries: &[TokenLogprobs], finish: Option<Finish>, first: bool) -> Value {
+        // A chunk without a token (the last one) has none, as OpenAI's.
+        let logprobs = if entries.is_empty() {
+            Value::Null
+        } else {
+            self.logprobs_json(entries)
+        };
         let choice = match self.kind {
             Kind::Chat => {
                 let delta = if first {
@@ -287,55 +399,64 @@ impl Responder {
                 } else {
                     json!({"content": text})
                 };
-                json!({"index": 0, "delta": delta, "logprobs": self.logprobs_json(entries), "finish_reason": finish.map(Finish::as_str)})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish.map(Finish::as_str)})
             }
             Kind::Completion => {
-                json!({"index": 0, "text": text, "logprobs": self.logprobs_json(entries), "finish_reason": finish.map(Finish::as_str)})
+                json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish.map(Finish::as_str)})
             }
         };
-        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": [choice]})
+        Self::with(self.head(true), json!({"choices": [choice]}))
     }
 
     /// The usage-only chunk that `stream_options.include_usage` asks for, last before `[DONE]`.
     pub fn usage_chunk(&self, usage: &Value) -> Value {
-        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": [], "usage": usage})
+        Self::with(self.head(true), json!({"choices": [], "usage": usage}))
     }
 
     /// The whole response of a request that was not streamed.
-    pub fn whole(&self, text: &str, entries: &[(String, f32)], finish: Finish, usage: &Value) -> Value {
+    pub fn whole(&mut self, text: &str, entries: &[TokenLogprobs], finish: Finish, usage: &Value) -> Value {
+        let logprobs = self.logprobs_json(entries);
         let choice = match self.kind {
             Kind::Chat => {
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": self.logprobs_json(entries), "finish_reason": finish.as_str()})
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish.as_str()})
             }
             Kind::Completion => {
-                json!({"index": 0, "text": text, "logprobs": self.logprobs_json(entries), "finish_reason": finish.as_str()})
+                json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish.as_str()})
             }
         };
-        json!({"id": self.id, "object": self.object(false), "created": self.created, "model": self.model, "choices": [choice], "usage": usage})
+        Self::with(self.head(false), json!({"choices": [choice], "usage": usage}))
     }
 }
 
-pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
-    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens})
+/// `cached`: of the prompt's tokens, those a slot's cache held already (not computed again).
+pub fn usage(prompt_tokens: usize, cached: usize, completion_tokens: usize) -> Value {
+    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 /// Collects a request's events into its text, token log-probabilities and end.
 pub async fn collect(
     events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>,
-    token_text: impl Fn(u32) -> String,
-) -> Result<(String, Vec<(String, f32)>, Finish, Value), ApiError> {
+) -> Result<(String, Vec<TokenLogprobs>, Finish, Value), ApiError> {
     let (mut text, mut entries) = (String::new(), Vec::new());
     while let Some(e) = events.recv().await {
         match e {
             Event::Text { text: t, logprob } => {
                 text.push_str(&t);
-                entries.extend(logprob.map(|(id, l)| (token_text(id), l)));
+                entries.extend(logprob);
             }
             Event::Done {
                 finish,
                 prompt_tokens,
+                cached_tokens,
                 completion_tokens,
-            } => return Ok((text, entries, finish, usage(prompt_tokens, completion_tokens))),
+            } => {
+                return Ok((
+                    text,
+                    entries,
+                    finish,
+                    usage(prompt_tokens, cached_tokens, completion_tokens),
+                ))
+            }
             Event::Failed(why) => return Err(ApiError::internal(why)),
         }
     }

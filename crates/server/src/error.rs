@@ -1,5 +1,7 @@
 //! Errors in the OpenAI shape (`{"error": {"message", "type", "param", "code"}}`) with their HTTP status.
 
+use std::borrow::Cow;
+
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -9,7 +11,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
     kind: &'static str,
-    param: Option<&'static str>,
+    /// The request field at fault: a name of ours, or one the client sent.
+    param: Option<Cow<'static, str>>,
     code: Option<&'static str>,
     retry_after: Option<u32>,
 }
@@ -81,8 +84,8 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
 
-    pub fn param(mut self, p: &'static str) -> ApiError {
-        self.param = Some(p);
+    pub fn param(mut self, p: impl Into<Cow<'static, str>>) -> ApiError {
+        self.param = Some(p.into());
         self
     }
 

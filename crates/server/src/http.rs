@@ -1,5 +1,6 @@
 //! The routes: the chat page, health, metrics, models, completions and chat completions, streamed as
-//! server-sent events or not, behind an optional API key and a body size limit. Each request has an id
+//! server-sent events or not, and llama-server's tokenize, detokenize and props, behind an optional API key
+//! and a body size limit. Each request has an id
 //! (`x-request-id`), a span its log lines carry, the engine's included, and one access-log line.
 //!
 //! What costs CPU in proportion to the request (parsing a body, rendering the chat template, tokenising)
@@ -30,6 +31,7 @@ use tracing::Instrument;
 
 use crate::api::{chat_body, collect, completion_body, usage, Kind, Params, PromptInput, Responder};
 use crate::error::ApiError;
+use crate::logprobs::Logprobs;
 use crate::metrics::Metrics;
 use crate::scheduler::{Event, Job};
 use crate::template::ChatTemplate;
@@ -58,6 +60,8 @@ pub struct AppState {
     /// Permits to parse, render and tokenise on a blocking thread (see [`prepare`]).
     pub preparing: Arc<Semaphore>,
     pub created: u64,
+    /// The answer to `GET /props` (it does not change while the server runs).
+    pub props: Value,
 }
 
 type Shared = Arc<AppState>;
@@ -67,6 +71,12 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
+        .route("/tokenize", post(tokenize_text))
+        .route("/detokenize", post(detokenize_ids))
+        .route(
+            "/props",
+            get(|State(s): State<Shared>| async move { Json(s.props.clone()) }),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key))
         .route_layer(middleware::from_fn_with_state(state.clone(), body_deadline));
     Router::new()
@@ -327,9 +337,11 @@ async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection
         id: format!("cmpl-{}", request_id()),
         model: s.name.clone(),
         created: now(),
-        logprobs: r.logprobs.is_some(),
+        seed: 0,
+        logprobs: r.logprobs.map(|_| Logprobs::new(Kind::Completion, s.model.clone())),
     };
-    respond(s, prompt, &r.params, responder).await
+    let top = r.logprobs.map(|n| n as usize);
+    respond(s, prompt, &r.params, responder, top).await
 }
 
 async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
@@ -362,14 +374,38 @@ async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> R
         id: format!("chatcmpl-{}", request_id()),
         model: s.name.clone(),
         created: now(),
-        logprobs: r.logprobs,
+        seed: 0,
+        logprobs: r.logprobs.then(|| Logprobs::new(Kind::Chat, s.model.clone())),
     };
-    respond(s, prompt, &r.params, responder).await
+    let top = r.logprobs.then(|| r.top_logprobs.unwrap_or(0) as usize);
+    respond(s, prompt, &r.params, responder, top).await
 }
 
-/// Queues the request and answers it, whole or streamed.
-async fn respond(s: Shared, prompt: Vec<u32>, params: &Params, responder: Responder) -> Result<Response, ApiError> {
-    let settings = params.settings(prompt.len(), s.ctx_size)?;
+async fn tokenize_text(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+    let body = bytes(&s, body)?;
+    prepare(&s, move |s| crate::tokens::tokenize(&s.model.tokenizer, &body))
+        .await
+        .map(Json)
+}
+
+async fn detokenize_ids(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+    let body = bytes(&s, body)?;
+    prepare(&s, move |s| crate::tokens::detokenize(&s.model.tokenizer, &body))
+        .await
+        .map(Json)
+}
+
+/// Queues the request and answers it, whole or streamed; `top_logprobs`: with log-probabilities, how many
+/// of the most likely tokens to give beside the chosen one.
+async fn respond(
+    s: Shared,
+    prompt: Vec<u32>,
+    params: &Params,
+    mut responder: Responder,
+    top_logprobs: Option<usize>,
+) -> Result<Response, ApiError> {
+    let settings = params.settings(prompt.len(), s.ctx_size, s.model.config.n_vocab)?;
+    responder.seed = settings.sampler.seed;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let prompt_len = prompt.len();
     let job = Job {
@@ -377,7 +413,8 @@ async fn respond(s: Shared, prompt: Vec<u32>, params: &Params, responder: Respon
         sampler: settings.sampler,
         max_tokens: settings.max_tokens,
         stop: settings.stop,
-        logprobs: responder.logprobs,
+        logprobs: top_logprobs.is_some(),
+        top_logprobs: top_logprobs.unwrap_or(0),
         events: tx,
         queued_at: Instant::now(),
         span: tracing::Span::current(),
@@ -390,82 +427,63 @@ async fn respond(s: Shared, prompt: Vec<u32>, params: &Params, responder: Respon
     }
     s.metrics.requests.fetch_add(1, Ordering::Relaxed);
     s.metrics.prompt_tokens.fetch_add(prompt_len as u64, Ordering::Relaxed);
-    let token_text = {
-        let s = s.clone();
-        move |id: u32| {
-            s.model
-                .tokenizer
-                .token_bytes(id)
-                .map(|b| String::from_utf8_lossy(b).into_owned())
-                .unwrap_or_default()
-        }
-    };
     if !params.stream {
-        let (text, entries, finish, usage) = collect(&mut rx, token_text).await?;
+        let (text, entries, finish, usage) = collect(&mut rx).await?;
         return Ok(Json(responder.whole(&text, &entries, finish, &usage)).into_response());
     }
     let include_usage = params.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    Ok(Sse::new(chunks(rx, responder, include_usage, token_text)).into_response())
+    Ok(Sse::new(chunks(rx, responder, include_usage)).into_response())
 }
 
 /// The SSE stream of a request: a chunk per piece of text, the finishing chunk, the usage chunk if asked
 /// for, then `[DONE]`. Dropping the stream (the client went away) drops the receiver, which frees the
 /// request's slot at the engine's next step.
-fn chunks<F: Fn(u32) -> String + Send + 'static>(
+fn chunks(
     rx: mpsc::UnboundedReceiver<Event>,
     r: Responder,
     include_usage: bool,
-    token_text: F,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
-    struct Open<F> {
+    struct Open {
         rx: mpsc::UnboundedReceiver<Event>,
         r: Responder,
-        token_text: F,
         first: bool,
     }
     let data = |v: Value| SseEvent::default().data(v.to_string());
-    stream::unfold(
-        Some(Open {
-            rx,
-            r,
-            token_text,
-            first: true,
-        }),
-        move |open| async move {
-            let mut o = open?;
-            let events = match o.rx.recv().await {
-                Some(Event::Text { text, logprob }) => {
-                    let entries: Vec<(String, f32)> =
-                        logprob.map(|(id, l)| ((o.token_text)(id), l)).into_iter().collect();
-                    if text.is_empty() && entries.is_empty() {
-                        return Some((Vec::new(), Some(o)));
-                    }
-                    let chunk = data(o.r.chunk(&text, &entries, None, o.first));
-                    o.first = false;
-                    return Some((vec![chunk], Some(o)));
+    stream::unfold(Some(Open { rx, r, first: true }), move |open| async move {
+        let mut o = open?;
+        let events = match o.rx.recv().await {
+            Some(Event::Text { text, logprob }) => {
+                let entries: Vec<_> = logprob.into_iter().collect();
+                if text.is_empty() && entries.is_empty() {
+                    return Some((Vec::new(), Some(o)));
                 }
-                Some(Event::Done {
-                    finish,
-                    prompt_tokens,
-                    completion_tokens,
-                }) => {
-                    let mut v = vec![data(o.r.chunk("", &[], Some(finish), false))];
-                    if include_usage {
-                        v.push(data(o.r.usage_chunk(&usage(prompt_tokens, completion_tokens))));
-                    }
-                    v
+                let chunk = data(o.r.chunk(&text, &entries, None, o.first));
+                o.first = false;
+                return Some((vec![chunk], Some(o)));
+            }
+            Some(Event::Done {
+                finish,
+                prompt_tokens,
+                cached_tokens,
+                completion_tokens,
+            }) => {
+                let mut v = vec![data(o.r.chunk("", &[], Some(finish), false))];
+                if include_usage {
+                    let usage = usage(prompt_tokens, cached_tokens, completion_tokens);
+                    v.push(data(o.r.usage_chunk(&usage)));
                 }
-                Some(Event::Failed(why)) => vec![data(ApiError::internal(why).body())],
-                None => vec![data(
-                    ApiError::internal("the engine stopped before the request finished").body(),
-                )],
-            };
-            Some((
-                events.into_iter().chain([SseEvent::default().data("[DONE]")]).collect(),
-                None,
-            ))
-        },
-    )
+                v
+            }
+            Some(Event::Failed(why)) => vec![data(ApiError::internal(why).body())],
+            None => vec![data(
+                ApiError::internal("the engine stopped before the request finished").body(),
+            )],
+        };
+        Some((
+            events.into_iter().chain([SseEvent::default().data("[DONE]")]).collect(),
+            None,
+        ))
+    })
     .flat_map(|events| stream::iter(events.into_iter().map(Ok)))
 }
 

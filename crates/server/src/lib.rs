@@ -4,10 +4,15 @@
 pub mod api;
 mod conn;
 pub mod error;
+mod fields;
 mod http;
+mod logprobs;
 mod metrics;
+mod prompt_cache;
+mod props;
 mod scheduler;
 pub mod template;
+mod tokens;
 
 use std::io;
 use std::path::PathBuf;
@@ -48,6 +53,8 @@ pub struct ServeOptions {
     pub api_key: Option<String>,
     /// The model id clients name.
     pub name: String,
+    /// The model's file as given (`GET /props` shows it).
+    pub model_path: PathBuf,
     /// A chat template overriding the model's.
     pub chat_template: Option<TemplateFile>,
     pub scheduler: SchedulerOptions,
@@ -104,6 +111,26 @@ pub fn serve(model: Model, opts: ServeOptions) -> Result<(), ServeError> {
             }
         },
     };
+    let template_source = match &opts.chat_template {
+        Some(file) => Some(file.source.clone()),
+        None => model
+            .weights
+            .file
+            .get_str("tokenizer.chat_template")
+            .ok()
+            .flatten()
+            .map(str::to_string),
+    };
+    let props = props::props(&props::Props {
+        model: &model,
+        name: &opts.name,
+        path: &opts.model_path,
+        ctx_size: opts.scheduler.ctx_size,
+        slots: opts.scheduler.parallel,
+        chat_template: template_source.as_deref(),
+        bos: &bos,
+        eos: &eos,
+    });
     let model = Arc::new(model);
     let metrics = Arc::new(metrics::Metrics::default());
     let ctx_size = opts.scheduler.ctx_size;
@@ -129,6 +156,7 @@ pub fn serve(model: Model, opts: ServeOptions) -> Result<(), ServeError> {
         body_timeout: opts.body_timeout,
         preparing: Arc::new(tokio::sync::Semaphore::new(preparing)),
         created,
+        props,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -17,6 +17,7 @@ pub struct Metrics {
     pub connections_open: AtomicU64,
     pub connections_refused: AtomicU64,
     pub prompt_tokens: AtomicU64,
+    pub prompt_tokens_cached: AtomicU64,
     pub generated: AtomicU64,
     steps: AtomicU64,
     step_rows: AtomicU64,
@@ -98,6 +99,12 @@ impl Metrics {
             "counter",
             "Prompt tokens accepted.",
             get(&self.prompt_tokens),
+        );
+        put(
+            "prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens not computed: a free slot's cache held them from an earlier request.",
+            get(&self.prompt_tokens_cached),
         );
         put(
             "generated_tokens_total",

@@ -5,17 +5,20 @@
 //!
 //! The loop runs on its own thread and owns the model's sequences; the HTTP side only sends [`Job`]s and
 //! reads [`Event`]s. A sequence's tokens do not depend on what it is batched with (`forward_batch`'s
-//! contract), so a greedy request returns the same text alone or beside others.
+//! contract), so a greedy request returns the same text alone or beside others. A freed slot keeps its
+//! sequence's cache for the next request that shares a prefix with it (`prompt_cache.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use titan_engine::sampler::TokenLogprobs;
 use titan_engine::{Batch, Model, Outputs, Sampler, SamplerOptions, Sequence, Span};
 use titan_tokenizer::StreamDecoder;
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
+use crate::prompt_cache::PromptCache;
 
 /// One request, as the engine runs it.
 pub struct Job {
@@ -25,6 +28,8 @@ pub struct Job {
     /// Generation ends before the first occurrence of any of these (not included in the text).
     pub stop: Vec<String>,
     pub logprobs: bool,
+    /// With `logprobs`, how many of the most likely tokens to give beside the chosen one.
+    pub top_logprobs: usize,
     pub events: mpsc::UnboundedSender<Event>,
     pub queued_at: Instant,
     /// The HTTP request's span: the engine's lines about the request carry its id.
@@ -34,14 +39,16 @@ pub struct Job {
 #[derive(Debug)]
 pub enum Event {
     /// Newly decoded text (possibly empty, while a multi-byte character is incomplete or a stop string
-    /// might be starting), with the token's log-probability when asked for.
+    /// might be starting), with the token's log-probabilities when asked for.
     Text {
         text: String,
-        logprob: Option<(u32, f32)>,
+        logprob: Option<TokenLogprobs>,
     },
     Done {
         finish: Finish,
         prompt_tokens: usize,
+        /// Of the prompt's tokens, those whose cache a slot held already (OpenAI's `cached_tokens`).
+        cached_tokens: usize,
         completion_tokens: usize,
     },
     Failed(String),
@@ -69,6 +76,8 @@ pub struct SchedulerOptions {
     pub ctx_size: usize,
     /// Most tokens one step carries (decode rows first, then prompt chunks).
     pub step_tokens: usize,
+    /// Reuse the longest prefix of a prompt that a free slot's cache holds.
+    pub prompt_cache: bool,
 }
 
 /// A request in a slot: its sequence, what it has generated, and what it has sent.
@@ -80,6 +89,8 @@ struct Slot<'m> {
     history: Vec<u32>,
     /// Positions of `history` already in the sequence's cache.
     in_cache: usize,
+    /// Of those, the ones the slot's cache held when the request came.
+    cached: usize,
     generated: usize,
     decoder: StreamDecoder<'m>,
     /// Decoded text held back because it may be the start of a stop string.
@@ -96,10 +107,7 @@ impl Slot<'_> {
 /// Runs until every sender of `queue` is gone.
 pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job>, metrics: &Metrics) {
     let mut slots: Vec<Slot<'_>> = Vec::new();
-    // The sequences of finished requests, for the next ones: a new sequence writes its whole KV cache
-    // once (`KvCache::new`), hundreds of megabytes at a long context, which a reused one has done already.
-    // A sequence started again at position 0 computes exactly what a fresh one would.
-    let mut spare: Vec<Sequence> = Vec::new();
+    let mut free = PromptCache::new(opts.prompt_cache);
     let mut batch = Batch::default();
     loop {
         // Admit: block for work when idle; otherwise take what is waiting, up to the free slots.
@@ -121,11 +129,15 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
                     .in_scope(|| tracing::info!("abandoned by the client while queued"));
                 continue;
             }
+            let unused = slots.len() + free.held() < opts.parallel;
+            let (seq, cached) = free.take(model, opts.ctx_size, &job.prompt, unused);
+            metrics.prompt_tokens_cached.fetch_add(cached as u64, Ordering::Relaxed);
             slots.push(Slot {
-                seq: spare.pop().unwrap_or_else(|| model.new_sequence(opts.ctx_size)),
+                seq,
                 sampler: Sampler::new(job.sampler.clone()),
                 history: job.prompt.clone(),
-                in_cache: 0,
+                in_cache: cached,
+                cached,
                 generated: 0,
                 decoder: model.tokenizer.stream(),
                 held: String::new(),
@@ -140,24 +152,31 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
                 s.job.span.in_scope(|| {
                     tracing::info!(generated = s.generated, "abandoned by the client");
                 });
-                spare.push(s.seq);
+                release(&mut free, s);
             }
         }
         if slots.is_empty() {
             continue;
         }
         metrics.active.store(slots.len() as u64, Ordering::Relaxed);
-        step(model, opts, &mut slots, &mut spare, &mut batch, metrics);
+        step(model, opts, &mut slots, &mut free, &mut batch, metrics);
     }
 }
 
-/// One forward step over the slots, then each finished row sampled and sent; the sequences of the slots it
-/// frees go to `spare`.
+/// A slot's sequence back to the free ones, with the tokens its cache holds.
+fn release(free: &mut PromptCache, s: Slot<'_>) {
+    let mut tokens = s.history;
+    tokens.truncate(s.in_cache);
+    free.put(s.seq, tokens);
+}
+
+/// One forward step over the slots, then each finished row sampled and sent; the slots it frees go to
+/// `free`.
 fn step<'m>(
     model: &'m Model,
     opts: &SchedulerOptions,
     slots: &mut Vec<Slot<'m>>,
-    spare: &mut Vec<Sequence>,
+    free: &mut PromptCache,
     batch: &mut Batch,
     metrics: &Metrics,
 ) {
@@ -201,7 +220,8 @@ fn step<'m>(
                 let s = slots.remove(i);
                 s.job.span.in_scope(|| tracing::error!("the engine step failed: {e}"));
                 let _ = s.job.events.send(Event::Failed(e.to_string()));
-                spare.push(s.seq);
+                // What the step wrote of its cache is unknown: nothing of it is reused.
+                free.put(s.seq, Vec::new());
             }
             return;
         }
@@ -210,9 +230,15 @@ fn step<'m>(
     let mut finished = Vec::new();
     for (row, &i) in members.iter().enumerate() {
         let s = &mut slots[i];
+        let was_reading = s.reading_prompt();
         s.in_cache += take[i];
         if s.reading_prompt() {
             continue;
+        }
+        if was_reading && opts.prompt_cache {
+            // The one position a recurrent state can come back to (a KV cache needs no copy): the next
+            // turn of a conversation repeats this prompt, whatever it makes of the answer.
+            s.seq.checkpoint();
         }
         let logits = &logits[row * v..(row + 1) * v];
         if let Some(finish) = advance(model, opts, s, logits, metrics) {
@@ -220,6 +246,7 @@ fn step<'m>(
                 tracing::info!(
                     finish = %finish.as_str(),
                     prompt_tokens = s.job.prompt.len(),
+                    cached_tokens = s.cached,
                     generated = s.generated,
                     ms = %crate::ms(s.job.queued_at.elapsed()),
                     "generated"
@@ -228,13 +255,14 @@ fn step<'m>(
             let _ = s.job.events.send(Event::Done {
                 finish,
                 prompt_tokens: s.job.prompt.len(),
+                cached_tokens: s.cached,
                 completion_tokens: s.generated,
             });
             finished.push(i);
         }
     }
     for &i in finished.iter().rev() {
-        spare.push(slots.remove(i).seq);
+        release(free, slots.remove(i));
         metrics.completed.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -260,7 +288,10 @@ fn advance<'m>(
     s.generated += 1;
     s.history.push(token);
     metrics.generated.fetch_add(1, Ordering::Relaxed);
-    let logprob = s.job.logprobs.then(|| (token, log_softmax_at(logits, token)));
+    let logprob = s
+        .job
+        .logprobs
+        .then(|| titan_engine::sampler::logprobs(logits, token, s.job.top_logprobs));
     s.held.push_str(&s.decoder.push(token));
     // A stop string ends the text where it begins; text that could still become one is held back.
     if let Some(at) = s.job.stop.iter().filter_map(|stop| s.held.find(stop.as_str())).min() {
@@ -289,7 +320,7 @@ fn advance<'m>(
     None
 }
 
-fn send_text(s: &Slot<'_>, text: String, logprob: Option<(u32, f32)>) {
+fn send_text(s: &Slot<'_>, text: String, logprob: Option<TokenLogprobs>) {
     let _ = s.job.events.send(Event::Text { text, logprob });
 }
 
@@ -299,13 +330,6 @@ fn partial_suffix(text: &str, stop: &str) -> usize {
         .rev()
         .find(|&n| text.is_char_boundary(text.len() - n) && stop.starts_with(&text[text.len() - n..]))
         .unwrap_or(0)
-}
-
-/// log p(token) under softmax(logits), in f64 for the sum.
-fn log_softmax_at(logits: &[f32], token: u32) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
-    (logits[token as usize] - max) - sum.ln() as f32
 }
 
 /// The queue the HTTP side sends jobs into, and the engine thread that drains it.
@@ -335,12 +359,5 @@ mod tests {
         assert_eq!(partial_suffix("ab", "abc"), 2);
         assert_eq!(partial_suffix("xé", "éa"), "é".len());
         assert_eq!(partial_suffix("", "abc"), 0);
-    }
-
-    #[test]
-    fn log_softmax_sums_to_one() {
-        let logits = [1.0f32, 2.0, 3.0];
-        let total: f32 = (0..3).map(|t| log_softmax_at(&logits, t).exp()).sum();
-        assert!((total - 1.0).abs() < 1e-6, "{total}");
     }
 }

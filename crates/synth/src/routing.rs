@@ -115,6 +115,7 @@ pub fn routing_report(model_path: &Path, tokens: usize, seed: u64) -> Result<Rou
         repeat_penalty: 1.0,
         repeat_last_n: 0,
         seed,
+        ..Default::default()
     });
     let mut token = (splitmix(seed) % c.n_vocab as u64) as u32;
     while eog.contains(&(token as usize)) {

@@ -34,6 +34,10 @@ pub struct Args {
     /// Most tokens one step carries (every decoding sequence's next token, then prompt chunks).
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
+    /// Compute every prompt whole: a request reuses nothing of what a free slot's cache holds (by default it
+    /// goes to the slot holding the longest prefix of its prompt and computes only the rest).
+    #[arg(long = "no-prompt-cache")]
+    no_prompt_cache: bool,
     /// A Jinja chat template file, instead of the model's tokenizer.chat_template.
     #[arg(long = "chat-template")]
     chat_template: Option<PathBuf>,
@@ -103,10 +107,11 @@ pub fn run(a: Args) -> Result<()> {
             .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     });
     tracing::info!(
-        "serving {name}: {} slots of {ctx_size} tokens, steps of up to {} tokens, queue of {}",
+        "serving {name}: {} slots of {ctx_size} tokens, steps of up to {} tokens, queue of {}, prompt cache {}",
         a.parallel,
         a.batch_size,
-        a.queue
+        a.queue,
+        if a.no_prompt_cache { "off" } else { "on" }
     );
     let served = titan_server::serve(
         model,
@@ -114,11 +119,13 @@ pub fn run(a: Args) -> Result<()> {
             listen: a.listen,
             api_key: a.api_key,
             name,
+            model_path: a.model.model.clone(),
             chat_template,
             scheduler: titan_server::SchedulerOptions {
                 parallel: a.parallel,
                 ctx_size,
                 step_tokens: a.batch_size.max(1),
+                prompt_cache: !a.no_prompt_cache,
             },
             queue_len: a.queue,
             body_limit: a.max_body,

@@ -8,6 +8,8 @@ use titan_server::api::{chat_body, completion_body, PromptInput};
 use titan_server::template::ChatTemplate;
 
 const CTX: usize = 512;
+/// The vocabulary `logit_bias` ids are checked against.
+const VOCAB: usize = 1000;
 
 /// Qwen3's chat template (tests/fixtures/templates/qwen3.jinja), as the server's tests use it.
 pub fn template(root: &std::path::Path) -> ChatTemplate {
@@ -28,14 +30,17 @@ pub fn run(template: &ChatTemplate, data: &[u8]) {
                     t.len()
                 }
             };
-            check(r.params.settings(prompt_len(n), CTX), prompt_len(n));
+            check(r.params.settings(prompt_len(n), CTX, VOCAB), prompt_len(n));
         }
         Err(e) => assert!(e.status.is_client_error(), "{}: {}", e.status, e.message),
     }
     match chat_body(data, Some(template), 16 * data.len().max(1 << 10)) {
         Ok((r, text)) => {
             assert!(!r.messages.is_empty(), "a chat without messages was accepted");
-            check(r.params.settings(prompt_len(text.len()), CTX), prompt_len(text.len()));
+            check(
+                r.params.settings(prompt_len(text.len()), CTX, VOCAB),
+                prompt_len(text.len()),
+            );
         }
         Err(e) => assert!(e.status.is_client_error(), "{}: {}", e.status, e.message),
     }
@@ -54,6 +59,7 @@ fn check(settings: Result<titan_server::api::Settings, titan_server::error::ApiE
                 s.max_tokens
             );
             assert!(s.sampler.check().is_ok() && s.stop.len() <= 4);
+            assert!(s.sampler.logit_bias.iter().all(|&(id, _)| (id as usize) < VOCAB));
         }
         Err(e) => assert!(e.status.is_client_error(), "{}: {}", e.status, e.message),
     }

@@ -1,0 +1,100 @@
+//! What a sequence keeps of its past between forward calls, and how far back it can be cut, so that a new
+//! text sharing a prefix with the old one computes only the rest (the server's prompt cache).
+//!
+//! A KV cache can be cut anywhere: a position's keys and values depend only on the tokens up to it, and a
+//! query at position p reads positions 0..=p only, each written before it is read. A recurrent state
+//! (Gated DeltaNet) cannot: it folds every position into one matrix per head, and nothing of an earlier
+//! position can be taken back out of it. It can only be restored from a copy kept at that position, so a
+//! sequence with one keeps a single copy, [`Memory::checkpoint`], which the server takes at the end of each
+//! prompt (the position the next turn of a conversation most surely shares).
+
+use crate::attention::KvCache;
+use crate::delta_net::DeltaState;
+use crate::{EngineError, Result};
+
+/// Keys and values of the attention layers, the recurrent state of the linear-attention layers (one per
+/// layer, empty for attention layers; none at all in a model without linear attention).
+pub(crate) struct Memory {
+    pub kv: KvCache,
+    pub delta: Vec<DeltaState>,
+    /// Positions computed so far: the next call continues here (or anywhere before it, after
+    /// [`Memory::truncate`]). `usize::MAX` while a call runs, and after one that failed.
+    pub next: usize,
+    /// The recurrent state as it was after `saved_at` positions.
+    saved: Vec<DeltaState>,
+    saved_at: Option<usize>,
+}
+
+impl Memory {
+    pub fn new(kv: KvCache, delta: Vec<DeltaState>) -> Memory {
+        Memory {
+            kv,
+            delta,
+            next: 0,
+            saved: Vec::new(),
+            saved_at: None,
+        }
+    }
+
+    /// A call at position 0 starts a new text: the recurrent state starts from zero and the copy, of the
+    /// old text, is dropped.
+    pub fn restart(&mut self) {
+        self.delta.iter_mut().for_each(DeltaState::reset);
+        self.saved_at = None;
+    }
+
+    /// Keep a copy of the recurrent state where the sequence stands, replacing the one kept before. Nothing
+    /// to keep in a model without linear attention.
+    pub fn checkpoint(&mut self) {
+        if self.delta.is_empty() || self.next == usize::MAX {
+            return;
+        }
+        // Element by element, so that the copy's buffers, once allocated, are reused.
+        self.saved.clone_from(&self.delta);
+        self.saved_at = Some(self.next);
+    }
+
+    /// The most positions, at most `n`, that [`Memory::truncate`] can keep: `n` itself, or no more than
+    /// have been computed, for a KV cache; with a recurrent state, only where it stands or where its copy
+    /// was kept (else 0: start over).
+    pub fn reusable(&self, n: usize) -> usize {
+        if self.next == usize::MAX {
+            return 0;
+        }
+        let n = n.min(self.next);
+        if self.delta.is_empty() || n == self.next {
+            return n;
+        }
+        self.saved_at.filter(|&at| at <= n).unwrap_or(0)
+    }
+
+    /// Keep the first `n` positions: the next call continues at `n`. `n` must be [`Memory::reusable`].
+    pub fn truncate(&mut self, n: usize) -> Result<()> {
+        if self.reusable(n) != n {
+            return Err(EngineError::Request(match self.next {
+                usize::MAX => format!("this sequence cannot keep {n} positions: its last step failed"),
+                next if n > next => format!("this sequence cannot keep {n} positions: it has computed {next}"),
+                next => format!(
+                    "this model's linear-attention state cannot go back to position {n}: it stands at {next}{}",
+                    match self.saved_at {
+                        Some(at) => format!(" and has a copy at {at}"),
+                        None => String::new(),
+                    }
+                ),
+            }));
+        }
+        if !self.delta.is_empty() && n < self.next {
+            if n == 0 {
+                self.delta.iter_mut().for_each(DeltaState::reset);
+            } else {
+                self.delta.clone_from(&self.saved);
+            }
+        }
+        // A copy past the cut belongs to positions the next calls overwrite.
+        if self.saved_at.is_some_and(|at| at > n) {
+            self.saved_at = None;
+        }
+        self.next = n;
+        Ok(())
+    }
+}
