@@ -26,7 +26,13 @@ pub struct Metrics {
     step_ns: AtomicU64,
     first_tokens: AtomicU64,
     first_token_ns: AtomicU64,
+    /// Of the first tokens, how many came within each of [`FIRST_TOKEN_BUCKETS`] (not cumulative).
+    first_token_within: [AtomicU64; FIRST_TOKEN_BUCKETS.len()],
 }
+
+/// The upper bounds, in seconds, of the time-to-first-token histogram's buckets: from a cached prompt on a
+/// fast machine to a long prompt on a weak one.
+const FIRST_TOKEN_BUCKETS: [f64; 12] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
 
 impl Metrics {
     pub fn record_step(&self, rows: usize, sequences: usize, took: Duration) {
@@ -40,6 +46,10 @@ impl Metrics {
     pub fn record_first_token(&self, since_queued: Duration) {
         self.first_tokens.fetch_add(1, Relaxed);
         self.first_token_ns.fetch_add(since_queued.as_nanos() as u64, Relaxed);
+        let secs = since_queued.as_secs_f64();
+        if let Some(i) = FIRST_TOKEN_BUCKETS.iter().position(|&le| secs <= le) {
+            self.first_token_within[i].fetch_add(1, Relaxed);
+        }
     }
 
     /// The exposition text; the expert cache's and the cluster's counters come from `model`.
@@ -140,17 +150,7 @@ impl Metrics {
             "Generated tokens per second of step time.",
             if busy > 0.0 { get(&self.generated) / busy } else { 0.0 },
         );
-        let firsts = get(&self.first_tokens);
-        put(
-            "time_to_first_token_seconds_mean",
-            "gauge",
-            "From queueing to the first generated token, averaged.",
-            if firsts > 0.0 {
-                get(&self.first_token_ns) / 1e9 / firsts
-            } else {
-                0.0
-            },
-        );
+        self.first_token_histogram(&mut out);
         // What the expert source counts (a store's cache, a cluster's nodes), one family per name.
         let mut samples = Vec::new();
         model.experts.samples(&mut samples);
@@ -179,9 +179,62 @@ impl Metrics {
         }
         out
     }
+
+    /// The time-to-first-token histogram, in Prometheus' form: cumulative buckets, the sum and the count.
+    fn first_token_histogram(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP titan_time_to_first_token_seconds From queueing to the first generated token.\n\
+             # TYPE titan_time_to_first_token_seconds histogram"
+        );
+        let mut within = 0;
+        for (le, n) in FIRST_TOKEN_BUCKETS.iter().zip(&self.first_token_within) {
+            within += n.load(Relaxed);
+            let _ = writeln!(out, "titan_time_to_first_token_seconds_bucket{{le=\"{le}\"}} {within}");
+        }
+        let firsts = self.first_tokens.load(Relaxed);
+        let _ = writeln!(
+            out,
+            "titan_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {firsts}\n\
+             titan_time_to_first_token_seconds_sum {}\n\
+             titan_time_to_first_token_seconds_count {firsts}",
+            self.first_token_ns.load(Relaxed) as f64 / 1e9
+        );
+    }
 }
 
 /// A label value as the text format wants it: backslash, quote and newline escaped.
 fn escape(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_tokens_fill_a_cumulative_histogram() {
+        let m = Metrics::default();
+        for ms in [30, 700, 1000, 400_000] {
+            m.record_first_token(Duration::from_millis(ms));
+        }
+        let mut out = String::new();
+        m.first_token_histogram(&mut out);
+        let value = |series: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+                .unwrap_or_else(|| panic!("{series} missing from:\n{out}"))
+                .to_string()
+        };
+        let bucket = |le: &str| value(&format!("titan_time_to_first_token_seconds_bucket{{le=\"{le}\"}}"));
+        assert_eq!(bucket("0.05"), "1");
+        assert_eq!(bucket("0.5"), "1");
+        // A bound is inclusive: the 1 s token is within le="1".
+        assert_eq!(bucket("1"), "3");
+        assert_eq!(bucket("300"), "3");
+        assert_eq!(bucket("+Inf"), "4");
+        assert_eq!(value("titan_time_to_first_token_seconds_count"), "4");
+        assert_eq!(value("titan_time_to_first_token_seconds_sum"), "401.73");
+        assert!(out.contains("# TYPE titan_time_to_first_token_seconds histogram"));
+    }
 }

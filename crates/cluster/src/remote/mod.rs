@@ -64,6 +64,9 @@ pub struct Cluster {
     names: Vec<String>,
     opts: Arc<ClusterOptions>,
     state: Mutex<State>,
+    /// The nodes' counters as of the last time the state's lock was let go: what `/metrics` reads, because
+    /// the lock is held across a whole layer's round trips.
+    published: Mutex<Vec<NodeMetrics>>,
     redial: Arc<Redial>,
     /// The slice endpoint nodes fetch their shards from, kept serving while the cluster runs.
     slices: Option<crate::slice_http::SliceServer>,
@@ -359,6 +362,7 @@ impl Cluster {
             dialing: (0..opts.nodes.len()).map(|_| AtomicBool::new(false)).collect(),
             closing: AtomicBool::new(false),
         });
+        let published = vec![NodeMetrics::default(); opts.nodes.len()];
         let cluster = Cluster {
             local,
             local_rows: Default::default(),
@@ -366,6 +370,7 @@ impl Cluster {
             plan_kind,
             names: opts.nodes.clone(),
             opts: Arc::new(opts),
+            published: Mutex::new(published),
             state: Mutex::new(state),
             redial,
             slices: None,
@@ -408,14 +413,11 @@ impl Cluster {
         )
     }
 
-    /// Each node's counters, in `--nodes` order.
+    /// Each node's counters, in `--nodes` order, as of the last exchange finished: this never waits for one
+    /// under way.
     pub fn metrics(&self) -> Vec<(String, NodeMetrics)> {
-        let st = self.lock();
-        self.names
-            .iter()
-            .cloned()
-            .zip(st.nodes.iter().map(|n| n.metrics.clone()))
-            .collect()
+        let published = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        self.names.iter().cloned().zip(published.iter().cloned()).collect()
     }
 
     /// Each live node's own counters (`WorkerMetrics`, over every backbone it serves), asked for now.
@@ -445,9 +447,40 @@ impl Cluster {
             .collect()
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock leaves only counters and buffers behind; keep going.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> Locked<'_> {
+        Locked {
+            // A panic while holding the lock leaves only counters and buffers behind; keep going.
+            state: self.state.lock().unwrap_or_else(|e| e.into_inner()),
+            published: &self.published,
+        }
+    }
+}
+
+/// The state's lock, which publishes the nodes' counters when it is let go, whichever way the holder left.
+struct Locked<'a> {
+    state: MutexGuard<'a, State>,
+    published: &'a Mutex<Vec<NodeMetrics>>,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        for (p, n) in published.iter_mut().zip(&self.state.nodes) {
+            p.clone_from(&n.metrics);
+        }
     }
 }
 
