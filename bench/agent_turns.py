@@ -37,22 +37,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SYSTEM = (
     "You are a coding agent working in a Rust repository. You can call these tools: read_file(path) returns "
-    "a file's text; list_dir(path) lists a directory; run(command) runs a shell command and returns its "
-    "output and exit status; edit(path, old, new) replaces one exact string in a file. Work in small steps: "
-    "look before you change anything, change one thing at a time, run the tests after each change, and say "
-    "what you saw. Never guess a file's contents: read it. Keep answers short; quote the lines you mean. "
-    "The repository builds with cargo; its crates are gguf (the model file format), kernels (the matrix "
-    "products for each quantised type, with a scalar twin for each SIMD path), tokenizer, engine (the forward "
-    "pass, the KV cache, sampling), store (experts read from disk), cluster (experts computed on other "
-    "machines), server (the OpenAI-compatible HTTP server) and cli (the titan binary). Tests are in each "
-    "crate's tests directory and beside the code. A change is done when cargo fmt, cargo clippy with -D "
-    "warnings and the crate's tests pass, and the commit message says what changed and why."
+    "a file's text; run(command) runs a shell command and returns its output and exit status; edit(path, old, "
+    "new) replaces one exact string in a file. Look before you change anything, change one thing at a time, run "
+    "the tests after each change, and say what you saw. Never guess a file's contents: read it. Keep answers "
+    "short; quote the lines you mean. A change is done when cargo fmt, cargo clippy and the tests pass."
 )
 
 
 def tool_output(turn):
-    """A made-up tool result for `turn`: distinct each turn, about 80 tokens."""
-    files = ["api.rs", "conn.rs", "error.rs", "http.rs", "metrics.rs", "scheduler.rs", "template.rs"]
+    """A made-up tool result for `turn`: distinct each turn, about 200 characters."""
+    files = ["api.rs", "http.rs", "scheduler.rs"]
     lines = [f"crates/server/src/{f}: {120 + 37 * ((turn * 7 + i) % 11)} lines" for i, f in enumerate(files)]
     return f"run(\"wc -l crates/server/src/*.rs\") exited 0 after step {turn}:\n" + "\n".join(lines)
 

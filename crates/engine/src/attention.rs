@@ -87,8 +87,19 @@ pub struct AttnShape<'a> {
     pub sinks: Option<&'a [f32]>,
 }
 
+/// Query rows of one head attended together: each tile of keys and values is read once for all of them,
+/// not once per row, which is what a long prompt chunk over a long cache is bound by.
+const ROWS_TOGETHER: usize = 16;
+/// Positions per tile: 64 keys of a 128-wide head are 32 KiB, which stays in the first-level cache while
+/// every row of the group uses them.
+const KEYS_PER_TILE: usize = 64;
+
 /// `q`: n rows of n_head × head_dim for positions pos0..pos0+n; `out`: same shape; `scores`: working space.
-/// Parallel over (row, head) pairs; each pair is computed by one thread in one fixed order.
+///
+/// Parallel over runs of (row, head) pairs. Within a run, the rows of each head go in groups of
+/// [`ROWS_TOGETHER`] through the keys tile by tile; a row's scores are still each key's dot product with
+/// its query, and its output still adds the values in position order, so its bits are those of the row
+/// alone, whatever the batch.
 pub fn attend(
     cache: &KvCache,
     layer: usize,
@@ -98,50 +109,117 @@ pub fn attend(
     out: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
-    let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (s.head_dim as f32).sqrt();
-    let (keys, values) = (&cache.k[layer], &cache.v[layer]);
     // The pairs are shared out in order among a few tasks per thread, each with scores for the whole
-    // context: the working space is sized once per sequence (and thread count), whatever the batch.
+    // context of a group of rows: the working space is sized once per sequence (and thread count).
     let pairs = out.len() / s.head_dim;
     if pairs == 0 {
         return;
     }
     let tasks = pairs.min(4 * rayon::current_num_threads());
     let per_task = pairs.div_ceil(tasks);
-    scores.resize(tasks * cache.n_ctx, 0.0);
+    let together = ROWS_TOGETHER.min(per_task.div_ceil(s.n_head));
+    let room = together * cache.n_ctx;
+    scores.resize(tasks * room, 0.0);
     let chunk = per_task * s.head_dim;
     titan_kernels::stay_warm();
     out.par_chunks_mut(chunk)
         .zip(q.par_chunks(chunk))
-        .zip(scores.par_chunks_mut(cache.n_ctx))
+        .zip(scores.par_chunks_mut(room))
         .enumerate()
         .for_each(|(task, ((o, q), scores))| {
-            for (j, (oh, qh)) in o
-                .chunks_exact_mut(s.head_dim)
-                .zip(q.chunks_exact(s.head_dim))
-                .enumerate()
-            {
-                let idx = task * per_task + j;
-                let (i, h) = (idx / s.n_head, idx % s.n_head);
-                let kv_off = (h / group) * s.head_dim;
-                let pos = pos0 + i;
-                let first = if s.window > 0 {
-                    (pos + 1).saturating_sub(s.window)
-                } else {
-                    0
-                };
-                let scores = &mut scores[first..=pos];
-                let at = first * cache.kv_dim + kv_off;
-                dot_rows(qh, &keys[at..], cache.kv_dim, scale, scores);
-                match s.sinks {
-                    Some(sinks) => softmax_with_sink(scores, sinks[h]),
-                    None => softmax(scores),
+            let first_pair = task * per_task;
+            let pairs = first_pair..first_pair + o.len() / s.head_dim;
+            for h in 0..s.n_head {
+                // The rows i whose pair i · n_head + h falls in this task's run.
+                let rows = pairs.start.saturating_sub(h).div_ceil(s.n_head)..(pairs.end + s.n_head - 1 - h) / s.n_head;
+                for i0 in rows.clone().step_by(together) {
+                    let group = Group {
+                        rows: i0..(i0 + together).min(rows.end),
+                        head: h,
+                        first_pair: pairs.start,
+                        pos0,
+                        scale,
+                    };
+                    group.attend(cache, layer, s, q, o, scores);
                 }
-                oh.fill(0.0);
-                add_weighted_rows(oh, scores, &values[at..], cache.kv_dim);
             }
         });
+}
+
+/// Rows of one head attended together, within a task's run of pairs.
+struct Group {
+    rows: std::ops::Range<usize>,
+    head: usize,
+    /// The first pair of the task's run: where its `q` and `out` start.
+    first_pair: usize,
+    pos0: usize,
+    scale: f32,
+}
+
+impl Group {
+    /// Where row `i`'s query and output are in the task's slices.
+    fn at(&self, i: usize, s: &AttnShape) -> std::ops::Range<usize> {
+        let start = (i * s.n_head + self.head - self.first_pair) * s.head_dim;
+        start..start + s.head_dim
+    }
+
+    /// The positions row `i` sees: up to its own, from the window's start.
+    fn seen(&self, i: usize, window: usize) -> std::ops::Range<usize> {
+        let pos = self.pos0 + i;
+        let first = if window > 0 {
+            (pos + 1).saturating_sub(window)
+        } else {
+            0
+        };
+        first..pos + 1
+    }
+
+    fn attend(&self, cache: &KvCache, layer: usize, s: &AttnShape, q: &[f32], o: &mut [f32], scores: &mut [f32]) {
+        let kv_off = (self.head / (s.n_head / s.n_head_kv)) * s.head_dim;
+        let (keys, values) = (&cache.k[layer], &cache.v[layer]);
+        let n_ctx = cache.n_ctx;
+        let span = self.seen(self.rows.start, s.window).start..self.seen(self.rows.end - 1, s.window).end;
+        let tiles = || {
+            (span.start..span.end)
+                .step_by(KEYS_PER_TILE)
+                .map(|t| t..(t + KEYS_PER_TILE).min(span.end))
+        };
+        for tile in tiles() {
+            for (r, i) in self.rows.clone().enumerate() {
+                let seen = self.seen(i, s.window);
+                let (from, to) = (tile.start.max(seen.start), tile.end.min(seen.end));
+                if from < to {
+                    let row_scores = &mut scores[r * n_ctx..][from..to];
+                    let at = from * cache.kv_dim + kv_off;
+                    dot_rows(&q[self.at(i, s)], &keys[at..], cache.kv_dim, self.scale, row_scores);
+                }
+            }
+        }
+        for (r, i) in self.rows.clone().enumerate() {
+            let row_scores = &mut scores[r * n_ctx..][self.seen(i, s.window)];
+            match s.sinks {
+                Some(sinks) => softmax_with_sink(row_scores, sinks[self.head]),
+                None => softmax(row_scores),
+            }
+            o[self.at(i, s)].fill(0.0);
+        }
+        for tile in tiles() {
+            for (r, i) in self.rows.clone().enumerate() {
+                let seen = self.seen(i, s.window);
+                let (from, to) = (tile.start.max(seen.start), tile.end.min(seen.end));
+                if from < to {
+                    let at = from * cache.kv_dim + kv_off;
+                    add_weighted_rows(
+                        &mut o[self.at(i, s)],
+                        &scores[r * n_ctx..][from..to],
+                        &values[at..],
+                        cache.kv_dim,
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Softmax in place with one more logit, `sink`, in the denominator only: the weights sum to less than
@@ -154,5 +232,70 @@ fn softmax_with_sink(x: &mut [f32], sink: f32) {
     let inv = 1.0 / sum;
     for v in x.iter_mut() {
         *v *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cache of `n_ctx` positions filled with values of a fixed pseudo-random walk.
+    fn filled(n_ctx: usize, kv_dim: usize) -> KvCache {
+        let mut cache = KvCache::new(&[true], n_ctx, kv_dim, true);
+        let mut x = 0x9e37_79b9_u32;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x as f32 / u32::MAX as f32) * 2.0 - 1.0
+        };
+        let k: Vec<f32> = (0..n_ctx * kv_dim).map(|_| next()).collect();
+        let v: Vec<f32> = (0..n_ctx * kv_dim).map(|_| next()).collect();
+        cache.store(0, 0, &k, &v);
+        cache
+    }
+
+    /// Rows attended together — in groups, over tiles of keys, several heads to a task — have the bits of
+    /// each row attended alone, with and without a window and sinks, on one thread and on several.
+    #[test]
+    fn rows_together_have_the_bits_of_rows_alone() {
+        let (n_head, n_head_kv, head_dim) = (4, 2, 8);
+        let (n_ctx, pos0, n) = (300, 37, 203);
+        let cache = filled(n_ctx, n_head_kv * head_dim);
+        let sinks = [0.5, -1.0, 2.0, 0.0];
+        let q: Vec<f32> = (0..n * n_head * head_dim)
+            .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        for (window, sinks) in [(0, None), (70, None), (0, Some(&sinks[..])), (100, Some(&sinks[..]))] {
+            let s = AttnShape {
+                n_head,
+                n_head_kv,
+                head_dim,
+                window,
+                sinks,
+            };
+            let q_dim = n_head * head_dim;
+            let mut alone = vec![0.0; n * q_dim];
+            let mut scores = Vec::new();
+            for i in 0..n {
+                let rows = i * q_dim..(i + 1) * q_dim;
+                attend(&cache, 0, &s, pos0 + i, &q[rows.clone()], &mut alone[rows], &mut scores);
+            }
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let mut together = vec![f32::NAN; n * q_dim];
+                pool.install(|| attend(&cache, 0, &s, pos0, &q, &mut together, &mut scores));
+                let differ = alone
+                    .iter()
+                    .zip(&together)
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                assert_eq!(
+                    differ,
+                    None,
+                    "window {window}, sinks {}, {threads} threads",
+                    sinks.is_some()
+                );
+            }
+        }
     }
 }
