@@ -4,8 +4,15 @@
 
 use serde_json::{Map, Value};
 
-use crate::api::Kind;
 use crate::error::ApiError;
+
+/// The endpoint a request was sent to: each takes its own fields.
+#[derive(Clone, Copy)]
+pub enum Endpoint {
+    Completions,
+    Chat,
+    Responses,
+}
 
 /// Accepted and ignored: bookkeeping for the caller or for OpenAI's own platform, with no effect on the text.
 const IGNORED: &[&str] = &[
@@ -29,10 +36,10 @@ enum Refused {
     Unknown,
 }
 
-/// Whether `name: value`, sent to the `kind` endpoint and not read by its request type, is refused, and why.
+/// Whether `name: value`, sent to the `endpoint` and not read by its request type, is refused, and why.
 /// A value that asks for nothing (null, an empty list of tools, plain text as the response format) is
 /// accepted whatever the field.
-fn refusal(kind: Kind, name: &str, value: &Value) -> Option<Refused> {
+fn refusal(endpoint: Endpoint, name: &str, value: &Value) -> Option<Refused> {
     if IGNORED.contains(&name) {
         return None;
     }
@@ -40,36 +47,53 @@ fn refusal(kind: Kind, name: &str, value: &Value) -> Option<Refused> {
         (_, Value::Null) => true,
         ("tools" | "functions", Value::Array(a)) => a.is_empty(),
         ("tool_choice" | "function_call", Value::String(s)) => s == "none",
-        ("response_format", v) => {
-            v.get("type").and_then(Value::as_str) == Some("text") && v.as_object().map_or(0, Map::len) == 1
-        }
+        ("response_format", v) => is_plain_text(v),
+        // The Responses API's `text`: `{"format": {"type": "text"}}`, or no format.
+        ("text", v) => v.as_object().is_some_and(|o| {
+            o.iter()
+                .all(|(k, f)| k == "format" && (f.is_null() || is_plain_text(f)))
+        }),
+        ("include", Value::Array(a)) => a.is_empty(),
+        ("truncation", Value::String(s)) => s == "disabled",
         ("modalities", Value::Array(a)) => a.len() == 1 && a[0] == "text",
         ("best_of", v) => v.as_u64() == Some(1),
         ("suffix", Value::String(s)) => s.is_empty(),
         _ => false,
     };
-    match (kind, name) {
+    use Endpoint::*;
+    match (endpoint, name) {
         // Meaningless without tools, which are refused when there are any.
-        (Kind::Chat, "parallel_tool_calls") => None,
+        (Chat | Responses, "parallel_tool_calls") => None,
         _ if asks_nothing => None,
-        (Kind::Chat, "tools" | "tool_choice" | "functions" | "function_call") => Some(Refused::NotYet("tool calls")),
-        (Kind::Chat, "response_format") => {
-            Some(Refused::NotYet("structured output; only {\"type\": \"text\"} is taken"))
+        (Chat, "tools" | "tool_choice" | "functions" | "function_call") | (Responses, "tools" | "tool_choice") => {
+            Some(Refused::NotYet("tool calls"))
         }
-        (
-            Kind::Chat,
-            "audio" | "modalities" | "prediction" | "reasoning_effort" | "verbosity" | "web_search_options",
-        )
-        | (Kind::Completion, "best_of" | "suffix") => Some(Refused::NotSupported),
+        (Chat, "response_format") => Some(Refused::NotYet("structured output; only {\"type\": \"text\"} is taken")),
+        (Responses, "text") => Some(Refused::NotYet(
+            "structured output; only {\"format\": {\"type\": \"text\"}} is taken",
+        )),
+        (Chat, "audio" | "modalities" | "prediction" | "reasoning_effort" | "verbosity" | "web_search_options")
+        | (Completions, "best_of" | "suffix")
+        | (
+            Responses,
+            "background" | "conversation" | "include" | "max_tool_calls" | "prompt" | "reasoning" | "stream_options"
+            | "top_logprobs" | "truncation",
+        ) => Some(Refused::NotSupported),
         _ => Some(Refused::Unknown),
     }
 }
 
-/// Checks the fields of a `kind` request that its type did not read (`rest`): a 400 naming each one refused.
-pub fn check(kind: Kind, rest: &Map<String, Value>) -> Result<(), ApiError> {
+/// `{"type": "text"}`, and nothing else: a format that asks for plain text.
+fn is_plain_text(v: &Value) -> bool {
+    v.get("type").and_then(Value::as_str) == Some("text") && v.as_object().map_or(0, Map::len) == 1
+}
+
+/// Checks the fields of a request to `endpoint` that its type did not read (`rest`): a 400 naming each one
+/// refused.
+pub fn check(endpoint: Endpoint, rest: &Map<String, Value>) -> Result<(), ApiError> {
     let refused: Vec<(&String, Refused)> = rest
         .iter()
-        .filter_map(|(name, value)| refusal(kind, name, value).map(|r| (name, r)))
+        .filter_map(|(name, value)| refusal(endpoint, name, value).map(|r| (name, r)))
         .collect();
     let Some((first, why)) = refused.first() else {
         return Ok(());
@@ -99,8 +123,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn check_json(kind: Kind, v: Value) -> Result<(), String> {
-        check(kind, v.as_object().unwrap()).map_err(|e| e.message)
+    fn check_json(endpoint: Endpoint, v: Value) -> Result<(), String> {
+        check(endpoint, v.as_object().unwrap()).map_err(|e| e.message)
     }
 
     #[test]
@@ -111,10 +135,10 @@ mod tests {
             json!({"response_format": {"type": "text"}}),
             json!({"tools": null, "response_format": null, "modalities": ["text"], "audio": null}),
         ] {
-            assert_eq!(check_json(Kind::Chat, v.clone()), Ok(()), "{v}");
+            assert_eq!(check_json(Endpoint::Chat, v.clone()), Ok(()), "{v}");
         }
         assert_eq!(
-            check_json(Kind::Completion, json!({"best_of": 1, "suffix": "", "user": "u"})),
+            check_json(Endpoint::Completions, json!({"best_of": 1, "suffix": "", "user": "u"})),
             Ok(())
         );
     }
@@ -122,7 +146,7 @@ mod tests {
     #[test]
     fn unimplemented_and_unknown_fields_are_named() {
         let tools = json!({"tools": [{"type": "function", "function": {"name": "f"}}]});
-        let e = check(Kind::Chat, tools.as_object().unwrap()).unwrap_err();
+        let e = check(Endpoint::Chat, tools.as_object().unwrap()).unwrap_err();
         assert_eq!(e.status, 400);
         assert!(
             e.message.starts_with("tools is not supported yet (tool calls)"),
@@ -132,10 +156,10 @@ mod tests {
         assert_eq!(e.body()["error"]["param"], "tools");
         assert_eq!(e.body()["error"]["code"], "unsupported_parameter");
         let json_mode = json!({"response_format": {"type": "json_object"}});
-        assert!(check_json(Kind::Chat, json_mode)
+        assert!(check_json(Endpoint::Chat, json_mode)
             .unwrap_err()
             .starts_with("response_format is not supported yet"));
-        let e = check(Kind::Completion, json!({"temprature": 0.5}).as_object().unwrap()).unwrap_err();
+        let e = check(Endpoint::Completions, json!({"temprature": 0.5}).as_object().unwrap()).unwrap_err();
         assert!(
             e.message
                 .starts_with("\"temprature\" is not a field this endpoint takes"),
@@ -144,7 +168,7 @@ mod tests {
         );
         assert_eq!(e.body()["error"]["code"], "unknown_parameter");
         // Chat's fields are unknown to completions; every refused field is named.
-        let both = check_json(Kind::Completion, json!({"messages": [], "best_of": 3})).unwrap_err();
+        let both = check_json(Endpoint::Completions, json!({"messages": [], "best_of": 3})).unwrap_err();
         assert!(
             both.contains("best_of is not supported") && both.contains("\"messages\""),
             "{both}"
