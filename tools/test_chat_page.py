@@ -164,6 +164,13 @@ try:
         "an https link with rel=noopener; a javascript: link stays text",
     )
     check(pasted_after(md.find_element(By.CSS_SELECTOR, ".copy-code")) == 'print("<b>not bold</b>")', "a code block's Copy button")
+    # Mid-stream, a fence not closed yet is already a code block, its text escaped.
+    check(
+        driver.execute_script("return renderMarkdown(arguments[0])", "Here:\n```js\nlet a = '<i>';\n[x](http")
+        == '<p>Here:</p>\n<div class="code"><div class="code-head"><span>js</span><button type="button" class="copy-code">Copy</button></div>'
+        '<pre><code class="language-js">let a = &#39;&lt;i&gt;&#39;;\n[x](http</code></pre></div>',
+        "an unfinished answer: an open fence is a code block already",
+    )
     driver.execute_script("document.getElementById('markdown').remove()")
 
     # Regenerate: sampled with a seed this time. The answer that replaces the last one is the server's answer to
