@@ -155,11 +155,13 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
                 release(&mut free, s);
             }
         }
+        metrics.active.store(slots.len() as u64, Ordering::Relaxed);
         if slots.is_empty() {
             continue;
         }
-        metrics.active.store(slots.len() as u64, Ordering::Relaxed);
         step(model, opts, &mut slots, &mut free, &mut batch, metrics);
+        // Those the step finished are gone now, not at the next step, which may be a long wait away.
+        metrics.active.store(slots.len() as u64, Ordering::Relaxed);
     }
 }
 
