@@ -189,6 +189,10 @@ impl Sampler {
                 if word == u32::MAX {
                     continue;
                 }
+                if word == 0 {
+                    chunk.fill(f32::NEG_INFINITY);
+                    continue;
+                }
                 for (b, x) in chunk.iter_mut().enumerate() {
                     if word >> b & 1 == 0 {
                         *x = f32::NEG_INFINITY;
