@@ -337,9 +337,10 @@ mod tests {
     }
 
     /// What a mask costs a token, on a model's own vocabulary: `TITAN_MASK_MODEL` (a GGUF; the demo model
-    /// without it). A schema's output is written from random logits at temperature 1, masked, until it is
-    /// complete; it must parse. Prints the time to build the vocabulary's grammars, then per token the mask's
-    /// computation, the masked draw against the plain one, and moving the grammar past the token:
+    /// without it). Output is written from random logits at temperature 1, masked: 5 times a schema's whole
+    /// output (short strings, numbers, a list; it must parse), then 5 times 200 tokens of a free string, where
+    /// nearly every token is allowed. Prints the time to build the vocabulary's grammars, then per token the
+    /// mask's computation, the masked draw against the plain one, and moving the grammar past the token:
     /// `cargo test --release -p titan-server mask_cost -- --nocapture`.
     #[test]
     fn mask_cost_per_token() {
@@ -352,64 +353,73 @@ mod tests {
         let t = titan_engine::vocab::tokenizer_from_gguf(&file).unwrap();
         let started = Instant::now();
         let g = Grammars::new(&t).unwrap();
-        let build = started.elapsed();
-        let schema = json!({"type": "object", "properties": {
+        println!(
+            "{path}: {} tokens; grammars built in {:.0} ms",
+            t.vocab_size(),
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        let record = json!({"type": "object", "properties": {
             "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
             "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
             "alive": {"type": "boolean"}}, "required": ["name", "age", "tags", "alive"], "additionalProperties": false});
-        let (mut mask, mut masked, mut plain, mut accept) =
-            (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO);
-        let (mut tokens, mut bytes) = (0u32, Vec::new());
-        let n = t.vocab_size();
+        let free = json!({"type": "object", "properties": {"speech": {"type": "string"}}, "required": ["speech"],
+                          "additionalProperties": false});
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut logits = vec![0f32; n];
-        for seed in 0..5 {
-            let mut c = g.json_schema(&schema).unwrap();
-            let opts = SamplerOptions {
-                temperature: 1.0,
-                seed,
-                ..Default::default()
-            };
-            let (mut s, mut reference) = (Sampler::new(opts.clone()), Sampler::new(opts));
-            let mut text = Vec::new();
-            while !c.is_done() {
-                for l in logits.iter_mut() {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    *l = (state >> 40) as f32 / (1u64 << 24) as f32 * 8.0;
+        let mut logits = vec![0f32; t.vocab_size()];
+        for (what, schema, most) in [("a record", record, 4096), ("a free string", free, 200)] {
+            let (mut mask, mut masked, mut plain, mut accept) =
+                (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO);
+            let mut tokens = 0u32;
+            for seed in 0..5 {
+                let mut c = g.json_schema(&schema).unwrap();
+                let opts = SamplerOptions {
+                    temperature: 1.0,
+                    seed,
+                    ..Default::default()
+                };
+                let (mut s, mut reference) = (Sampler::new(opts.clone()), Sampler::new(opts));
+                let mut text = Vec::new();
+                for _ in 0..most {
+                    if c.is_done() {
+                        break;
+                    }
+                    for l in logits.iter_mut() {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        *l = (state >> 40) as f32 / (1u64 << 24) as f32 * 8.0;
+                    }
+                    let t0 = Instant::now();
+                    c.allowed().unwrap();
+                    let t1 = Instant::now();
+                    let token = s.sample_allowed(&logits, &[], c.allowed().unwrap());
+                    let t2 = Instant::now();
+                    reference.sample(&logits, &[]);
+                    let t3 = Instant::now();
+                    if t.is_eog(token) {
+                        break;
+                    }
+                    c.accept(token).unwrap();
+                    accept += t3.elapsed();
+                    (mask, masked, plain) = (mask + (t1 - t0), masked + (t2 - t1), plain + (t3 - t2));
+                    tokens += 1;
+                    text.extend_from_slice(t.token_bytes(token).unwrap());
                 }
-                let t0 = Instant::now();
-                let allowed = c.allowed().unwrap().to_vec();
-                let t1 = Instant::now();
-                let token = s.sample_allowed(&logits, &[], &allowed);
-                let t2 = Instant::now();
-                reference.sample(&logits, &[]);
-                let t3 = Instant::now();
-                if t.is_eog(token) {
-                    break;
+                if most == 4096 {
+                    let value: Value = serde_json::from_slice(&text).unwrap();
+                    assert!(value["age"].as_u64().unwrap() <= 120, "{value}");
                 }
-                c.accept(token).unwrap();
-                accept += t3.elapsed();
-                (mask, masked, plain) = (mask + (t1 - t0), masked + (t2 - t1), plain + (t3 - t2));
-                tokens += 1;
-                text.extend_from_slice(t.token_bytes(token).unwrap());
-                assert!(text.len() < 4096, "{}", String::from_utf8_lossy(&text));
             }
-            let value: Value = serde_json::from_slice(&text).unwrap();
-            assert!(value["age"].as_u64().unwrap() <= 120, "{value}");
-            bytes.push(text.len());
+            let per = |d: Duration| format!("{:.1} µs", d.as_secs_f64() * 1e6 / f64::from(tokens));
+            println!(
+                "{what}, {tokens} tokens in 5 outputs: per token, the mask {}, the masked draw {} (the plain draw {}), \
+                 accepting the token {}",
+                per(mask),
+                per(masked),
+                per(plain),
+                per(accept)
+            );
         }
-        let per = |d: Duration| format!("{:.1} µs", d.as_secs_f64() * 1e6 / f64::from(tokens));
-        println!(
-            "{path}: {n} tokens; grammars built in {:.0} ms; {tokens} tokens of 5 outputs ({bytes:?} bytes): \
-             per token, the mask {}, the masked draw {} (the plain draw {}), accepting the token {}",
-            build.as_secs_f64() * 1e3,
-            per(mask),
-            per(masked),
-            per(plain),
-            per(accept)
-        );
     }
 
     #[test]
