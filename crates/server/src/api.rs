@@ -41,6 +41,8 @@ pub struct Params {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub n: Option<u32>,
+    /// Structured output: see [`crate::constraint::Grammars::response_format`].
+    pub response_format: Option<Value>,
 }
 
 #[derive(Deserialize)]

@@ -20,7 +20,7 @@ const IGNORED: &[&str] = &[
 
 /// Why a field the request types did not read is refused.
 enum Refused {
-    /// Planned: tool calls and structured output. To lift one, read the field in the request type (api.rs)
+    /// Planned: tool calls. To lift one, read the field in the request type (api.rs)
     /// and take its arm out of [`refusal`].
     NotYet(&'static str),
     /// An OpenAI field this server has no plan for.
@@ -30,8 +30,7 @@ enum Refused {
 }
 
 /// Whether `name: value`, sent to the `kind` endpoint and not read by its request type, is refused, and why.
-/// A value that asks for nothing (null, an empty list of tools, plain text as the response format) is
-/// accepted whatever the field.
+/// A value that asks for nothing (null, an empty list of tools) is accepted whatever the field.
 fn refusal(kind: Kind, name: &str, value: &Value) -> Option<Refused> {
     if IGNORED.contains(&name) {
         return None;
@@ -40,9 +39,6 @@ fn refusal(kind: Kind, name: &str, value: &Value) -> Option<Refused> {
         (_, Value::Null) => true,
         ("tools" | "functions", Value::Array(a)) => a.is_empty(),
         ("tool_choice" | "function_call", Value::String(s)) => s == "none",
-        ("response_format", v) => {
-            v.get("type").and_then(Value::as_str) == Some("text") && v.as_object().map_or(0, Map::len) == 1
-        }
         ("modalities", Value::Array(a)) => a.len() == 1 && a[0] == "text",
         ("best_of", v) => v.as_u64() == Some(1),
         ("suffix", Value::String(s)) => s.is_empty(),
@@ -53,9 +49,6 @@ fn refusal(kind: Kind, name: &str, value: &Value) -> Option<Refused> {
         (Kind::Chat, "parallel_tool_calls") => None,
         _ if asks_nothing => None,
         (Kind::Chat, "tools" | "tool_choice" | "functions" | "function_call") => Some(Refused::NotYet("tool calls")),
-        (Kind::Chat, "response_format") => {
-            Some(Refused::NotYet("structured output; only {\"type\": \"text\"} is taken"))
-        }
         (
             Kind::Chat,
             "audio" | "modalities" | "prediction" | "reasoning_effort" | "verbosity" | "web_search_options",
@@ -108,8 +101,7 @@ mod tests {
         for v in [
             json!({"user": "u1", "metadata": {"a": "b"}, "store": false, "service_tier": "auto"}),
             json!({"tools": [], "tool_choice": "none", "parallel_tool_calls": true}),
-            json!({"response_format": {"type": "text"}}),
-            json!({"tools": null, "response_format": null, "modalities": ["text"], "audio": null}),
+            json!({"tools": null, "modalities": ["text"], "audio": null}),
         ] {
             assert_eq!(check_json(Kind::Chat, v.clone()), Ok(()), "{v}");
         }
@@ -131,10 +123,6 @@ mod tests {
         );
         assert_eq!(e.body()["error"]["param"], "tools");
         assert_eq!(e.body()["error"]["code"], "unsupported_parameter");
-        let json_mode = json!({"response_format": {"type": "json_object"}});
-        assert!(check_json(Kind::Chat, json_mode)
-            .unwrap_err()
-            .starts_with("response_format is not supported yet"));
         let e = check(Kind::Completion, json!({"temprature": 0.5}).as_object().unwrap()).unwrap_err();
         assert!(
             e.message
