@@ -236,6 +236,17 @@ mod tests {
         let ones = [1f32; 8];
         for isa in crate::available_isas() {
             assert_eq!(simd::float_kernel(isa).dot(&a, &ones), 1.0, "{isa}");
+            // Rows reduced together (eight at a time on AVX2) too, each row with its lanes in their places.
+            for shift in 0..8 {
+                let mut b = a;
+                b.rotate_right(shift);
+                let rows: Vec<f32> = (0..9).flat_map(|t| if t % 2 == 0 { b } else { a }).collect();
+                let mut out = [0f32; 9];
+                dot_rows_on(isa, &ones, &rows, 8, 1.0, &mut out);
+                let mut want = [0f32; 9];
+                dot_rows_on(Isa::Scalar, &ones, &rows, 8, 1.0, &mut want);
+                assert_eq!(out, want, "{isa}, lanes rotated by {shift}");
+            }
         }
         assert_eq!(dot_f32(&a, &ones), 1.0);
     }
