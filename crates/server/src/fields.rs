@@ -20,9 +20,11 @@ const IGNORED: &[&str] = &[
 
 /// Why a field the request types did not read is refused.
 enum Refused {
-    /// Planned: tool calls and structured output. To lift one, read the field in the request type (api.rs)
-    /// and take its arm out of [`refusal`].
+    /// Planned: structured output. To lift one, read the field in the request type (api.rs) and take its
+    /// arm out of [`refusal`].
     NotYet(&'static str),
+    /// Replaced by another field of the API.
+    Legacy(&'static str),
     /// An OpenAI field this server has no plan for.
     NotSupported,
     /// Not a field of the endpoint at all (often a misspelling).
@@ -38,8 +40,8 @@ fn refusal(kind: Kind, name: &str, value: &Value) -> Option<Refused> {
     }
     let asks_nothing = match (name, value) {
         (_, Value::Null) => true,
-        ("tools" | "functions", Value::Array(a)) => a.is_empty(),
-        ("tool_choice" | "function_call", Value::String(s)) => s == "none",
+        ("functions", Value::Array(a)) => a.is_empty(),
+        ("function_call", Value::String(s)) => s == "none",
         ("response_format", v) => {
             v.get("type").and_then(Value::as_str) == Some("text") && v.as_object().map_or(0, Map::len) == 1
         }
@@ -49,10 +51,9 @@ fn refusal(kind: Kind, name: &str, value: &Value) -> Option<Refused> {
         _ => false,
     };
     match (kind, name) {
-        // Meaningless without tools, which are refused when there are any.
-        (Kind::Chat, "parallel_tool_calls") => None,
         _ if asks_nothing => None,
-        (Kind::Chat, "tools" | "tool_choice" | "functions" | "function_call") => Some(Refused::NotYet("tool calls")),
+        (Kind::Chat, "functions") => Some(Refused::Legacy("tools")),
+        (Kind::Chat, "function_call") => Some(Refused::Legacy("tool_choice")),
         (Kind::Chat, "response_format") => {
             Some(Refused::NotYet("structured output; only {\"type\": \"text\"} is taken"))
         }
@@ -78,6 +79,7 @@ pub fn check(kind: Kind, rest: &Map<String, Value>) -> Result<(), ApiError> {
         .iter()
         .map(|(name, why)| match why {
             Refused::NotYet(what) => format!("{name} is not supported yet ({what})"),
+            Refused::Legacy(instead) => format!("{name} is OpenAI's deprecated form; send {instead}"),
             Refused::NotSupported => format!("{name} is not supported by this server"),
             Refused::Unknown => format!("{name:?} is not a field this endpoint takes"),
         })
@@ -107,7 +109,7 @@ mod tests {
     fn harmless_fields_and_empty_values_are_taken() {
         for v in [
             json!({"user": "u1", "metadata": {"a": "b"}, "store": false, "service_tier": "auto"}),
-            json!({"tools": [], "tool_choice": "none", "parallel_tool_calls": true}),
+            json!({"functions": [], "function_call": "none"}),
             json!({"response_format": {"type": "text"}}),
             json!({"tools": null, "response_format": null, "modalities": ["text"], "audio": null}),
         ] {
@@ -121,15 +123,16 @@ mod tests {
 
     #[test]
     fn unimplemented_and_unknown_fields_are_named() {
-        let tools = json!({"tools": [{"type": "function", "function": {"name": "f"}}]});
-        let e = check(Kind::Chat, tools.as_object().unwrap()).unwrap_err();
+        let functions = json!({"functions": [{"name": "f"}]});
+        let e = check(Kind::Chat, functions.as_object().unwrap()).unwrap_err();
         assert_eq!(e.status, 400);
         assert!(
-            e.message.starts_with("tools is not supported yet (tool calls)"),
+            e.message
+                .starts_with("functions is OpenAI's deprecated form; send tools"),
             "{}",
             e.message
         );
-        assert_eq!(e.body()["error"]["param"], "tools");
+        assert_eq!(e.body()["error"]["param"], "functions");
         assert_eq!(e.body()["error"]["code"], "unsupported_parameter");
         let json_mode = json!({"response_format": {"type": "json_object"}});
         assert!(check_json(Kind::Chat, json_mode)

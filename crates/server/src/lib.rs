@@ -13,6 +13,7 @@ mod props;
 mod scheduler;
 pub mod template;
 mod tokens;
+pub mod tool_calls;
 
 use std::io;
 use std::path::PathBuf;
