@@ -21,6 +21,7 @@ pub enum Format {
     /// tags.
     Qwen,
     /// gpt-oss (OpenAI's harmony): `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|>`.
+    /// (Its template spells the recipient `"to=" + "functions." + name`, so `<|call|>` is what tells it.)
     Harmony,
     /// DeepSeek V3 / R1 / V3.1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>…<｜tool▁call▁end｜><｜tool▁calls▁end｜>`.
     DeepSeek,
@@ -29,11 +30,12 @@ pub enum Format {
 }
 
 impl Format {
-    /// The syntax a chat template's text teaches, if it is one of these.
+    /// The syntax a chat template's text teaches, if it is one of these. (GLM writes `<tool_call>` too, around
+    /// `NAME<arg_key>…</arg_key><arg_value>…</arg_value>`, which is not parsed here.)
     pub fn detect(template: &str) -> Option<Format> {
-        if template.contains("<tool_call>") {
+        if template.contains("<tool_call>") && !template.contains("<arg_key>") {
             Some(Format::Qwen)
-        } else if template.contains("<|channel|>") && template.contains("to=functions") {
+        } else if template.contains("<|channel|>") && template.contains("<|call|>") {
             Some(Format::Harmony)
         } else if template.contains("tool▁calls▁begin") {
             Some(Format::DeepSeek)
@@ -352,4 +354,38 @@ pub fn call_id() -> String {
         }
     }
     id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each fixture template's syntax, read from its text.
+    #[test]
+    fn formats_are_read_from_the_templates() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/templates");
+        for (file, want) in [
+            ("qwen3.jinja", Some(Format::Qwen)),
+            ("qwen2.5-chatml.jinja", Some(Format::Qwen)),
+            ("qwen3-coder.jinja", Some(Format::Qwen)),
+            ("nemotron-3-nano-30b-a3b.jinja", Some(Format::Qwen)),
+            ("gpt-oss.jinja", Some(Format::Harmony)),
+            ("glm-4.7-flash.jinja", None),
+            ("lfm2.5-8b-a1b.jinja", None),
+            ("mixtral-8x7b-instruct-v0.1.jinja", None),
+        ] {
+            let source = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
+            assert_eq!(Format::detect(&source), want, "{file}");
+        }
+    }
+
+    #[test]
+    fn call_ids_are_openai_shaped_and_differ() {
+        let (a, b) = (call_id(), call_id());
+        assert!(
+            a.starts_with("call_") && a.len() == 29 && a[5..].chars().all(|c| c.is_ascii_alphanumeric()),
+            "{a}"
+        );
+        assert_ne!(a, b);
+    }
 }
