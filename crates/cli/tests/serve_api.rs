@@ -500,9 +500,9 @@ fn fields_the_server_does_not_implement_are_refused_by_name() {
         ),
         (
             "/v1/chat/completions",
-            chat(2, json!({"response_format": {"type": "json_object"}})),
+            chat(2, json!({"response_format": {"type": "xml"}})),
             "response_format",
-            "not supported yet",
+            "\"xml\"; it must be \"text\", \"json_object\" or \"json_schema\"",
         ),
         (
             "/v1/chat/completions",

@@ -4,9 +4,10 @@
 //! (`tests/fixtures/templates/expected.json`); and the 400s for templates that cannot take tools.
 //!
 //! The fixtures' weights are random, so left to choose (`tool_choice` "auto") they never call a tool: the
-//! first turn checks that the answer is a well-formed one, and the second turn carries a call the client
-//! made up, as a client replays a conversation. Forcing a call (`tool_choice` "required") needs constrained
-//! sampling, which the server does not have yet: it is refused with a 400 naming it, checked here.
+//! first turn forces the call with `tool_choice` "required" (and a named function), which the server holds
+//! to by a grammar of the template's call syntax, and checks that the answer is the call, parsed back; the
+//! second turn answers it with a `tool` message and the model goes on. The tool's one parameter is an enum,
+//! so that a random model cannot run its string on to `max_tokens`.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -83,55 +84,65 @@ const CONTEXT: &[&str] = &["-c", "2048"];
 
 fn weather_tool() -> Value {
     json!({"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+            "required": ["city"]}}})
+}
+
+fn time_tool() -> Value {
+    // gpt-oss's template prints every tool's description (jinja2 fails on a missing one, as minijinja does).
+    json!({"type": "function", "function": {"name": "get_time", "description": "The time.",
+        "parameters": {"type": "object", "properties": {}}}})
 }
 
 /// The round trip, driven by the official client; prints "all checks passed".
 const ROUND_TRIP: &str = r#"
 import json, sys, openai
 base, model = sys.argv[1:3]
-tools = [json.loads(sys.argv[3])]
+tools = json.loads(sys.argv[3])
 client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
 messages = [{"role": "user", "content": "Weather in Paris?"}]
 settings = dict(model=model, max_tokens=8, temperature=0, seed=1)
 
-# Forcing a call is not supported yet: refused by name.
-try:
-    client.chat.completions.create(messages=messages, tools=tools, tool_choice="required", **settings)
-except openai.BadRequestError as e:
-    assert e.body["param"] == "tool_choice" and "required" in e.body["message"], e.body
-else:
-    raise AssertionError("tool_choice required was taken")
+# Left to choose, random weights do not call: the answer is text (or, should it call, a call).
+free = client.chat.completions.create(messages=messages, tools=tools, tool_choice="auto", **settings)
+assert free.choices[0].finish_reason in ("stop", "length", "tool_calls"), free
 
-# Turn 1: the model may call; random weights do not, so the answer is text (or, should it call, a call).
-first = client.chat.completions.create(messages=messages, tools=tools, tool_choice="auto", **settings)
+# Turn 1, forced: the grammar holds the model to its syntax, and the answer is parsed back into the call.
+# One call (parallel_tool_calls false): left to add calls, random weights go on until max_tokens.
+forced = dict(settings, max_tokens=400, parallel_tool_calls=False)
+first = client.chat.completions.create(messages=messages, tools=tools, tool_choice="required", **forced)
 choice = first.choices[0]
-assert choice.message.role == "assistant", first
-if choice.message.tool_calls:
-    assert choice.finish_reason == "tool_calls", first
-    for call in choice.message.tool_calls:
-        assert call.id.startswith("call_") and call.type == "function", call
-        json.loads(call.function.arguments)
-else:
-    assert choice.finish_reason in ("stop", "length") and isinstance(choice.message.content, str), first
-streamed = client.chat.completions.create(messages=messages, tools=tools, stream=True, **settings)
-text, calls, finish = "", {}, None
+assert choice.finish_reason == "tool_calls" and choice.message.content is None, first
+assert len(choice.message.tool_calls) == 1, first
+call = choice.message.tool_calls[0]
+assert call.id.startswith("call_") and call.type == "function", call
+assert call.function.name in ("get_weather", "get_time"), call
+args = json.loads(call.function.arguments)
+assert call.function.name == "get_time" or args["city"] in ("Paris", "Oslo"), args
+streamed = client.chat.completions.create(messages=messages, tools=tools, tool_choice="required", stream=True, **forced)
+text, calls, finish, first_chunks = "", {}, None, {}
 for chunk in streamed:
     for c in chunk.choices:
         text += c.delta.content or ""
         for d in c.delta.tool_calls or []:
-            calls.setdefault(d.index, "")
+            if d.index not in calls:
+                first_chunks[d.index] = d
+                calls[d.index] = ""
             calls[d.index] += d.function.arguments or ""
         finish = c.finish_reason or finish
-assert (text or None) == choice.message.content, (text, choice.message.content)
-assert len(calls) == len(choice.message.tool_calls or []), calls
-assert finish == choice.finish_reason, finish
+assert text == "" and finish == "tool_calls", (text, finish)
+assert first_chunks[0].id.startswith("call_") and first_chunks[0].function.name == call.function.name, first_chunks
+assert first_chunks[0].function.arguments == "", first_chunks
+assert [json.loads(a) for a in calls.values()] == [json.loads(c.function.arguments) for c in choice.message.tool_calls]
+named = client.chat.completions.create(messages=messages, tools=tools, **forced,
+                                       tool_choice={"type": "function", "function": {"name": "get_time"}})
+assert [c.function.name for c in named.choices[0].message.tool_calls] == ["get_time"], named
+assert json.loads(named.choices[0].message.tool_calls[0].function.arguments) == {}, named
 
-# Turn 2: the client answers a call (the one the model made, or one it made up) and the model goes on.
-call = {"id": "call_abc123", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}
+# Turn 2: the client answers the model's call and the model goes on.
 replay = messages + [
-    {"role": "assistant", "content": None, "tool_calls": [call]},
-    {"role": "tool", "tool_call_id": "call_abc123", "content": json.dumps({"temperature": 18})},
+    {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+    {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18})},
 ]
 second = client.chat.completions.create(messages=replay, tools=tools, **settings)
 assert second.choices[0].finish_reason in ("stop", "length", "tool_calls"), second
@@ -155,7 +166,13 @@ fn round_trip(template: &str) {
     let server = Server::start(MODEL, template, CONTEXT);
     let name = std::path::Path::new(MODEL).file_stem().unwrap().to_str().unwrap();
     let o = Command::new(python)
-        .args(["-c", ROUND_TRIP, &server.url, name, &weather_tool().to_string()])
+        .args([
+            "-c",
+            ROUND_TRIP,
+            &server.url,
+            name,
+            &json!([weather_tool(), time_tool()]).to_string(),
+        ])
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);

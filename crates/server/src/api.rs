@@ -42,6 +42,8 @@ pub struct Params {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub n: Option<u32>,
+    /// Structured output: see [`crate::constraint::Grammars::response_format`].
+    pub response_format: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -116,6 +118,27 @@ pub struct ToolUse {
     pub format: Format,
     pub tools: Vec<Value>,
     pub choice: ToolChoice,
+    /// `parallel_tool_calls`: a forced answer may hold several calls.
+    pub parallel: bool,
+}
+
+impl ToolUse {
+    /// The grammar (llguidance's Lark) that forces a call, for `tool_choice` "required" or a named function;
+    /// none for "auto". A syntax the server cannot force is a 400.
+    pub fn forcing(&self) -> Result<Option<String>, ApiError> {
+        let named = match &self.choice {
+            ToolChoice::Required => None,
+            ToolChoice::Named(name) => Some(name.as_str()),
+            ToolChoice::None | ToolChoice::Auto => return Ok(None),
+        };
+        tool_calls::forcing::grammar(self.format, &self.tools, named, self.parallel)
+            .map(Some)
+            .map_err(|why| {
+                ApiError::bad_request(why)
+                    .param("tool_choice")
+                    .code("unsupported_parameter")
+            })
+    }
 }
 
 /// `tools`, checked: each an OpenAI function tool with a name.
@@ -408,12 +431,10 @@ pub fn completion_body(body: &[u8]) -> Result<(CompletionRequest, PromptInput), 
 /// at most `max_bytes` bytes, and the tools its answer is parsed for (none when it has no tools or
 /// `tool_choice` is "none"). A template that refuses the conversation (`raise_exception`) is the request's
 /// fault (400); one that fails otherwise, runs out of fuel or writes past `max_bytes` is the server's (500).
-/// `can_force`: whether the server can force a call (a grammar for `tool_choice` "required" or named).
 pub fn chat_body(
     body: &[u8],
     template: Option<&ChatTemplate>,
     max_bytes: usize,
-    can_force: bool,
 ) -> Result<(ChatRequest, String, Option<ToolUse>), ApiError> {
     let r: ChatRequest = from_json(body)?;
     crate::fields::check(Kind::Chat, &r.rest)?;
@@ -438,7 +459,10 @@ pub fn chat_body(
     let tools = r.tools.clone().unwrap_or_default();
     check_tools(&tools)?;
     let choice = tool_choice(r.tool_choice.as_ref(), &tools)?;
-    let tool_use = tool_use(template, tools.clone(), choice, can_force)?;
+    let mut tool_use = tool_use(template, tools.clone(), choice)?;
+    if let Some(t) = tool_use.as_mut() {
+        t.parallel = r.parallel_tool_calls.unwrap_or(true);
+    }
     let messages = r
         .messages
         .iter()
@@ -473,12 +497,7 @@ pub fn chat_body(
 /// Whether and how a request's tools can be served by `template`: a template that never mentions tools
 /// would drop them silently, and one whose call syntax the server does not parse would leave calls as
 /// text; both are a 400 unless the request asks for no call ("none").
-fn tool_use(
-    template: &ChatTemplate,
-    tools: Vec<Value>,
-    choice: ToolChoice,
-    can_force: bool,
-) -> Result<Option<ToolUse>, ApiError> {
+fn tool_use(template: &ChatTemplate, tools: Vec<Value>, choice: ToolChoice) -> Result<Option<ToolUse>, ApiError> {
     if tools.is_empty() || choice == ToolChoice::None {
         return Ok(None);
     }
@@ -501,15 +520,12 @@ fn tool_use(
         .param("tools")
         .code("unsupported_parameter"));
     };
-    if !can_force && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
-        return Err(ApiError::bad_request(
-            "tool_choice \"required\" and a named function are not supported yet (forcing a call needs \
-             constrained sampling); send \"auto\" or \"none\"",
-        )
-        .param("tool_choice")
-        .code("unsupported_parameter"));
-    }
-    Ok(Some(ToolUse { format, tools, choice }))
+    Ok(Some(ToolUse {
+        format,
+        tools,
+        choice,
+        parallel: true,
+    }))
 }
 
 /// Which endpoint a response is for: the shapes differ in their object names and where the text goes.

@@ -20,9 +20,6 @@ const IGNORED: &[&str] = &[
 
 /// Why a field the request types did not read is refused.
 enum Refused {
-    /// Planned: structured output. To lift one, read the field in the request type (api.rs) and take its
-    /// arm out of [`refusal`].
-    NotYet(&'static str),
     /// Replaced by another field of the API.
     Legacy(&'static str),
     /// An OpenAI field this server has no plan for.
@@ -32,8 +29,7 @@ enum Refused {
 }
 
 /// Whether `name: value`, sent to the `kind` endpoint and not read by its request type, is refused, and why.
-/// A value that asks for nothing (null, an empty list of tools, plain text as the response format) is
-/// accepted whatever the field.
+/// A value that asks for nothing (null, an empty list of tools) is accepted whatever the field.
 fn refusal(kind: Kind, name: &str, value: &Value) -> Option<Refused> {
     if IGNORED.contains(&name) {
         return None;
@@ -42,9 +38,6 @@ fn refusal(kind: Kind, name: &str, value: &Value) -> Option<Refused> {
         (_, Value::Null) => true,
         ("functions", Value::Array(a)) => a.is_empty(),
         ("function_call", Value::String(s)) => s == "none",
-        ("response_format", v) => {
-            v.get("type").and_then(Value::as_str) == Some("text") && v.as_object().map_or(0, Map::len) == 1
-        }
         ("modalities", Value::Array(a)) => a.len() == 1 && a[0] == "text",
         ("best_of", v) => v.as_u64() == Some(1),
         ("suffix", Value::String(s)) => s.is_empty(),
@@ -54,9 +47,6 @@ fn refusal(kind: Kind, name: &str, value: &Value) -> Option<Refused> {
         _ if asks_nothing => None,
         (Kind::Chat, "functions") => Some(Refused::Legacy("tools")),
         (Kind::Chat, "function_call") => Some(Refused::Legacy("tool_choice")),
-        (Kind::Chat, "response_format") => {
-            Some(Refused::NotYet("structured output; only {\"type\": \"text\"} is taken"))
-        }
         (
             Kind::Chat,
             "audio" | "modalities" | "prediction" | "reasoning_effort" | "verbosity" | "web_search_options",
@@ -78,7 +68,6 @@ pub fn check(kind: Kind, rest: &Map<String, Value>) -> Result<(), ApiError> {
     let reasons: Vec<String> = refused
         .iter()
         .map(|(name, why)| match why {
-            Refused::NotYet(what) => format!("{name} is not supported yet ({what})"),
             Refused::Legacy(instead) => format!("{name} is OpenAI's deprecated form; send {instead}"),
             Refused::NotSupported => format!("{name} is not supported by this server"),
             Refused::Unknown => format!("{name:?} is not a field this endpoint takes"),
@@ -110,8 +99,7 @@ mod tests {
         for v in [
             json!({"user": "u1", "metadata": {"a": "b"}, "store": false, "service_tier": "auto"}),
             json!({"functions": [], "function_call": "none"}),
-            json!({"response_format": {"type": "text"}}),
-            json!({"tools": null, "response_format": null, "modalities": ["text"], "audio": null}),
+            json!({"functions": null, "modalities": ["text"], "audio": null}),
         ] {
             assert_eq!(check_json(Kind::Chat, v.clone()), Ok(()), "{v}");
         }
@@ -134,10 +122,6 @@ mod tests {
         );
         assert_eq!(e.body()["error"]["param"], "functions");
         assert_eq!(e.body()["error"]["code"], "unsupported_parameter");
-        let json_mode = json!({"response_format": {"type": "json_object"}});
-        assert!(check_json(Kind::Chat, json_mode)
-            .unwrap_err()
-            .starts_with("response_format is not supported yet"));
         let e = check(Kind::Completion, json!({"temprature": 0.5}).as_object().unwrap()).unwrap_err();
         assert!(
             e.message

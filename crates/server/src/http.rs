@@ -29,7 +29,8 @@ use titan_engine::Model;
 use tokio::sync::{mpsc, Semaphore};
 use tracing::Instrument;
 
-use crate::api::{chat_body, collect, completion_body, usage, Kind, Params, PromptInput, Responder};
+use crate::api::{chat_body, collect, completion_body, usage, Kind, Params, PromptInput, Responder, ToolUse};
+use crate::constraint::{Constraint, Grammars};
 use crate::error::ApiError;
 use crate::logprobs::Logprobs;
 use crate::metrics::Metrics;
@@ -47,6 +48,8 @@ pub enum Template {
 
 pub struct AppState {
     pub model: Arc<Model>,
+    /// The vocabulary for constrained sampling (`response_format`).
+    pub grammars: Grammars,
     /// The model id clients name (`GET /v1/models`).
     pub name: String,
     pub template: Template,
@@ -315,14 +318,15 @@ fn check_model(s: &AppState, p: &Params) -> Result<(), ApiError> {
 
 async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = bytes(&s, body)?;
-    let (r, prompt) = prepare(&s, move |s| {
+    let (r, prompt, constraint) = prepare(&s, move |s| {
         let (r, prompt) = completion_body(&body)?;
         check_model(s, &r.params)?;
         let prompt = match prompt {
             PromptInput::Text(t) => tokenize(s, &t, "prompt")?,
             PromptInput::Tokens(t) => t,
         };
-        Ok((r, prompt))
+        let constraint = s.grammars.response_format(r.params.response_format.as_ref())?;
+        Ok((r, prompt, constraint))
     })
     .await?;
     if let Some(&t) = prompt.iter().find(|&&t| t as usize >= s.model.config.n_vocab) {
@@ -340,12 +344,12 @@ async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection
         r.logprobs.map(|_| Logprobs::new(Kind::Completion, s.model.clone())),
     );
     let top = r.logprobs.map(|n| n as usize);
-    respond(s, prompt, &r.params, responder, top).await
+    respond(s, prompt, &r.params, responder, top, constraint).await
 }
 
 async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = bytes(&s, body)?;
-    let (r, prompt, tool_use) = prepare(&s, move |s| {
+    let (r, prompt, tool_use, constraint) = prepare(&s, move |s| {
         let template = match &s.template {
             Template::Ready(t) => Some(&**t),
             Template::Missing => None,
@@ -355,7 +359,7 @@ async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> R
         // conversation (its text once, a few dozen bytes of markup a message, a system prompt), and little
         // enough memory (16 MiB at the default --max-body) to hold for each request being prepared. A
         // template that writes more is at fault, and answered 500 when it gets there.
-        let (r, text, tool_use) = chat_body(&body, template, s.body_limit.saturating_mul(16), false)?;
+        let (r, text, tool_use) = chat_body(&body, template, s.body_limit.saturating_mul(16))?;
         check_model(s, &r.params)?;
         // The template usually writes the BOS token itself; it is added once, as a token.
         let bos = s
@@ -365,7 +369,24 @@ async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> R
             .and_then(|b| s.model.tokenizer.token_bytes(b))
             .map(|b| String::from_utf8_lossy(b).into_owned());
         let text = bos.as_deref().and_then(|b| text.strip_prefix(b)).unwrap_or(&text);
-        Ok((r, tokenize(s, text, "messages")?, tool_use))
+        let prompt = tokenize(s, text, "messages")?;
+        // A forced call is a grammar of the model's call syntax; it and a response format cannot both hold.
+        let constraint = match tool_use.as_ref().map(ToolUse::forcing).transpose()?.flatten() {
+            Some(grammar) => {
+                if s.grammars.response_format(r.params.response_format.as_ref())?.is_some() {
+                    return Err(ApiError::bad_request(
+                        "tool_choice forces a call and response_format a format: the answer cannot be held to both",
+                    )
+                    .param("response_format"));
+                }
+                let forced = s.grammars.lark(&grammar).map_err(|e| {
+                    ApiError::bad_request(format!("the tools' parameters cannot be enforced: {e}")).param("tools")
+                })?;
+                Some(forced)
+            }
+            None => s.grammars.response_format(r.params.response_format.as_ref())?,
+        };
+        Ok((r, prompt, tool_use, constraint))
     })
     .await?;
     let mut responder = Responder::new(
@@ -379,7 +400,7 @@ async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> R
         responder = responder.with_tools(t.format, t.tools);
     }
     let top = r.logprobs.then(|| r.top_logprobs.unwrap_or(0) as usize);
-    respond(s, prompt, &r.params, responder, top).await
+    respond(s, prompt, &r.params, responder, top, constraint).await
 }
 
 async fn tokenize_text(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
@@ -397,13 +418,14 @@ async fn detokenize_ids(State(s): State<Shared>, body: Result<Bytes, BytesReject
 }
 
 /// Queues the request and answers it, whole or streamed; `top_logprobs`: with log-probabilities, how many
-/// of the most likely tokens to give beside the chosen one.
+/// of the most likely tokens to give beside the chosen one; `constraint`: the grammar its output follows.
 async fn respond(
     s: Shared,
     prompt: Vec<u32>,
     params: &Params,
     mut responder: Responder,
     top_logprobs: Option<usize>,
+    constraint: Option<Constraint>,
 ) -> Result<Response, ApiError> {
     let settings = params.settings(prompt.len(), s.ctx_size, s.model.config.n_vocab)?;
     responder.seed = settings.sampler.seed;
@@ -416,6 +438,7 @@ async fn respond(
         stop: settings.stop,
         logprobs: top_logprobs.is_some(),
         top_logprobs: top_logprobs.unwrap_or(0),
+        constraint,
         events: tx,
         queued_at: Instant::now(),
         span: tracing::Span::current(),

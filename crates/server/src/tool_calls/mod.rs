@@ -7,6 +7,7 @@
 //! text that may be the start of a marker, and text that is only whitespace next to a call.
 
 mod deepseek;
+pub mod forcing;
 mod harmony;
 mod mistral;
 mod qwen;
@@ -20,6 +21,9 @@ pub enum Format {
     /// and Qwen3-Coder put `<function=NAME><parameter=KEY>\nVALUE\n</parameter></function>` inside the same
     /// tags.
     Qwen,
+    /// The same, with calls written in Qwen3.5's and Qwen3-Coder's XML form (which [`forcing`] does not
+    /// write).
+    QwenXml,
     /// gpt-oss (OpenAI's harmony): `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|>`.
     /// (Its template spells the recipient `"to=" + "functions." + name`, so `<|call|>` is what tells it.)
     Harmony,
@@ -34,7 +38,11 @@ impl Format {
     /// `NAME<arg_key>…</arg_key><arg_value>…</arg_value>`, which is not parsed here.)
     pub fn detect(template: &str) -> Option<Format> {
         if template.contains("<tool_call>") && !template.contains("<arg_key>") {
-            Some(Format::Qwen)
+            Some(if template.contains("<function=") {
+                Format::QwenXml
+            } else {
+                Format::Qwen
+            })
         } else if template.contains("<|channel|>") && template.contains("<|call|>") {
             Some(Format::Harmony)
         } else if template.contains("tool▁calls▁begin") {
@@ -49,6 +57,7 @@ impl Format {
     pub fn name(self) -> &'static str {
         match self {
             Format::Qwen => "Qwen (<tool_call>)",
+            Format::QwenXml => "Qwen XML (<tool_call><function=…>)",
             Format::Harmony => "gpt-oss harmony",
             Format::DeepSeek => "DeepSeek",
             Format::Mistral => "Mistral ([TOOL_CALLS])",
@@ -58,7 +67,7 @@ impl Format {
     /// The texts a call or other markup of this format begins with.
     fn markers(self) -> &'static [&'static str] {
         match self {
-            Format::Qwen => qwen::MARKERS,
+            Format::Qwen | Format::QwenXml => qwen::MARKERS,
             Format::Harmony => harmony::MARKERS,
             Format::DeepSeek => deepseek::MARKERS,
             Format::Mistral => mistral::MARKERS,
@@ -69,7 +78,7 @@ impl Format {
     /// will come.
     fn step(self, text: &str, at_end: bool, tools: &[Value]) -> Step {
         match self {
-            Format::Qwen => qwen::step(text, at_end, tools),
+            Format::Qwen | Format::QwenXml => qwen::step(text, at_end, tools),
             Format::Harmony => harmony::step(text, at_end),
             Format::DeepSeek => deepseek::step(text, at_end),
             Format::Mistral => mistral::step(text, at_end),
@@ -367,8 +376,8 @@ mod tests {
         for (file, want) in [
             ("qwen3.jinja", Some(Format::Qwen)),
             ("qwen2.5-chatml.jinja", Some(Format::Qwen)),
-            ("qwen3-coder.jinja", Some(Format::Qwen)),
-            ("nemotron-3-nano-30b-a3b.jinja", Some(Format::Qwen)),
+            ("qwen3-coder.jinja", Some(Format::QwenXml)),
+            ("nemotron-3-nano-30b-a3b.jinja", Some(Format::QwenXml)),
             ("gpt-oss.jinja", Some(Format::Harmony)),
             ("glm-4.7-flash.jinja", None),
             ("lfm2.5-8b-a1b.jinja", None),
