@@ -579,6 +579,15 @@ impl Responder {
         self
     }
 
+    /// Whether the answer's control tokens must reach the text as their names: its tool-call syntax has
+    /// markers that are control tokens in some vocabularies (gpt-oss's `<|channel|>`, `<|message|>`,
+    /// `<|call|>`; Mistral's `[TOOL_CALLS]`, `[ARGS]`; DeepSeek's). Qwen's `<tool_call>` is ordinary text.
+    pub fn renders_control_tokens(&self) -> bool {
+        self.tools
+            .as_ref()
+            .is_some_and(|(f, _)| !matches!(f, Format::Qwen | Format::QwenXml))
+    }
+
     fn object(&self, chunk: bool) -> &'static str {
         match (self.kind, chunk) {
             (Kind::Chat, false) => "chat.completion",

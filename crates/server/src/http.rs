@@ -439,6 +439,7 @@ async fn respond(
         logprobs: top_logprobs.is_some(),
         top_logprobs: top_logprobs.unwrap_or(0),
         constraint,
+        special: responder.renders_control_tokens(),
         events: tx,
         queued_at: Instant::now(),
         span: tracing::Span::current(),
