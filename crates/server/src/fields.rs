@@ -20,9 +20,8 @@ const IGNORED: &[&str] = &[
 
 /// Why a field the request types did not read is refused.
 enum Refused {
-    /// Planned: tool calls. To lift one, read the field in the request type (api.rs)
-    /// and take its arm out of [`refusal`].
-    NotYet(&'static str),
+    /// Replaced by another field of the API.
+    Legacy(&'static str),
     /// An OpenAI field this server has no plan for.
     NotSupported,
     /// Not a field of the endpoint at all (often a misspelling).
@@ -37,18 +36,17 @@ fn refusal(kind: Kind, name: &str, value: &Value) -> Option<Refused> {
     }
     let asks_nothing = match (name, value) {
         (_, Value::Null) => true,
-        ("tools" | "functions", Value::Array(a)) => a.is_empty(),
-        ("tool_choice" | "function_call", Value::String(s)) => s == "none",
+        ("functions", Value::Array(a)) => a.is_empty(),
+        ("function_call", Value::String(s)) => s == "none",
         ("modalities", Value::Array(a)) => a.len() == 1 && a[0] == "text",
         ("best_of", v) => v.as_u64() == Some(1),
         ("suffix", Value::String(s)) => s.is_empty(),
         _ => false,
     };
     match (kind, name) {
-        // Meaningless without tools, which are refused when there are any.
-        (Kind::Chat, "parallel_tool_calls") => None,
         _ if asks_nothing => None,
-        (Kind::Chat, "tools" | "tool_choice" | "functions" | "function_call") => Some(Refused::NotYet("tool calls")),
+        (Kind::Chat, "functions") => Some(Refused::Legacy("tools")),
+        (Kind::Chat, "function_call") => Some(Refused::Legacy("tool_choice")),
         (
             Kind::Chat,
             "audio" | "modalities" | "prediction" | "reasoning_effort" | "verbosity" | "web_search_options",
@@ -70,7 +68,7 @@ pub fn check(kind: Kind, rest: &Map<String, Value>) -> Result<(), ApiError> {
     let reasons: Vec<String> = refused
         .iter()
         .map(|(name, why)| match why {
-            Refused::NotYet(what) => format!("{name} is not supported yet ({what})"),
+            Refused::Legacy(instead) => format!("{name} is OpenAI's deprecated form; send {instead}"),
             Refused::NotSupported => format!("{name} is not supported by this server"),
             Refused::Unknown => format!("{name:?} is not a field this endpoint takes"),
         })
@@ -100,8 +98,8 @@ mod tests {
     fn harmless_fields_and_empty_values_are_taken() {
         for v in [
             json!({"user": "u1", "metadata": {"a": "b"}, "store": false, "service_tier": "auto"}),
-            json!({"tools": [], "tool_choice": "none", "parallel_tool_calls": true}),
-            json!({"tools": null, "modalities": ["text"], "audio": null}),
+            json!({"functions": [], "function_call": "none"}),
+            json!({"functions": null, "modalities": ["text"], "audio": null}),
         ] {
             assert_eq!(check_json(Kind::Chat, v.clone()), Ok(()), "{v}");
         }
@@ -113,15 +111,16 @@ mod tests {
 
     #[test]
     fn unimplemented_and_unknown_fields_are_named() {
-        let tools = json!({"tools": [{"type": "function", "function": {"name": "f"}}]});
-        let e = check(Kind::Chat, tools.as_object().unwrap()).unwrap_err();
+        let functions = json!({"functions": [{"name": "f"}]});
+        let e = check(Kind::Chat, functions.as_object().unwrap()).unwrap_err();
         assert_eq!(e.status, 400);
         assert!(
-            e.message.starts_with("tools is not supported yet (tool calls)"),
+            e.message
+                .starts_with("functions is OpenAI's deprecated form; send tools"),
             "{}",
             e.message
         );
-        assert_eq!(e.body()["error"]["param"], "tools");
+        assert_eq!(e.body()["error"]["param"], "functions");
         assert_eq!(e.body()["error"]["code"], "unsupported_parameter");
         let e = check(Kind::Completion, json!({"temprature": 0.5}).as_object().unwrap()).unwrap_err();
         assert!(

@@ -29,7 +29,7 @@ use titan_engine::Model;
 use tokio::sync::{mpsc, Semaphore};
 use tracing::Instrument;
 
-use crate::api::{chat_body, collect, completion_body, usage, Kind, Params, PromptInput, Responder};
+use crate::api::{chat_body, collect, completion_body, usage, Kind, Params, PromptInput, Responder, ToolUse};
 use crate::constraint::{Constraint, Grammars};
 use crate::error::ApiError;
 use crate::logprobs::Logprobs;
@@ -336,21 +336,20 @@ async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection
         ))
         .param("prompt"));
     }
-    let responder = Responder {
-        kind: Kind::Completion,
-        id: format!("cmpl-{}", request_id()),
-        model: s.name.clone(),
-        created: now(),
-        seed: 0,
-        logprobs: r.logprobs.map(|_| Logprobs::new(Kind::Completion, s.model.clone())),
-    };
+    let responder = Responder::new(
+        Kind::Completion,
+        format!("cmpl-{}", request_id()),
+        s.name.clone(),
+        now(),
+        r.logprobs.map(|_| Logprobs::new(Kind::Completion, s.model.clone())),
+    );
     let top = r.logprobs.map(|n| n as usize);
     respond(s, prompt, &r.params, responder, top, constraint).await
 }
 
 async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = bytes(&s, body)?;
-    let (r, prompt, constraint) = prepare(&s, move |s| {
+    let (r, prompt, tool_use, constraint) = prepare(&s, move |s| {
         let template = match &s.template {
             Template::Ready(t) => Some(&**t),
             Template::Missing => None,
@@ -360,7 +359,7 @@ async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> R
         // conversation (its text once, a few dozen bytes of markup a message, a system prompt), and little
         // enough memory (16 MiB at the default --max-body) to hold for each request being prepared. A
         // template that writes more is at fault, and answered 500 when it gets there.
-        let (r, text) = chat_body(&body, template, s.body_limit.saturating_mul(16))?;
+        let (r, text, tool_use) = chat_body(&body, template, s.body_limit.saturating_mul(16))?;
         check_model(s, &r.params)?;
         // The template usually writes the BOS token itself; it is added once, as a token.
         let bos = s
@@ -371,18 +370,35 @@ async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> R
             .map(|b| String::from_utf8_lossy(b).into_owned());
         let text = bos.as_deref().and_then(|b| text.strip_prefix(b)).unwrap_or(&text);
         let prompt = tokenize(s, text, "messages")?;
-        let constraint = s.grammars.response_format(r.params.response_format.as_ref())?;
-        Ok((r, prompt, constraint))
+        // A forced call is a grammar of the model's call syntax; it and a response format cannot both hold.
+        let constraint = match tool_use.as_ref().map(ToolUse::forcing).transpose()?.flatten() {
+            Some(grammar) => {
+                if s.grammars.response_format(r.params.response_format.as_ref())?.is_some() {
+                    return Err(ApiError::bad_request(
+                        "tool_choice forces a call and response_format a format: the answer cannot be held to both",
+                    )
+                    .param("response_format"));
+                }
+                let forced = s.grammars.lark(&grammar).map_err(|e| {
+                    ApiError::bad_request(format!("the tools' parameters cannot be enforced: {e}")).param("tools")
+                })?;
+                Some(forced)
+            }
+            None => s.grammars.response_format(r.params.response_format.as_ref())?,
+        };
+        Ok((r, prompt, tool_use, constraint))
     })
     .await?;
-    let responder = Responder {
-        kind: Kind::Chat,
-        id: format!("chatcmpl-{}", request_id()),
-        model: s.name.clone(),
-        created: now(),
-        seed: 0,
-        logprobs: r.logprobs.then(|| Logprobs::new(Kind::Chat, s.model.clone())),
-    };
+    let mut responder = Responder::new(
+        Kind::Chat,
+        format!("chatcmpl-{}", request_id()),
+        s.name.clone(),
+        now(),
+        r.logprobs.then(|| Logprobs::new(Kind::Chat, s.model.clone())),
+    );
+    if let Some(t) = tool_use {
+        responder = responder.with_tools(t.format, t.tools);
+    }
     let top = r.logprobs.then(|| r.top_logprobs.unwrap_or(0) as usize);
     respond(s, prompt, &r.params, responder, top, constraint).await
 }
@@ -423,6 +439,7 @@ async fn respond(
         logprobs: top_logprobs.is_some(),
         top_logprobs: top_logprobs.unwrap_or(0),
         constraint,
+        special: responder.renders_control_tokens(),
         events: tx,
         queued_at: Instant::now(),
         span: tracing::Span::current(),
@@ -454,20 +471,15 @@ fn chunks(
     struct Open {
         rx: mpsc::UnboundedReceiver<Event>,
         r: Responder,
-        first: bool,
     }
     let data = |v: Value| SseEvent::default().data(v.to_string());
-    stream::unfold(Some(Open { rx, r, first: true }), move |open| async move {
+    stream::unfold(Some(Open { rx, r }), move |open| async move {
         let mut o = open?;
         let events = match o.rx.recv().await {
             Some(Event::Text { text, logprob }) => {
                 let entries: Vec<_> = logprob.into_iter().collect();
-                if text.is_empty() && entries.is_empty() {
-                    return Some((Vec::new(), Some(o)));
-                }
-                let chunk = data(o.r.chunk(&text, &entries, None, o.first));
-                o.first = false;
-                return Some((vec![chunk], Some(o)));
+                let chunks: Vec<SseEvent> = o.r.pieces(&text, &entries).into_iter().map(data).collect();
+                return Some((chunks, Some(o)));
             }
             Some(Event::Done {
                 finish,
@@ -475,7 +487,7 @@ fn chunks(
                 cached_tokens,
                 completion_tokens,
             }) => {
-                let mut v = vec![data(o.r.chunk("", &[], Some(finish), false))];
+                let mut v: Vec<SseEvent> = o.r.end(finish).into_iter().map(data).collect();
                 if include_usage {
                     let usage = usage(prompt_tokens, cached_tokens, completion_tokens);
                     v.push(data(o.r.usage_chunk(&usage)));

@@ -14,6 +14,7 @@ mod props;
 mod scheduler;
 pub mod template;
 mod tokens;
+pub mod tool_calls;
 
 use std::io;
 use std::path::PathBuf;

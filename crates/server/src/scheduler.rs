@@ -34,6 +34,9 @@ pub struct Job {
     /// The grammar the output follows (structured output): only the tokens it allows are drawn, and the
     /// request ends where it is complete.
     pub constraint: Option<Constraint>,
+    /// Render control tokens as their names (`<|channel|>`), as llama-server renders a tool format's
+    /// markers: the answer is parsed for calls in a syntax whose markers may be control tokens.
+    pub special: bool,
     pub events: mpsc::UnboundedSender<Event>,
     pub queued_at: Instant,
     /// The HTTP request's span: the engine's lines about the request carry its id.
@@ -326,6 +329,10 @@ fn advance<'m>(
         .logprobs
         .then(|| titan_engine::sampler::logprobs(logits, token, s.job.top_logprobs));
     s.held.push_str(&s.decoder.push(token));
+    // A control token has no bytes, so its name follows whatever the decoder gave out before it.
+    if let Some(name) = s.job.special.then(|| model.tokenizer.special_text(token)).flatten() {
+        s.held.push_str(name);
+    }
     // A stop string ends the text where it begins; text that could still become one is held back.
     if let Some(at) = s.job.stop.iter().filter_map(|stop| s.held.find(stop.as_str())).min() {
         let text = s.held[..at].to_string();

@@ -35,7 +35,7 @@ pub fn run(template: &ChatTemplate, data: &[u8]) {
         Err(e) => assert!(e.status.is_client_error(), "{}: {}", e.status, e.message),
     }
     match chat_body(data, Some(template), 16 * data.len().max(1 << 10)) {
-        Ok((r, text)) => {
+        Ok((r, text, _)) => {
             assert!(!r.messages.is_empty(), "a chat without messages was accepted");
             check(
                 r.params.settings(prompt_len(text.len()), CTX, VOCAB),
