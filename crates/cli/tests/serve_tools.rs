@@ -1,7 +1,8 @@
 //! Tool calls through `titan serve`, over real HTTP to real server processes: a two-turn round trip with the
 //! official `openai` client (the model is given tools, the client answers a call with a `tool` message, the
 //! model goes on), streamed and not, with Qwen3's template and with gpt-oss's harmony template; the prompt with tools against transformers' render of the same conversation
-//! (`tests/fixtures/templates/expected.json`); and the 400s for templates that cannot take tools.
+//! (`tests/fixtures/templates/expected.json`); an agent framework from PyPI (`openai-agents`) running a tool;
+//! and the 400s for templates that cannot take tools.
 //!
 //! The fixtures' weights are random, so left to choose (`tool_choice` "auto") they never call a tool: the
 //! first turn forces the call with `tool_choice` "required" (and a named function), which the server holds
@@ -191,6 +192,77 @@ fn a_tool_round_trip_on_qwen3() {
 #[test]
 fn a_tool_round_trip_on_gpt_oss() {
     round_trip("templates/gpt-oss.jinja");
+}
+
+/// An agent framework from PyPI (`openai-agents`, over the chat completions API) runs a tool: the model's
+/// call (forced, as above, by `tool_choice` "required" in the agent's settings, which the framework resets to
+/// "auto" once a tool has run, so the second turn is free), the framework's call of the Python function with
+/// the parsed arguments, the tool's output sent back, and the model's answer as the run's final output;
+/// once whole and once streamed.
+const AGENT: &str = r#"
+import asyncio, sys
+from typing import Literal
+from openai import AsyncOpenAI
+from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool,
+                    set_tracing_disabled)
+from agents.items import MessageOutputItem, ToolCallItem, ToolCallOutputItem
+set_tracing_disabled(True)  # the framework would send traces to OpenAI's servers
+base, model = sys.argv[1:3]
+ran = []
+
+@function_tool
+def get_weather(city: Literal["Paris", "Oslo"]) -> str:
+    """Weather in a city."""
+    ran.append(city)
+    return f"Sunny in {city}, 21 C."
+
+client = AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+agent = Agent(name="weather", instructions="Answer questions about the weather.", tools=[get_weather],
+              model=OpenAIChatCompletionsModel(model=model, openai_client=client),
+              model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, temperature=0,
+                                           max_tokens=400, extra_args={"seed": 1}))
+
+def check(result):
+    kinds = [type(i) for i in result.new_items]
+    assert kinds == [ToolCallItem, ToolCallOutputItem, MessageOutputItem], kinds
+    assert result.new_items[1].output == f"Sunny in {ran[-1]}, 21 C.", result.new_items[1]
+    assert isinstance(result.final_output, str), result.final_output
+    assert len(result.raw_responses) == 2, result.raw_responses
+
+async def main():
+    check(await Runner.run(agent, "Weather in Paris?", max_turns=3))
+    streamed = Runner.run_streamed(agent, "Weather in Oslo?", max_turns=3)
+    events = [e.type async for e in streamed.stream_events()]
+    assert "run_item_stream_event" in events, events
+    check(streamed)
+    assert len(ran) == 2 and set(ran) <= {"Paris", "Oslo"}, ran
+
+asyncio.run(main())
+print("all checks passed")
+"#;
+
+#[test]
+fn an_agent_framework_runs_a_tool() {
+    let Ok(python) = std::env::var("TITAN_PYTHON") else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must set TITAN_PYTHON to a python with the openai-agents package"
+        );
+        eprintln!("skipped: TITAN_PYTHON (a python with the openai-agents package) is not set");
+        return;
+    };
+    let server = Server::start(MODEL, "templates/qwen3.jinja", CONTEXT);
+    let name = std::path::Path::new(MODEL).file_stem().unwrap().to_str().unwrap();
+    let o = Command::new(python)
+        .args(["-c", AGENT, &server.url, name])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("all checks passed"),
+        "{out}{}",
+        stderr(&o)
+    );
 }
 
 /// The prompt the server renders with tools and past calls is transformers' (the tool conversations of
