@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The chat page in headless Chromium against a real `titan serve` on loopback, on the trained demo model:
-# loads /, sends a line of a play, and waits for the streamed answer to appear. Needs Debian's chromium and
+# loads /, sends a line of a play and waits for the streamed answer, then checks the Markdown renderer, Copy,
+# Regenerate and Stop (see test_chat_page.py). Needs Debian's chromium and
 # chromium-driver (apt-get install chromium chromium-driver); installs selenium into target/browser-venv.
 # SCREENSHOT=docs/chat-page.png also saves what the page looked like.
 set -euo pipefail

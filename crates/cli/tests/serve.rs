@@ -706,6 +706,13 @@ fn connections_past_the_limit_are_refused_at_once() {
     assert_eq!(status, 200, "{body}");
     let metrics = get(&server, "/metrics");
     assert!(metrics.contains("titan_connections_refused_total 3"), "{metrics}");
+    // The finished request's slot is not counted as active, though no step has run since (the engine
+    // thread updates the gauge just after it sends the answer, so give it a moment).
+    let idle_slots = (0..50).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        get(&server, "/metrics").contains("titan_active_sequences 0\n")
+    });
+    assert!(idle_slots, "{}", get(&server, "/metrics"));
 
     let server = Server::start(&m, &[]);
     let idle: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(server.addr()).unwrap()).collect();

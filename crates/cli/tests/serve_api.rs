@@ -488,24 +488,21 @@ fn fields_the_server_does_not_implement_are_refused_by_name() {
         ),
         (
             "/v1/chat/completions",
-            chat(
-                2,
-                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
-            ),
-            "tools",
-            "not supported yet",
+            chat(2, json!({"functions": [{"name": "f", "parameters": {}}]})),
+            "functions",
+            "deprecated form; send tools",
         ),
         (
             "/v1/chat/completions",
             chat(2, json!({"tool_choice": "required"})),
             "tool_choice",
-            "not supported yet",
+            "the request has no tools",
         ),
         (
             "/v1/chat/completions",
-            chat(2, json!({"response_format": {"type": "json_object"}})),
+            chat(2, json!({"response_format": {"type": "xml"}})),
             "response_format",
-            "not supported yet",
+            "\"xml\"; it must be \"text\", \"json_object\" or \"json_schema\"",
         ),
         (
             "/v1/chat/completions",
@@ -676,7 +673,7 @@ streamed = client.chat.completions.create(model="q8_0", messages=messages, max_t
                                           top_logprobs=2, stream=True, stream_options={"include_usage": True})
 got = [t for chunk in streamed for ch in chunk.choices if ch.logprobs for t in ch.logprobs.content]
 assert [t.token for t in got] == [t.token for t in r.choices[0].logprobs.content], got
-for kw in [dict(extra_body={"temprature": 1}), dict(tools=[{"type": "function", "function": {"name": "f"}}])]:
+for kw in [dict(extra_body={"temprature": 1}), dict(tool_choice="required")]:
     try:
         client.chat.completions.create(model="q8_0", messages=messages, max_tokens=2, **kw)
     except openai.BadRequestError as e:

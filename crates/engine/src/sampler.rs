@@ -157,19 +157,49 @@ impl Sampler {
     /// Pick the next token from `logits`, given the tokens so far (`history`, for the repetition penalty).
     /// The frequency and presence penalties count this sampler's own earlier picks: the generated tokens.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let token = self.pick(logits, history);
+        self.sample_among(logits, history, None)
+    }
+
+    /// As [`sample`](Self::sample), but only among the tokens set in `allowed`: bit `t % 32` of word
+    /// `t / 32` for token `t`, tokens past its end excluded (a grammar's mask over the vocabulary). The
+    /// others weigh nothing, as if banned, before the penalties and filters; the chosen token is an allowed
+    /// one unless every allowed token is banned by the bias too.
+    pub fn sample_allowed(&mut self, logits: &[f32], history: &[u32], allowed: &[u32]) -> u32 {
+        self.sample_among(logits, history, Some(allowed))
+    }
+
+    fn sample_among(&mut self, logits: &[f32], history: &[u32], allowed: Option<&[u32]>) -> u32 {
+        let token = self.pick(logits, history, allowed);
         if self.opts.frequency_penalty != 0.0 || self.opts.presence_penalty != 0.0 {
             *self.chosen.entry(token).or_default() += 1;
         }
         token
     }
 
-    /// `logits` with the bias and the penalties applied, into `self.adjusted`.
-    fn adjust(&mut self, logits: &[f32], history: &[u32]) {
+    /// `logits` with the mask, the bias and the penalties applied, into `self.adjusted`.
+    fn adjust(&mut self, logits: &[f32], history: &[u32], allowed: Option<&[u32]>) {
         let o = &self.opts;
         let l = &mut self.adjusted;
         l.clear();
         l.extend_from_slice(logits);
+        if let Some(allowed) = allowed {
+            // A word at a time: a grammar's mask is mostly whole words of nothing (or of everything).
+            for (i, chunk) in l.chunks_mut(32).enumerate() {
+                let word = allowed.get(i).copied().unwrap_or(0);
+                if word == u32::MAX {
+                    continue;
+                }
+                if word == 0 {
+                    chunk.fill(f32::NEG_INFINITY);
+                    continue;
+                }
+                for (b, x) in chunk.iter_mut().enumerate() {
+                    if word >> b & 1 == 0 {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
         // As llama.cpp: the bias first, then the repetition penalty, then frequency and presence.
         for &(id, bias) in &o.logit_bias {
             if let Some(x) = l.get_mut(id as usize) {
@@ -199,10 +229,10 @@ impl Sampler {
         }
     }
 
-    fn pick(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let adjusts = self.opts.adjusts();
+    fn pick(&mut self, logits: &[f32], history: &[u32], allowed: Option<&[u32]>) -> u32 {
+        let adjusts = self.opts.adjusts() || allowed.is_some();
         if adjusts {
-            self.adjust(logits, history);
+            self.adjust(logits, history, allowed);
         }
         let Sampler {
             opts: o,
@@ -276,7 +306,13 @@ impl Sampler {
             }
             r -= wt;
         }
-        c.last().map_or(0, |&k| id(k))
+        // Rounding left `r` past the last weight: the last candidate that weighs anything (a banned or
+        // masked one weighs nothing, and is never drawn).
+        c.iter()
+            .zip(weights.iter())
+            .rev()
+            .find(|&(_, &wt)| wt > 0.0)
+            .map_or(id(c[0]), |(&k, _)| id(k))
     }
 }
 
@@ -543,6 +579,38 @@ mod tests {
         assert!(biased(vec![(99, 100.0)], 0.0).iter().all(|&t| t == 0));
         let all: Vec<(u32, f32)> = (0..4).map(|t| (t, -100.0)).collect();
         assert_eq!(biased(all.clone(), 1.0), biased(all, 1.0));
+    }
+
+    #[test]
+    fn a_mask_keeps_the_draw_among_its_tokens() {
+        // 70 tokens, the highest logits outside the mask; allowed: 5, 33 and 64 (three words, the last short).
+        let logits: Vec<f32> = (0..70)
+            .map(|t| if t % 2 == 0 { 5.0 } else { t as f32 / 70.0 })
+            .collect();
+        let mut allowed = vec![0u32; 3];
+        for t in [5u32, 33, 64] {
+            allowed[t as usize / 32] |= 1 << (t % 32);
+        }
+        // 64 has an even id (a high logit) but is allowed: greedy takes it.
+        let mut greedy = Sampler::new(SamplerOptions::greedy());
+        assert_eq!(greedy.sample_allowed(&logits, &[], &allowed), 64);
+        allowed[2] = 0;
+        assert_eq!(greedy.sample_allowed(&logits, &[], &allowed), 33);
+        // Drawn at a high temperature, with and without filters: only 5 and 33, both of them.
+        for (top_k, min_p) in [(40, 0.05), (0, 0.0)] {
+            let mut s = Sampler::new(SamplerOptions {
+                temperature: 20.0,
+                top_k,
+                min_p,
+                seed: 3,
+                ..Default::default()
+            });
+            let d: Vec<u32> = (0..200).map(|_| s.sample_allowed(&logits, &[], &allowed)).collect();
+            assert!(d.iter().all(|&t| t == 5 || t == 33), "{d:?}");
+            assert!(d.contains(&5) && d.contains(&33));
+        }
+        // A mask shorter than the vocabulary excludes the tokens past it.
+        assert_eq!(greedy.sample_allowed(&logits, &[], &allowed[..1]), 5);
     }
 
     /// OpenAI's definition: logit[j] − count[j] × frequency_penalty − (count[j] > 0) × presence_penalty, the

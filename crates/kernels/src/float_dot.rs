@@ -26,10 +26,7 @@ pub fn dot_rows(q: &[f32], rows: &[f32], stride: usize, scale: f32, out: &mut [f
 /// [`dot_rows`] on a given ISA (tests compare them without touching the global one).
 pub(crate) fn dot_rows_on(isa: Isa, q: &[f32], rows: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
     check_rows("dot_rows", q.len(), rows.len(), stride, out.len());
-    let k = simd::float_kernel(isa);
-    for (t, o) in out.iter_mut().enumerate() {
-        *o = k.dot(q, &rows[t * stride..][..q.len()]) * scale;
-    }
+    simd::float_kernel(isa).dot_rows(q, rows, stride, scale, out);
 }
 
 /// `out[j] += Σ_t w[t] · rows[t · stride + j]`, adding row after row (`t` ascending), on the current
@@ -45,10 +42,7 @@ pub fn add_weighted_rows(out: &mut [f32], w: &[f32], rows: &[f32], stride: usize
 /// [`add_weighted_rows`] on a given ISA.
 pub(crate) fn add_weighted_rows_on(isa: Isa, out: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
     check_rows("add_weighted_rows", out.len(), rows.len(), stride, w.len());
-    let k = simd::float_kernel(isa);
-    for (t, &p) in w.iter().enumerate() {
-        k.add_scaled(out, p, &rows[t * stride..][..out.len()]);
-    }
+    simd::float_kernel(isa).add_weighted_rows(out, w, rows, stride);
 }
 
 /// One token of the delta rule for one value head: the state's decay, the write strength β, the key,
@@ -122,6 +116,20 @@ pub(crate) fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
         l[i] += x * y;
     }
     Lanes8(l).sum()
+}
+
+/// The scalar twin of [`dot_rows`]: each row's dot product in turn.
+pub(crate) fn dot_rows_scalar(q: &[f32], rows: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    for (t, o) in out.iter_mut().enumerate() {
+        *o = dot_scalar(q, &rows[t * stride..][..q.len()]) * scale;
+    }
+}
+
+/// The scalar twin of [`add_weighted_rows`]: row after row, each element a multiply then an add.
+pub(crate) fn add_weighted_rows_scalar(out: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
+    for (t, &p) in w.iter().enumerate() {
+        add_scaled_scalar(out, p, &rows[t * stride..][..out.len()]);
+    }
 }
 
 /// The scalar twin of every SIMD `out[j] += p · row[j]` (over the shorter length).
@@ -228,6 +236,17 @@ mod tests {
         let ones = [1f32; 8];
         for isa in crate::available_isas() {
             assert_eq!(simd::float_kernel(isa).dot(&a, &ones), 1.0, "{isa}");
+            // Rows reduced together (eight at a time on AVX2) too, each row with its lanes in their places.
+            for shift in 0..8 {
+                let mut b = a;
+                b.rotate_right(shift);
+                let rows: Vec<f32> = (0..9).flat_map(|t| if t % 2 == 0 { b } else { a }).collect();
+                let mut out = [0f32; 9];
+                dot_rows_on(isa, &ones, &rows, 8, 1.0, &mut out);
+                let mut want = [0f32; 9];
+                dot_rows_on(Isa::Scalar, &ones, &rows, 8, 1.0, &mut want);
+                assert_eq!(out, want, "{isa}, lanes rotated by {shift}");
+            }
         }
         assert_eq!(dot_f32(&a, &ones), 1.0);
     }

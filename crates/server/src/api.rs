@@ -13,6 +13,7 @@ use crate::fields::Endpoint;
 use crate::logprobs::Logprobs;
 use crate::scheduler::{Event, Finish, Usage};
 use crate::template::{ChatTemplate, Message};
+use crate::tool_calls::{self, Format, Item, Parser};
 
 /// The most `top_logprobs` (chat) or `logprobs` (completions) a request may ask for, as OpenAI's chat.
 pub const MAX_TOP_LOGPROBS: u32 = 20;
@@ -42,6 +43,8 @@ pub struct Params {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub n: Option<u32>,
+    /// Structured output: see [`crate::constraint::Grammars::response_format`].
+    pub response_format: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -65,6 +68,15 @@ pub struct ChatRequest {
     pub logprobs: bool,
     #[serde(default)]
     pub top_logprobs: Option<u32>,
+    /// OpenAI's tool objects, `{"type": "function", "function": {"name", "description", "parameters"}}`.
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    /// "none", "auto", "required", or `{"type": "function", "function": {"name": …}}`.
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    /// Whether a forced answer may hold more than one call (OpenAI's default: it may).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub params: Params,
     /// The fields none of the above read: checked by [`crate::fields::check`].
@@ -78,6 +90,141 @@ pub struct ChatMessage {
     /// A string, or OpenAI's list of parts (`[{"type": "text", "text": …}]`), whose texts are joined.
     #[serde(default)]
     pub content: Value,
+    /// An assistant's calls, as the server gave them.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` message: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// What a request asks of the model's tools.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model must not call: the tools are still rendered (as llama-server does), its answer is not
+    /// parsed for calls.
+    None,
+    Auto,
+    /// At least one call, forced by a grammar.
+    Required,
+    /// A call of this function, forced by a grammar.
+    Named(String),
+}
+
+/// A request's tools as the answer needs them: the syntax to parse and the tools (whose schemas the
+/// parser and a forcing grammar read).
+pub struct ToolUse {
+    pub format: Format,
+    pub tools: Vec<Value>,
+    pub choice: ToolChoice,
+    /// `parallel_tool_calls`: a forced answer may hold several calls.
+    pub parallel: bool,
+}
+
+impl ToolUse {
+    /// The grammar (llguidance's Lark) that forces a call, for `tool_choice` "required" or a named function;
+    /// none for "auto". A syntax the server cannot force is a 400.
+    pub fn forcing(&self) -> Result<Option<String>, ApiError> {
+        let named = match &self.choice {
+            ToolChoice::Required => None,
+            ToolChoice::Named(name) => Some(name.as_str()),
+            ToolChoice::None | ToolChoice::Auto => return Ok(None),
+        };
+        tool_calls::forcing::grammar(self.format, &self.tools, named, self.parallel)
+            .map(Some)
+            .map_err(|why| {
+                ApiError::bad_request(why)
+                    .param("tool_choice")
+                    .code("unsupported_parameter")
+            })
+    }
+}
+
+/// `tools`, checked: each an OpenAI function tool with a name.
+fn check_tools(tools: &[Value]) -> Result<(), ApiError> {
+    for (i, tool) in tools.iter().enumerate() {
+        let bad = |why: &str| Err(ApiError::bad_request(format!("tools[{i}]: {why}")).param(format!("tools[{i}]")));
+        if tool.get("type").and_then(Value::as_str) != Some("function") {
+            return bad("only {\"type\": \"function\", \"function\": {…}} tools are supported");
+        }
+        let function = &tool["function"];
+        match function.get("name").and_then(Value::as_str) {
+            Some(name) if !name.is_empty() => {}
+            _ => return bad("function.name must be a non-empty string"),
+        }
+        if function
+            .get("parameters")
+            .is_some_and(|p| !p.is_object() && !p.is_null())
+        {
+            return bad("function.parameters must be a JSON schema object");
+        }
+    }
+    Ok(())
+}
+
+/// `tool_choice` against the request's `tools`.
+fn tool_choice(choice: Option<&Value>, tools: &[Value]) -> Result<ToolChoice, ApiError> {
+    let bad = |why: String| Err(ApiError::bad_request(why).param("tool_choice"));
+    let choice = match choice {
+        None | Some(Value::Null) if tools.is_empty() => ToolChoice::None,
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            _ => return bad(format!("tool_choice {s:?} is none of \"none\", \"auto\", \"required\" or a function")),
+        },
+        Some(v) => match (v.get("type").and_then(Value::as_str), v["function"]["name"].as_str()) {
+            (Some("function"), Some(name)) => {
+                if !tools.iter().any(|t| t["function"]["name"] == name) {
+                    return bad(format!("tool_choice names the function {name:?}, which is not among the tools"));
+                }
+                ToolChoice::Named(name.to_owned())
+            }
+            _ => return bad("tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}".into()),
+        },
+    };
+    if tools.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+        return bad("tool_choice asks for a call, but the request has no tools".into());
+    }
+    Ok(choice)
+}
+
+/// An assistant message's `tool_calls` as templates read them: `function.arguments` as the JSON object
+/// its text spells. OpenAI sends the text; templates print it with `tojson` or walk it with `|items`
+/// (Qwen3.5, gpt-oss), so, as llama-server does, it is parsed first. transformers would hand the text
+/// through (Qwen2.5 and Qwen3 then print it as it came).
+fn tool_calls_for_template(calls: &[Value], message: usize) -> Result<Vec<Value>, ApiError> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, call)| {
+            let at = format!("messages[{message}].tool_calls[{i}]");
+            let bad = |why: &str| ApiError::bad_request(format!("{at}: {why}")).param(at.clone());
+            let mut call = call.clone();
+            let function = call
+                .get_mut("function")
+                .and_then(Value::as_object_mut)
+                .ok_or_else(|| bad("a call needs a function: {\"name\", \"arguments\"}"))?;
+            if !function.get("name").is_some_and(Value::is_string) {
+                return Err(bad("function.name must be a string"));
+            }
+            let arguments = match function.get("arguments") {
+                None | Some(Value::Null) => Value::Object(Map::new()),
+                Some(Value::String(text)) => {
+                    serde_json::from_str(text).map_err(|e| bad(&format!("function.arguments is not JSON ({e})")))?
+                }
+                Some(v) => v.clone(),
+            };
+            function.insert("arguments".into(), arguments);
+            if let Some(c) = call.as_object_mut() {
+                c.entry("type").or_insert_with(|| "function".into());
+            }
+            Ok(call)
+        })
+        .collect()
 }
 
 #[derive(Deserialize)]
@@ -287,13 +434,14 @@ pub fn completion_body(body: &[u8]) -> Result<(CompletionRequest, PromptInput), 
     Ok((r, prompt))
 }
 
-/// A `/v1/chat/completions` body: the request and its prompt text, rendered by the model's `template` into
-/// at most `max_bytes` bytes (see [`render`]).
+/// A `/v1/chat/completions` body: the request, its prompt text, rendered by the model's `template` into
+/// at most `max_bytes` bytes (see [`render`]), and the tools its answer is parsed for (none when it has no
+/// tools or `tool_choice` is "none").
 pub fn chat_body(
     body: &[u8],
     template: Option<&ChatTemplate>,
     max_bytes: usize,
-) -> Result<(ChatRequest, String), ApiError> {
+) -> Result<(ChatRequest, String, Option<ToolUse>), ApiError> {
     let r: ChatRequest = from_json(body)?;
     crate::fields::check(Endpoint::Chat, &r.rest)?;
     match r.top_logprobs {
@@ -312,18 +460,33 @@ pub fn chat_body(
     if r.messages.is_empty() {
         return Err(ApiError::bad_request("messages is empty").param("messages"));
     }
+    let tools = r.tools.clone().unwrap_or_default();
+    check_tools(&tools)?;
+    let choice = tool_choice(r.tool_choice.as_ref(), &tools)?;
+    let mut tool_use = tool_use(template, tools.clone(), choice)?;
+    if let Some(t) = tool_use.as_mut() {
+        t.parallel = r.parallel_tool_calls.unwrap_or(true);
+    }
     let messages = r
         .messages
         .iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(i, m)| {
             Ok(Message {
                 role: m.role.clone(),
                 content: m.text()?,
+                tool_calls: m
+                    .tool_calls
+                    .as_deref()
+                    .map(|c| tool_calls_for_template(c, i))
+                    .transpose()?,
+                tool_call_id: m.tool_call_id.clone(),
+                name: m.name.clone(),
             })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
-    let text = render(template, &messages, max_bytes)?;
-    Ok((r, text))
+    let text = render(template, &messages, &tools, max_bytes)?;
+    Ok((r, text, tool_use))
 }
 
 /// The answer to a chat request when the model has no chat template and none was given.
@@ -331,11 +494,16 @@ pub fn no_template() -> ApiError {
     ApiError::bad_request("the model has no chat template (tokenizer.chat_template); start titan serve with --chat-template FILE, or use /v1/completions")
 }
 
-/// A conversation rendered by the model's `template` into at most `max_bytes` bytes. A template that refuses
-/// the conversation (`raise_exception`) is the request's fault (400); one that fails otherwise, runs out of
-/// fuel or writes past `max_bytes` is the server's (500).
-pub fn render(template: &ChatTemplate, messages: &[Message], max_bytes: usize) -> Result<String, ApiError> {
-    template.render(messages, max_bytes).map_err(|e| {
+/// A conversation rendered by the model's `template`, with `tools`, into at most `max_bytes` bytes. A
+/// template that refuses the conversation (`raise_exception`) is the request's fault (400); one that fails
+/// otherwise, runs out of fuel or writes past `max_bytes` is the server's (500).
+pub fn render(
+    template: &ChatTemplate,
+    messages: &[Message],
+    tools: &[Value],
+    max_bytes: usize,
+) -> Result<String, ApiError> {
+    template.render(messages, tools, max_bytes).map_err(|e| {
         if e.is_the_conversations() {
             ApiError::bad_request(e.to_string())
         } else {
@@ -345,6 +513,40 @@ pub fn render(template: &ChatTemplate, messages: &[Message], max_bytes: usize) -
             ))
         }
     })
+}
+
+/// Whether and how a request's tools can be served by `template`: a template that never mentions tools
+/// would drop them silently, and one whose call syntax the server does not parse would leave calls as
+/// text; both are a 400 unless the request asks for no call ("none").
+fn tool_use(template: &ChatTemplate, tools: Vec<Value>, choice: ToolChoice) -> Result<Option<ToolUse>, ApiError> {
+    if tools.is_empty() || choice == ToolChoice::None {
+        return Ok(None);
+    }
+    if !template.knows_tools() {
+        return Err(ApiError::bad_request(format!(
+            "the request has tools, but {} does not render tools (it never mentions them): start titan serve \
+             with --chat-template FILE of a template that does, or send tool_choice \"none\"",
+            template.origin()
+        ))
+        .param("tools")
+        .code("unsupported_parameter"));
+    }
+    let Some(format) = template.tool_format() else {
+        return Err(ApiError::bad_request(format!(
+            "the request has tools, but {} writes tool calls in a syntax this server does not parse (it \
+             parses Qwen's <tool_call>, gpt-oss harmony, DeepSeek and Mistral's [TOOL_CALLS]); send \
+             tool_choice \"none\" to use it without calls",
+            template.origin()
+        ))
+        .param("tools")
+        .code("unsupported_parameter"));
+    };
+    Ok(Some(ToolUse {
+        format,
+        tools,
+        choice,
+        parallel: true,
+    }))
 }
 
 /// Which endpoint a response is for: the shapes differ in their object names and where the text goes.
@@ -364,9 +566,49 @@ pub struct Responder {
     pub seed: u64,
     /// When the request asked for log-probabilities: their shape, and where the text has got to.
     pub logprobs: Option<Logprobs>,
+    /// With tools: the syntax of the model's calls and the tools, which the answer is parsed for.
+    tools: Option<(Format, Vec<Value>)>,
+    /// The streamed answer's parser (with tools), the calls given out so far, whether a chunk has been
+    /// sent, and log-probabilities of tokens whose text is held back.
+    parser: Option<Parser>,
+    calls: usize,
+    started: bool,
+    held_logprobs: Vec<TokenLogprobs>,
 }
 
 impl Responder {
+    pub fn new(kind: Kind, id: String, model: String, created: u64, logprobs: Option<Logprobs>) -> Responder {
+        Responder {
+            kind,
+            id,
+            model,
+            created,
+            seed: 0,
+            logprobs,
+            tools: None,
+            parser: None,
+            calls: 0,
+            started: false,
+            held_logprobs: Vec::new(),
+        }
+    }
+
+    /// Parses the answer for calls of these tools in the model's `format`.
+    pub fn with_tools(mut self, format: Format, tools: Vec<Value>) -> Responder {
+        self.parser = Some(Parser::new(format, tools.clone()));
+        self.tools = Some((format, tools));
+        self
+    }
+
+    /// Whether the answer's control tokens must reach the text as their names: its tool-call syntax has
+    /// markers that are control tokens in some vocabularies (gpt-oss's `<|channel|>`, `<|message|>`,
+    /// `<|call|>`; Mistral's `[TOOL_CALLS]`, `[ARGS]`; DeepSeek's). Qwen's `<tool_call>` is ordinary text.
+    pub fn renders_control_tokens(&self) -> bool {
+        self.tools
+            .as_ref()
+            .is_some_and(|(f, _)| !matches!(f, Format::Qwen | Format::QwenXml))
+    }
+
     fn object(&self, chunk: bool) -> &'static str {
         match (self.kind, chunk) {
             (Kind::Chat, false) => "chat.completion",
@@ -398,30 +640,94 @@ impl Responder {
         head
     }
 
-    /// One streamed chunk: new text (`finish` None), or the last one (empty text, `finish` set).
-    pub fn chunk(&mut self, text: &str, entries: &[TokenLogprobs], finish: Option<Finish>, first: bool) -> Value {
+    /// One chunk: a chat `delta` (the first one says the role) or a completion's text, with the
+    /// log-probabilities of its tokens.
+    fn chunk(&mut self, delta: Value, entries: &[TokenLogprobs], finish: Option<Finish>) -> Value {
         // A chunk without a token (the last one) has none, as OpenAI's.
         let logprobs = if entries.is_empty() {
             Value::Null
         } else {
             self.logprobs_json(entries)
         };
+        let finish = finish.map(|f| if self.calls > 0 { "tool_calls" } else { f.as_str() });
         let choice = match self.kind {
             Kind::Chat => {
-                let delta = if first {
-                    json!({"role": "assistant", "content": text})
-                } else if finish.is_some() {
-                    json!({})
-                } else {
-                    json!({"content": text})
-                };
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish.map(Finish::as_str)})
+                let mut delta = delta;
+                if !self.started {
+                    if let Some(d) = delta.as_object_mut() {
+                        d.shift_insert(0, "role".into(), "assistant".into());
+                        d.entry("content").or_insert(Value::Null);
+                    }
+                }
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             Kind::Completion => {
-                json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish.map(Finish::as_str)})
+                json!({"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         };
+        self.started = true;
         Self::with(self.head(true), json!({"choices": [choice]}))
+    }
+
+    /// The chunks for newly generated `text` (none while it is held back: a multi-byte character, a
+    /// possible stop string, or with tools a possible call).
+    pub fn pieces(&mut self, text: &str, entries: &[TokenLogprobs]) -> Vec<Value> {
+        let Some(parser) = self.parser.as_mut() else {
+            if text.is_empty() && entries.is_empty() {
+                return Vec::new();
+            }
+            let delta = match self.kind {
+                Kind::Chat => json!({"content": text}),
+                Kind::Completion => json!(text),
+            };
+            return vec![self.chunk(delta, entries, None)];
+        };
+        let items = parser.push(text);
+        self.held_logprobs.extend_from_slice(entries);
+        self.items(items)
+    }
+
+    /// The chunks of parsed items; the log-probabilities held so far go with the first.
+    fn items(&mut self, items: Vec<Item>) -> Vec<Value> {
+        let mut out = Vec::new();
+        for item in items {
+            let entries = std::mem::take(&mut self.held_logprobs);
+            match item {
+                Item::Content(text) => out.push(self.chunk(json!({"content": text}), &entries, None)),
+                Item::Reasoning(text) => out.push(self.chunk(json!({"reasoning_content": text}), &entries, None)),
+                Item::Call(call) => {
+                    // As OpenAI streams a call: its id, type and name with empty arguments, then the
+                    // arguments.
+                    let index = self.calls;
+                    self.calls += 1;
+                    let head = json!({"tool_calls": [{"index": index, "id": tool_calls::call_id(), "type": "function",
+                        "function": {"name": call.name, "arguments": ""}}]});
+                    out.push(self.chunk(head, &entries, None));
+                    let arguments =
+                        json!({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]});
+                    out.push(self.chunk(arguments, &[], None));
+                }
+            }
+        }
+        out
+    }
+
+    /// The last chunks of a streamed answer: what the parser held, then the one with the finish reason
+    /// ("tool_calls" when the answer made calls).
+    pub fn end(&mut self, finish: Finish) -> Vec<Value> {
+        let mut out = match self.parser.as_mut() {
+            Some(parser) => {
+                let items = parser.finish();
+                self.items(items)
+            }
+            None => Vec::new(),
+        };
+        let last = match self.kind {
+            Kind::Chat => json!({}),
+            Kind::Completion => json!(""),
+        };
+        out.push(self.chunk(last, &[], Some(finish)));
+        out
     }
 
     /// The usage-only chunk that `stream_options.include_usage` asks for, last before `[DONE]`.
@@ -432,11 +738,31 @@ impl Responder {
     /// The whole response of a request that was not streamed.
     pub fn whole(&mut self, text: &str, entries: &[TokenLogprobs], finish: Finish, usage: Usage) -> Value {
         let logprobs = self.logprobs_json(entries);
-        let choice = match self.kind {
-            Kind::Chat => {
+        let choice = match (self.kind, self.tools.take()) {
+            (Kind::Chat, None) => {
                 json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish.as_str()})
             }
-            Kind::Completion => {
+            (Kind::Chat, Some((format, tools))) => {
+                let (content, reasoning, calls) = Parser::whole(format, tools, text);
+                let mut message = json!({"role": "assistant", "content": content});
+                if let Some(r) = reasoning {
+                    message["reasoning_content"] = r.into();
+                }
+                let finish = if calls.is_empty() {
+                    finish.as_str()
+                } else {
+                    "tool_calls"
+                };
+                if !calls.is_empty() {
+                    let calls: Vec<Value> = calls
+                        .into_iter()
+                        .map(|c| json!({"id": tool_calls::call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                        .collect();
+                    message["tool_calls"] = calls.into();
+                }
+                json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            }
+            (Kind::Completion, _) => {
                 json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish.as_str()})
             }
         };

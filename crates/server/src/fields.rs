@@ -27,9 +27,11 @@ const IGNORED: &[&str] = &[
 
 /// Why a field the request types did not read is refused.
 enum Refused {
-    /// Planned: tool calls and structured output. To lift one, read the field in the request type (api.rs)
-    /// and take its arm out of [`refusal`].
+    /// Planned for the Responses API: its tool calls and text formats. To lift one, read the field in
+    /// `ResponsesRequest` (responses.rs) and take its arm out of [`refusal`].
     NotYet(&'static str),
+    /// Replaced by another field of the API.
+    Legacy(&'static str),
     /// An OpenAI field this server has no plan for.
     NotSupported,
     /// Not a field of the endpoint at all (often a misspelling).
@@ -37,24 +39,27 @@ enum Refused {
 }
 
 /// Whether `name: value`, sent to the `endpoint` and not read by its request type, is refused, and why.
-/// A value that asks for nothing (null, an empty list of tools, plain text as the response format) is
+/// A value that asks for nothing (null, an empty list of tools, plain text as the Responses text format) is
 /// accepted whatever the field.
 fn refusal(endpoint: Endpoint, name: &str, value: &Value) -> Option<Refused> {
     if IGNORED.contains(&name) {
         return None;
     }
+    // The Responses API's own fields ask for nothing only there; elsewhere they are unknown.
+    let responses = matches!(endpoint, Endpoint::Responses);
     let asks_nothing = match (name, value) {
         (_, Value::Null) => true,
-        ("tools" | "functions", Value::Array(a)) => a.is_empty(),
-        ("tool_choice" | "function_call", Value::String(s)) => s == "none",
-        ("response_format", v) => is_plain_text(v),
-        // The Responses API's `text`: `{"format": {"type": "text"}}`, or no format.
-        ("text", v) => v.as_object().is_some_and(|o| {
+        ("functions", Value::Array(a)) => a.is_empty(),
+        ("function_call", Value::String(s)) => s == "none",
+        ("tools", Value::Array(a)) if responses => a.is_empty(),
+        ("tool_choice", Value::String(s)) if responses => s == "none",
+        // `{"format": {"type": "text"}}`, or no format.
+        ("text", v) if responses => v.as_object().is_some_and(|o| {
             o.iter()
                 .all(|(k, f)| k == "format" && (f.is_null() || is_plain_text(f)))
         }),
-        ("include", Value::Array(a)) => a.is_empty(),
-        ("truncation", Value::String(s)) => s == "disabled",
+        ("include", Value::Array(a)) if responses => a.is_empty(),
+        ("truncation", Value::String(s)) if responses => s == "disabled",
         ("modalities", Value::Array(a)) => a.len() == 1 && a[0] == "text",
         ("best_of", v) => v.as_u64() == Some(1),
         ("suffix", Value::String(s)) => s.is_empty(),
@@ -62,13 +67,12 @@ fn refusal(endpoint: Endpoint, name: &str, value: &Value) -> Option<Refused> {
     };
     use Endpoint::*;
     match (endpoint, name) {
-        // Meaningless without tools, which are refused when there are any.
-        (Chat | Responses, "parallel_tool_calls") => None,
+        // Meaningless without tools, which the Responses API refuses when there are any.
+        (Responses, "parallel_tool_calls") => None,
         _ if asks_nothing => None,
-        (Chat, "tools" | "tool_choice" | "functions" | "function_call") | (Responses, "tools" | "tool_choice") => {
-            Some(Refused::NotYet("tool calls"))
-        }
-        (Chat, "response_format") => Some(Refused::NotYet("structured output; only {\"type\": \"text\"} is taken")),
+        (Chat, "functions") => Some(Refused::Legacy("tools")),
+        (Chat, "function_call") => Some(Refused::Legacy("tool_choice")),
+        (Responses, "tools" | "tool_choice") => Some(Refused::NotYet("tool calls")),
         (Responses, "text") => Some(Refused::NotYet(
             "structured output; only {\"format\": {\"type\": \"text\"}} is taken",
         )),
@@ -102,6 +106,7 @@ pub fn check(endpoint: Endpoint, rest: &Map<String, Value>) -> Result<(), ApiErr
         .iter()
         .map(|(name, why)| match why {
             Refused::NotYet(what) => format!("{name} is not supported yet ({what})"),
+            Refused::Legacy(instead) => format!("{name} is OpenAI's deprecated form; send {instead}"),
             Refused::NotSupported => format!("{name} is not supported by this server"),
             Refused::Unknown => format!("{name:?} is not a field this endpoint takes"),
         })
@@ -131,9 +136,8 @@ mod tests {
     fn harmless_fields_and_empty_values_are_taken() {
         for v in [
             json!({"user": "u1", "metadata": {"a": "b"}, "store": false, "service_tier": "auto"}),
-            json!({"tools": [], "tool_choice": "none", "parallel_tool_calls": true}),
-            json!({"response_format": {"type": "text"}}),
-            json!({"tools": null, "response_format": null, "modalities": ["text"], "audio": null}),
+            json!({"functions": [], "function_call": "none"}),
+            json!({"functions": null, "modalities": ["text"], "audio": null}),
         ] {
             assert_eq!(check_json(Endpoint::Chat, v.clone()), Ok(()), "{v}");
         }
@@ -145,20 +149,17 @@ mod tests {
 
     #[test]
     fn unimplemented_and_unknown_fields_are_named() {
-        let tools = json!({"tools": [{"type": "function", "function": {"name": "f"}}]});
-        let e = check(Endpoint::Chat, tools.as_object().unwrap()).unwrap_err();
+        let functions = json!({"functions": [{"name": "f"}]});
+        let e = check(Endpoint::Chat, functions.as_object().unwrap()).unwrap_err();
         assert_eq!(e.status, 400);
         assert!(
-            e.message.starts_with("tools is not supported yet (tool calls)"),
+            e.message
+                .starts_with("functions is OpenAI's deprecated form; send tools"),
             "{}",
             e.message
         );
-        assert_eq!(e.body()["error"]["param"], "tools");
+        assert_eq!(e.body()["error"]["param"], "functions");
         assert_eq!(e.body()["error"]["code"], "unsupported_parameter");
-        let json_mode = json!({"response_format": {"type": "json_object"}});
-        assert!(check_json(Endpoint::Chat, json_mode)
-            .unwrap_err()
-            .starts_with("response_format is not supported yet"));
         let e = check(Endpoint::Completions, json!({"temprature": 0.5}).as_object().unwrap()).unwrap_err();
         assert!(
             e.message
@@ -172,6 +173,14 @@ mod tests {
         assert!(
             both.contains("best_of is not supported") && both.contains("\"messages\""),
             "{both}"
+        );
+        // The Responses API's empty values are its own: unknown fields elsewhere.
+        let empty = json!({"tools": [], "text": {"format": {"type": "text"}}, "truncation": "disabled"});
+        assert_eq!(check_json(Endpoint::Responses, empty.clone()), Ok(()));
+        let e = check_json(Endpoint::Completions, empty).unwrap_err();
+        assert!(
+            e.contains("\"tools\" is not a field") && e.contains("\"truncation\""),
+            "{e}"
         );
     }
 }

@@ -30,8 +30,9 @@ use tokio::sync::{mpsc, Semaphore};
 use tracing::Instrument;
 
 use crate::api::{
-    chat_body, collect, completion_body, no_template, render, Kind, Params, PromptInput, Responder, Settings,
+    chat_body, collect, completion_body, no_template, render, Kind, Params, PromptInput, Responder, Settings, ToolUse,
 };
+use crate::constraint::{Constraint, Grammars};
 use crate::error::ApiError;
 use crate::logprobs::Logprobs;
 use crate::metrics::Metrics;
@@ -50,6 +51,8 @@ pub enum Template {
 
 pub struct AppState {
     pub model: Arc<Model>,
+    /// The vocabulary for constrained sampling (`response_format`).
+    pub grammars: Grammars,
     /// The model id clients name (`GET /v1/models`).
     pub name: String,
     pub template: Template,
@@ -319,14 +322,15 @@ fn check_model(s: &AppState, p: &Params) -> Result<(), ApiError> {
 
 async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = bytes(&s, body)?;
-    let (r, prompt) = prepare(&s, move |s| {
+    let (r, prompt, constraint) = prepare(&s, move |s| {
         let (r, prompt) = completion_body(&body)?;
         check_model(s, &r.params)?;
         let prompt = match prompt {
             PromptInput::Text(t) => tokenize(s, &t, "prompt")?,
             PromptInput::Tokens(t) => t,
         };
-        Ok((r, prompt))
+        let constraint = s.grammars.response_format(r.params.response_format.as_ref())?;
+        Ok((r, prompt, constraint))
     })
     .await?;
     if let Some(&t) = prompt.iter().find(|&&t| t as usize >= s.model.config.n_vocab) {
@@ -336,36 +340,54 @@ async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection
         ))
         .param("prompt"));
     }
-    let responder = Responder {
-        kind: Kind::Completion,
-        id: format!("cmpl-{}", request_id()),
-        model: s.name.clone(),
-        created: now(),
-        seed: 0,
-        logprobs: r.logprobs.map(|_| Logprobs::new(Kind::Completion, s.model.clone())),
-    };
+    let responder = Responder::new(
+        Kind::Completion,
+        format!("cmpl-{}", request_id()),
+        s.name.clone(),
+        now(),
+        r.logprobs.map(|_| Logprobs::new(Kind::Completion, s.model.clone())),
+    );
     let top = r.logprobs.map(|n| n as usize);
-    respond(s, prompt, &r.params, responder, top).await
+    respond(s, prompt, &r.params, responder, top, constraint).await
 }
 
 async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = bytes(&s, body)?;
-    let (r, prompt) = prepare(&s, move |s| {
-        let (r, text) = chat_body(&body, chat_template(s)?, render_limit(s))?;
+    let (r, prompt, tool_use, constraint) = prepare(&s, move |s| {
+        let (r, text, tool_use) = chat_body(&body, chat_template(s)?, render_limit(s))?;
         check_model(s, &r.params)?;
-        Ok((r, conversation_tokens(s, &text, "messages")?))
+        let prompt = conversation_tokens(s, &text, "messages")?;
+        // A forced call is a grammar of the model's call syntax; it and a response format cannot both hold.
+        let constraint = match tool_use.as_ref().map(ToolUse::forcing).transpose()?.flatten() {
+            Some(grammar) => {
+                if s.grammars.response_format(r.params.response_format.as_ref())?.is_some() {
+                    return Err(ApiError::bad_request(
+                        "tool_choice forces a call and response_format a format: the answer cannot be held to both",
+                    )
+                    .param("response_format"));
+                }
+                let forced = s.grammars.lark(&grammar).map_err(|e| {
+                    ApiError::bad_request(format!("the tools' parameters cannot be enforced: {e}")).param("tools")
+                })?;
+                Some(forced)
+            }
+            None => s.grammars.response_format(r.params.response_format.as_ref())?,
+        };
+        Ok((r, prompt, tool_use, constraint))
     })
     .await?;
-    let responder = Responder {
-        kind: Kind::Chat,
-        id: format!("chatcmpl-{}", request_id()),
-        model: s.name.clone(),
-        created: now(),
-        seed: 0,
-        logprobs: r.logprobs.then(|| Logprobs::new(Kind::Chat, s.model.clone())),
-    };
+    let mut responder = Responder::new(
+        Kind::Chat,
+        format!("chatcmpl-{}", request_id()),
+        s.name.clone(),
+        now(),
+        r.logprobs.then(|| Logprobs::new(Kind::Chat, s.model.clone())),
+    );
+    if let Some(t) = tool_use {
+        responder = responder.with_tools(t.format, t.tools);
+    }
     let top = r.logprobs.then(|| r.top_logprobs.unwrap_or(0) as usize);
-    respond(s, prompt, &r.params, responder, top).await
+    respond(s, prompt, &r.params, responder, top, constraint).await
 }
 
 /// OpenAI's Responses API: the chat endpoint's path (template, tokens, job, prompt cache) with the
@@ -376,14 +398,14 @@ async fn responses(State(s): State<Shared>, body: Result<Bytes, BytesRejection>)
         let (r, messages) = responses_body(&body)?;
         check_model(s, &r.params())?;
         let template = chat_template(s)?.ok_or_else(no_template)?;
-        let text = render(template, &messages, render_limit(s))?;
+        let text = render(template, &messages, &[], render_limit(s))?;
         Ok((r, conversation_tokens(s, &text, "input")?))
     })
     .await?;
     let params = r.params();
     let settings = params.settings(prompt.len(), s.ctx_size, s.model.config.n_vocab, "max_output_tokens")?;
     let reply = Reply::new(&r, &request_id(), s.name.clone(), now(), &settings.sampler);
-    let mut rx = submit(&s, prompt, settings, None)?;
+    let mut rx = submit(&s, prompt, settings, None, None, false)?;
     if !params.stream {
         let (text, _, finish, usage) = collect(&mut rx).await?;
         return Ok(Json(reply.whole(&text, finish, usage)).into_response());
@@ -437,17 +459,19 @@ async fn detokenize_ids(State(s): State<Shared>, body: Result<Bytes, BytesReject
 }
 
 /// Queues the request and answers it, whole or streamed; `top_logprobs`: with log-probabilities, how many
-/// of the most likely tokens to give beside the chosen one.
+/// of the most likely tokens to give beside the chosen one; `constraint`: the grammar its output follows.
 async fn respond(
     s: Shared,
     prompt: Vec<u32>,
     params: &Params,
     mut responder: Responder,
     top_logprobs: Option<usize>,
+    constraint: Option<Constraint>,
 ) -> Result<Response, ApiError> {
     let settings = params.settings(prompt.len(), s.ctx_size, s.model.config.n_vocab, "max_tokens")?;
     responder.seed = settings.sampler.seed;
-    let mut rx = submit(&s, prompt, settings, top_logprobs)?;
+    let special = responder.renders_control_tokens();
+    let mut rx = submit(&s, prompt, settings, top_logprobs, constraint, special)?;
     if !params.stream {
         let (text, entries, finish, usage) = collect(&mut rx).await?;
         return Ok(Json(responder.whole(&text, &entries, finish, usage)).into_response());
@@ -456,12 +480,15 @@ async fn respond(
     Ok(Sse::new(chunks(rx, responder, include_usage)).into_response())
 }
 
-/// Queues a request's job; its events come on the receiver. A full queue is a 429.
+/// Queues a request's job; its events come on the receiver. A full queue is a 429. `constraint`: the grammar
+/// its output follows; `special`: control tokens reach the text as their names (see [`Job::special`]).
 fn submit(
     s: &AppState,
     prompt: Vec<u32>,
     settings: Settings,
     top_logprobs: Option<usize>,
+    constraint: Option<Constraint>,
+    special: bool,
 ) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
     let (tx, rx) = mpsc::unbounded_channel();
     let prompt_len = prompt.len();
@@ -472,6 +499,8 @@ fn submit(
         stop: settings.stop,
         logprobs: top_logprobs.is_some(),
         top_logprobs: top_logprobs.unwrap_or(0),
+        constraint,
+        special,
         events: tx,
         queued_at: Instant::now(),
         span: tracing::Span::current(),
@@ -524,23 +553,18 @@ fn chunks(
     struct Open {
         rx: mpsc::UnboundedReceiver<Event>,
         r: Responder,
-        first: bool,
     }
     let data = |v: Value| SseEvent::default().data(v.to_string());
-    stream::unfold(Some(Open { rx, r, first: true }), move |open| async move {
+    stream::unfold(Some(Open { rx, r }), move |open| async move {
         let mut o = open?;
         let events = match o.rx.recv().await {
             Some(Event::Text { text, logprob }) => {
                 let entries: Vec<_> = logprob.into_iter().collect();
-                if text.is_empty() && entries.is_empty() {
-                    return Some((Vec::new(), Some(o)));
-                }
-                let chunk = data(o.r.chunk(&text, &entries, None, o.first));
-                o.first = false;
-                return Some((vec![chunk], Some(o)));
+                let chunks: Vec<SseEvent> = o.r.pieces(&text, &entries).into_iter().map(data).collect();
+                return Some((chunks, Some(o)));
             }
             Some(Event::Done { finish, usage }) => {
-                let mut v = vec![data(o.r.chunk("", &[], Some(finish), false))];
+                let mut v: Vec<SseEvent> = o.r.end(finish).into_iter().map(data).collect();
                 if include_usage {
                     v.push(data(o.r.usage_chunk(usage)));
                 }

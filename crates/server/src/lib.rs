@@ -3,6 +3,7 @@
 
 pub mod api;
 mod conn;
+pub mod constraint;
 pub mod error;
 mod fields;
 mod http;
@@ -14,6 +15,7 @@ pub mod responses;
 mod scheduler;
 pub mod template;
 mod tokens;
+pub mod tool_calls;
 
 use std::io;
 use std::path::PathBuf;
@@ -38,6 +40,9 @@ pub enum ServeError {
     /// The operating system refused the HTTP side's runtime (its threads, its event queue).
     #[error("the HTTP runtime does not start: {0}")]
     Runtime(#[source] io::Error),
+    /// llguidance refused the model's vocabulary (structured output needs it).
+    #[error("the vocabulary cannot be used for structured output: {0}")]
+    Grammars(#[from] constraint::ConstraintError),
     /// The address does not resolve, is taken, or is not this machine's.
     #[error("listening on {addr}: {source}")]
     Listen { addr: String, source: io::Error },
@@ -132,6 +137,7 @@ pub fn serve(model: Model, opts: ServeOptions) -> Result<(), ServeError> {
         bos: &bos,
         eos: &eos,
     });
+    let grammars = constraint::Grammars::new(&model.tokenizer)?;
     let model = Arc::new(model);
     let metrics = Arc::new(metrics::Metrics::default());
     let ctx_size = opts.scheduler.ctx_size;
@@ -146,6 +152,7 @@ pub fn serve(model: Model, opts: ServeOptions) -> Result<(), ServeError> {
     let preparing = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4));
     let state = Arc::new(http::AppState {
         model,
+        grammars,
         name: opts.name,
         template,
         queue,

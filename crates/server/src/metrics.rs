@@ -101,7 +101,7 @@ impl Metrics {
         put(
             "active_sequences",
             "gauge",
-            "Sequences in slots at the last step.",
+            "Sequences in slots: held by requests not yet finished or abandoned.",
             get(&self.active),
         );
         put(

@@ -92,18 +92,9 @@ pub fn responses_body(body: &[u8]) -> Result<(ResponsesRequest, Vec<Message>), A
 
 /// The messages of `instructions` (a system message, first) and `input`.
 fn conversation(instructions: Option<&str>, input: &Value) -> Result<Vec<Message>, ApiError> {
-    let mut messages: Vec<Message> = instructions
-        .map(|i| Message {
-            role: "system".into(),
-            content: i.into(),
-        })
-        .into_iter()
-        .collect();
+    let mut messages: Vec<Message> = instructions.map(|i| Message::text("system", i)).into_iter().collect();
     match input {
-        Value::String(s) => messages.push(Message {
-            role: "user".into(),
-            content: s.clone(),
-        }),
+        Value::String(s) => messages.push(Message::text("user", s.clone())),
         Value::Array(items) if items.is_empty() => {
             return Err(ApiError::bad_request("input is an empty list").param("input"))
         }
@@ -167,10 +158,7 @@ fn message(item: &Value) -> Result<Message, String> {
             .concat(),
         _ => return Err("content must be a string or a list of text parts".into()),
     };
-    Ok(Message {
-        role: role.into(),
-        content,
-    })
+    Ok(Message::text(role, content))
 }
 
 /// The response object of one request, at each stage of its life.

@@ -17,6 +17,7 @@ use titan_engine::{Batch, Model, Outputs, Sampler, SamplerOptions, Sequence, Spa
 use titan_tokenizer::StreamDecoder;
 use tokio::sync::mpsc;
 
+use crate::constraint::Constraint;
 use crate::metrics::Metrics;
 use crate::prompt_cache::PromptCache;
 
@@ -30,6 +31,12 @@ pub struct Job {
     pub logprobs: bool,
     /// With `logprobs`, how many of the most likely tokens to give beside the chosen one.
     pub top_logprobs: usize,
+    /// The grammar the output follows (structured output): only the tokens it allows are drawn, and the
+    /// request ends where it is complete.
+    pub constraint: Option<Constraint>,
+    /// Render control tokens as their names (`<|channel|>`), as llama-server renders a tool format's
+    /// markers: the answer is parsed for calls in a syntax whose markers may be control tokens.
+    pub special: bool,
     pub events: mpsc::UnboundedSender<Event>,
     pub queued_at: Instant,
     /// The HTTP request's span: the engine's lines about the request carry its id.
@@ -161,11 +168,13 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
                 release(&mut free, s);
             }
         }
+        metrics.active.store(slots.len() as u64, Ordering::Relaxed);
         if slots.is_empty() {
             continue;
         }
-        metrics.active.store(slots.len() as u64, Ordering::Relaxed);
         step(model, opts, &mut slots, &mut free, &mut batch, metrics);
+        // Those the step finished are gone now, not at the next step, which may be a long wait away.
+        metrics.active.store(slots.len() as u64, Ordering::Relaxed);
     }
 }
 
@@ -247,7 +256,17 @@ fn step<'m>(
             s.seq.checkpoint();
         }
         let logits = &logits[row * v..(row + 1) * v];
-        if let Some(finish) = advance(model, opts, s, logits, metrics) {
+        let finish = match advance(model, opts, s, logits, metrics) {
+            Ok(f) => f,
+            Err(why) => {
+                // Only a grammar fails here; the sequence's cache is sound and is kept.
+                s.job.span.in_scope(|| tracing::error!("{why}"));
+                let _ = s.job.events.send(Event::Failed(why));
+                finished.push(i);
+                continue;
+            }
+        };
+        if let Some(finish) = finish {
             s.job.span.in_scope(|| {
                 tracing::info!(
                     finish = %finish.as_str(),
@@ -273,23 +292,40 @@ fn step<'m>(
     }
 }
 
-/// Samples the slot's next token from `logits` and sends its text; the finish reason if the request is done.
+/// Samples the slot's next token from `logits` and sends its text; the finish reason if the request is done,
+/// or why its grammar cannot go on.
 fn advance<'m>(
     model: &'m Model,
     opts: &SchedulerOptions,
     s: &mut Slot<'m>,
     logits: &[f32],
     metrics: &Metrics,
-) -> Option<Finish> {
-    let token = s.sampler.sample(logits, &s.history);
+) -> Result<Option<Finish>, String> {
+    let token = match s.job.constraint.as_mut() {
+        None => s.sampler.sample(logits, &s.history),
+        Some(c) => {
+            let broken = |e| format!("the response format cannot be followed: {e}");
+            let token = s
+                .sampler
+                .sample_allowed(logits, &s.history, c.allowed().map_err(broken)?);
+            if !c.allows(token).map_err(broken)? {
+                return Err("logit_bias bans every token the response format allows here".into());
+            }
+            token
+        }
+    };
     if s.first_token {
         s.first_token = false;
         metrics.record_first_token(s.job.queued_at.elapsed());
     }
     if model.tokenizer.is_eog(token) {
-        let rest = std::mem::take(&mut s.held) + &std::mem::replace(&mut s.decoder, model.tokenizer.stream()).finish();
-        send_text(s, rest, None);
-        return Some(Finish::Stop);
+        // (A grammar allows the end of generation only where it is complete.)
+        flush(model, s);
+        return Ok(Some(Finish::Stop));
+    }
+    if let Some(c) = s.job.constraint.as_mut() {
+        c.accept(token)
+            .map_err(|e| format!("the response format cannot be followed: {e}"))?;
     }
     s.generated += 1;
     s.history.push(token);
@@ -299,12 +335,16 @@ fn advance<'m>(
         .logprobs
         .then(|| titan_engine::sampler::logprobs(logits, token, s.job.top_logprobs));
     s.held.push_str(&s.decoder.push(token));
+    // A control token has no bytes, so its name follows whatever the decoder gave out before it.
+    if let Some(name) = s.job.special.then(|| model.tokenizer.special_text(token)).flatten() {
+        s.held.push_str(name);
+    }
     // A stop string ends the text where it begins; text that could still become one is held back.
     if let Some(at) = s.job.stop.iter().filter_map(|stop| s.held.find(stop.as_str())).min() {
         let text = s.held[..at].to_string();
         s.held.clear();
         send_text(s, text, logprob);
-        return Some(Finish::Stop);
+        return Ok(Some(Finish::Stop));
     }
     let keep = s
         .job
@@ -316,14 +356,25 @@ fn advance<'m>(
     let text = s.held[..s.held.len() - keep].to_string();
     s.held.drain(..s.held.len() - keep);
     send_text(s, text, logprob);
-    if s.generated >= s.job.max_tokens || s.history.len() >= opts.ctx_size {
-        let rest = std::mem::take(&mut s.held) + &std::mem::replace(&mut s.decoder, model.tokenizer.stream()).finish();
-        if !rest.is_empty() {
-            send_text(s, rest, None);
-        }
-        return Some(Finish::Length);
+    // A complete structured output ends the request (before its length could), as the end of generation
+    // would: nothing may follow it.
+    if s.job.constraint.as_ref().is_some_and(Constraint::is_done) {
+        flush(model, s);
+        return Ok(Some(Finish::Stop));
     }
-    None
+    if s.generated >= s.job.max_tokens || s.history.len() >= opts.ctx_size {
+        flush(model, s);
+        return Ok(Some(Finish::Length));
+    }
+    Ok(None)
+}
+
+/// Sends the text held back (a possible start of a stop string, an incomplete character) at the request's end.
+fn flush<'m>(model: &'m Model, s: &mut Slot<'m>) {
+    let rest = std::mem::take(&mut s.held) + &std::mem::replace(&mut s.decoder, model.tokenizer.stream()).finish();
+    if !rest.is_empty() {
+        send_text(s, rest, None);
+    }
 }
 
 fn send_text(s: &Slot<'_>, text: String, logprob: Option<TokenLogprobs>) {

@@ -15,6 +15,8 @@ use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{context, Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
+use crate::tool_calls::Format;
+
 /// The name the compiled template is stored under; it appears in nothing the user sees.
 const NAME: &str = "chat_template";
 
@@ -24,17 +26,46 @@ pub struct ChatTemplate {
     bos: String,
     eos: String,
     origin: String,
+    /// Whether the template reads `tools` at all: one that never mentions them would drop a request's
+    /// tools without a word.
+    knows_tools: bool,
+    /// The model's tool-call syntax, as the template writes past calls.
+    tool_format: Option<Format>,
 }
 
-/// One turn of the conversation as the template sees it (`message.role`, `message.content`).
+/// One turn of the conversation as the template sees it (`message.role`, `message.content`, and for tool
+/// use `message.tool_calls`, `message.tool_call_id`, `message.name`).
 ///
 /// `content` is text. OpenAI's list-of-parts form (`[{"type": "text", "text": …}]`) is flattened
 /// into one string by the request parser before it gets here, as llama-server does for text-only
-/// models.
+/// models. The tool fields are left out of what the template sees when absent (templates test
+/// `"tool_calls" in message` and `message.tool_calls is defined`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// An assistant's calls, OpenAI's `{"id", "type": "function", "function": {"name", "arguments"}}`
+    /// with `arguments` as the JSON object it spells (see `api::tool_calls_for_template`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A `tool` message's answer to the call with this id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl Message {
+    /// A message with only a role and text.
+    pub fn text(role: &str, content: impl Into<String>) -> Message {
+        Message {
+            role: role.to_owned(),
+            content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
 }
 
 /// Why a chat template could not be compiled or rendered. Each message is one line.
@@ -130,6 +161,8 @@ impl ChatTemplate {
             bos: bos.to_owned(),
             eos: eos.to_owned(),
             origin: "the chat template".to_owned(),
+            knows_tools: source.contains("tools"),
+            tool_format: Format::detect(source),
         })
     }
 
@@ -144,20 +177,48 @@ impl ChatTemplate {
         &self.origin
     }
 
+    /// Whether the template renders a request's `tools` (it mentions them).
+    pub fn knows_tools(&self) -> bool {
+        self.knows_tools
+    }
+
+    /// The tool-call syntax the template teaches the model, when it is one the server parses.
+    pub fn tool_format(&self) -> Option<Format> {
+        self.tool_format
+    }
+
     /// The prompt text for `messages`, ending with the assistant's turn opened
-    /// (add_generation_prompt = true), of at most `max_bytes` bytes.
-    pub fn render(&self, messages: &[Message], max_bytes: usize) -> Result<String, TemplateError> {
-        self.render_counted(messages, max_bytes).map(|(text, _)| text)
+    /// (add_generation_prompt = true), of at most `max_bytes` bytes. `tools`: OpenAI's tool objects
+    /// (`{"type": "function", "function": {"name", "description", "parameters"}}`), as transformers'
+    /// `apply_chat_template(tools=…)` hands them to the template; none when empty.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        max_bytes: usize,
+    ) -> Result<String, TemplateError> {
+        self.render_counted(messages, tools, max_bytes).map(|(text, _)| text)
     }
 
     /// [`render`](Self::render), and the fuel it took.
-    fn render_counted(&self, messages: &[Message], max_bytes: usize) -> Result<(String, u64), TemplateError> {
+    fn render_counted(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        max_bytes: usize,
+    ) -> Result<(String, u64), TemplateError> {
         let template = self.env.get_template(NAME).map_err(|e| render_error(&e))?;
-        // The context llama-server gives: no tools (defined, and none), and `enable_thinking` left
-        // undefined so that templates with a thinking switch take their default.
+        // The context llama-server gives: the tools, or none (defined, and none) when there are none,
+        // and `enable_thinking` left undefined so that templates with a thinking switch take their
+        // default.
+        let tools = if tools.is_empty() {
+            Value::from(())
+        } else {
+            Value::from_serialize(tools)
+        };
         let ctx = context! {
             messages => Value::from_serialize(messages),
-            tools => Value::from(()),
+            tools => tools,
             add_generation_prompt => true,
             bos_token => &self.bos,
             eos_token => &self.eos,
@@ -476,24 +537,56 @@ mod tests {
         }
     }
 
+    /// The tool conversations render with `expected.json`'s tools (OpenAI tool objects, as transformers'
+    /// `apply_chat_template(tools=…)` takes them), the others with none. gpt-oss's template prints
+    /// today's date, which is put in place of the day `render.py` ran.
     #[test]
     fn real_templates_render_as_transformers_does() {
         let expected = expected();
         let templates = expected["templates"].as_object().unwrap();
-        assert_eq!(templates.len(), 7, "one entry per fixture template");
+        assert_eq!(templates.len(), 8, "one entry per fixture template");
+        let tools: Vec<serde_json::Value> = serde_json::from_value(expected["tools"].clone()).unwrap();
+        let with_tools: Vec<&str> = expected["tool_conversations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap())
+            .collect();
+        let (then, today) = (
+            expected["date"].as_str().unwrap(),
+            chrono::Local::now().format("%Y-%m-%d").to_string(),
+        );
+        let mut rendered_tools = 0;
         for (file, entry) in templates {
             let source = std::fs::read_to_string(format!("{FIXTURES}/{file}")).unwrap();
             let bos = entry["bos_token"].as_str().unwrap();
             let eos = entry["eos_token"].as_str().unwrap();
             let template = ChatTemplate::new(&source, bos, eos).unwrap_or_else(|e| panic!("{file}: {e}"));
             for (case, want) in entry["cases"].as_object().unwrap() {
+                let tools = if with_tools.contains(&case.as_str()) {
+                    rendered_tools += 1;
+                    &tools[..]
+                } else {
+                    &[]
+                };
+                let mut want = want.clone();
+                if let Some(prompt) = want.get("prompt").and_then(|p| p.as_str()) {
+                    want["prompt"] = prompt
+                        .replace(&format!("Current date: {then}"), &format!("Current date: {today}"))
+                        .into();
+                }
                 check(
-                    template.render(&conversation(&expected, case), usize::MAX),
-                    want,
+                    template.render(&conversation(&expected, case), tools, usize::MAX),
+                    &want,
                     &format!("{file} / {case}"),
                 );
             }
         }
+        assert_eq!(
+            rendered_tools,
+            4 * with_tools.len(),
+            "four templates render the tool conversations"
+        );
     }
 
     /// A conversation of `n` messages: a system prompt, then users and assistants in turn (the
@@ -510,10 +603,7 @@ mod tests {
                         format!("<think>\nMessage {i} thinks.\n</think>\n\nAnswer {i}, with some words."),
                     ),
                 };
-                Message {
-                    role: role.into(),
-                    content,
-                }
+                Message::text(role, content)
             })
             .collect()
     }
@@ -536,10 +626,10 @@ mod tests {
             let template = ChatTemplate::new(&source, "<s>", "</s>").unwrap();
             // Mixtral's refuses a system message, and says so.
             let system = !matches!(
-                template.render(&long_conversation(3, true), usize::MAX),
+                template.render(&long_conversation(3, true), &[], usize::MAX),
                 Err(TemplateError::Raised(_))
             );
-            let fuel = |n: usize| match template.render_counted(&long_conversation(n, system), usize::MAX) {
+            let fuel = |n: usize| match template.render_counted(&long_conversation(n, system), &[], usize::MAX) {
                 Ok((_, fuel)) => fuel,
                 Err(e) => panic!("{file}, {n} messages: {e}"),
             };
@@ -565,7 +655,7 @@ mod tests {
             let started = std::time::Instant::now();
             let err = ChatTemplate::new(source, "", "")
                 .unwrap()
-                .render(&long_conversation(n, false), usize::MAX)
+                .render(&long_conversation(n, false), &[], usize::MAX)
                 .unwrap_err();
             println!("{err} after {:?}", started.elapsed());
             assert_eq!(err, TemplateError::OutOfFuel { messages: n });
@@ -573,7 +663,7 @@ mod tests {
             assert!(started.elapsed() < std::time::Duration::from_secs(10), "{source}");
         }
         let flood = ChatTemplate::new("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", "", "").unwrap();
-        let err = flood.render(&[], 1 << 20).unwrap_err();
+        let err = flood.render(&[], &[], 1 << 20).unwrap_err();
         assert_eq!(err, TemplateError::TooLong { limit: 1 << 20 });
         assert_eq!(err.to_string(), "chat template wrote more than 1048576 bytes");
     }
@@ -585,7 +675,7 @@ mod tests {
         for (name, want) in expected["features"].as_object().unwrap() {
             let source = want["source"].as_str().unwrap();
             let template = ChatTemplate::new(source, "<s>", "</s>").unwrap_or_else(|e| panic!("{name}: {e}"));
-            check(template.render(&messages, usize::MAX), want, name);
+            check(template.render(&messages, &[], usize::MAX), want, name);
         }
     }
 
@@ -607,7 +697,7 @@ mod tests {
     #[test]
     fn raise_exception_surfaces_the_templates_text() {
         let template = ChatTemplate::new("{{ raise_exception('System role not supported') }}", "", "").unwrap();
-        let err = template.render(&[], usize::MAX).unwrap_err();
+        let err = template.render(&[], &[], usize::MAX).unwrap_err();
         assert_eq!(err, TemplateError::Raised("System role not supported".into()));
         assert_eq!(err.to_string(), "System role not supported");
     }
@@ -634,11 +724,8 @@ mod tests {
     #[test]
     fn render_error_names_line() {
         let template = ChatTemplate::new("ok\n{{ messages[0].content.missing.deeper }}", "", "").unwrap();
-        let msg = Message {
-            role: "user".into(),
-            content: "hi".into(),
-        };
-        let err = template.render(&[msg], usize::MAX).unwrap_err();
+        let msg = Message::text("user", "hi");
+        let err = template.render(&[msg], &[], usize::MAX).unwrap_err();
         assert!(matches!(err, TemplateError::Render { line: 2, .. }), "{err:?}");
     }
 
@@ -646,7 +733,7 @@ mod tests {
     fn strftime_now_formats_local_time() {
         let template =
             ChatTemplate::new("{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}", "", "").unwrap();
-        let out = template.render(&[], usize::MAX).unwrap();
+        let out = template.render(&[], &[], usize::MAX).unwrap();
         let (iso, human) = out.split_once('|').unwrap();
         let digits = |s: &str| s.chars().all(|c| c.is_ascii_digit());
         let parts: Vec<&str> = iso.split('-').collect();
@@ -664,7 +751,7 @@ mod tests {
 
         let bad = ChatTemplate::new("{{ strftime_now('%Q') }}", "", "")
             .unwrap()
-            .render(&[], usize::MAX)
+            .render(&[], &[], usize::MAX)
             .unwrap_err();
         assert!(
             matches!(&bad, TemplateError::Render { cause, .. } if cause.contains("strftime_now")),
@@ -675,12 +762,6 @@ mod tests {
     #[test]
     fn message_deserializes_from_openai_json() {
         let m: Message = serde_json::from_str(r#"{"role":"user","content":"héllo"}"#).unwrap();
-        assert_eq!(
-            m,
-            Message {
-                role: "user".into(),
-                content: "héllo".into()
-            }
-        );
+        assert_eq!(m, Message::text("user", "héllo"));
     }
 }

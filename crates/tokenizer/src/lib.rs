@@ -24,7 +24,7 @@ pub use decode::StreamDecoder;
 use bpe::Merges;
 use pretokenize::PreTokenizer;
 use special::Fragment;
-use vocab::{Kind, PreFlags, Vocab};
+use vocab::{attr, Kind, PreFlags, Vocab};
 
 /// What the engine reads from GGUF metadata (keys `tokenizer.ggml.*`).
 #[derive(Debug, Clone, Default)]
@@ -244,6 +244,16 @@ impl Tokenizer {
     /// The bytes one token renders as (control tokens: empty); `None` if out of range.
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
         self.pieces.get(id)
+    }
+
+    /// The name of a token that renders as no text (a control, unknown or unused token, such as
+    /// `<|im_end|>`); `None` for one that renders as bytes ([`token_bytes`](Self::token_bytes)) or an id
+    /// out of range. A grammar over the output tells such tokens apart from text by it.
+    pub fn special_text(&self, id: u32) -> Option<&str> {
+        let a = *self.vocab.attrs.get(id as usize)?;
+        let renders =
+            a & (attr::CONTROL | attr::UNKNOWN) == 0 && a & (attr::USER_DEFINED | attr::NORMAL | attr::BYTE) != 0;
+        (!renders).then(|| self.vocab.texts[id as usize].as_str())
     }
 
     /// The most bytes of input text one token of [`encode`](Self::encode) can stand for: the longest

@@ -96,6 +96,10 @@ fn special_tokens_are_matched_only_when_asked() {
     // control tokens render as nothing
     assert_eq!(t.decode(&parsed).unwrap(), "x<tool>");
     assert!(t.is_eog(end) && !t.is_eog(start));
+    // a grammar tells the ones that render as nothing apart by their names
+    assert_eq!(t.special_text(end), Some("<|im_end|>"));
+    assert_eq!((t.special_text(tool), t.special_text(id(&t, "x"))), (None, None));
+    assert_eq!(t.special_text(t.vocab_size() as u32), None);
 }
 
 #[test]

@@ -331,8 +331,10 @@ pub(crate) fn elementwise_kernel(isa: Isa) -> ElementwiseKernel {
 /// `Σ a[i] · b[i]` over the shorter length, in `Lanes8`'s order.
 type DotF32Fn = unsafe fn(a: &[f32], b: &[f32]) -> f32;
 
-/// `out[j] += p · row[j]` over the shorter length.
-type AddScaledFn = unsafe fn(out: &mut [f32], p: f32, row: &[f32]);
+/// [`crate::dot_rows`]'s kernels, on rows the caller has checked are there.
+type DotRowsFn = unsafe fn(q: &[f32], rows: &[f32], stride: usize, scale: f32, out: &mut [f32]);
+/// [`crate::add_weighted_rows`]'s kernels, on rows the caller has checked are there.
+type AddWeightedRowsFn = unsafe fn(out: &mut [f32], w: &[f32], rows: &[f32], stride: usize);
 /// [`crate::delta_rule_rows`]'s kernels.
 type DeltaRowsFn = unsafe fn(rows: &mut [f32], step: &crate::DeltaStep, out: &mut [f32]);
 
@@ -340,7 +342,8 @@ type DeltaRowsFn = unsafe fn(rows: &mut [f32], step: &crate::DeltaStep, out: &mu
 #[derive(Clone, Copy)]
 pub(crate) struct FloatKernel {
     dot: DotF32Fn,
-    add_scaled: AddScaledFn,
+    dot_rows: DotRowsFn,
+    add_weighted_rows: AddWeightedRowsFn,
     delta_rule_rows: DeltaRowsFn,
 }
 
@@ -354,10 +357,17 @@ impl FloatKernel {
     }
 
     #[inline]
-    pub(crate) fn add_scaled(&self, out: &mut [f32], p: f32, row: &[f32]) {
-        // SAFETY: `float_kernel` stores `add_scaled_avx2` only after `Isa::is_available` confirmed AVX2 (the
-        // scalar one needs nothing); it cuts `out` and `row` to the shorter length and works in 8-float chunks.
-        unsafe { (self.add_scaled)(out, p, row) }
+    pub(crate) fn dot_rows(&self, q: &[f32], rows: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+        // SAFETY: `float_kernel` stores `dot_rows_avx2` only after `Isa::is_available` confirmed AVX2 (the
+        // scalar one needs nothing); it slices each row out of `rows` with bounds checks.
+        unsafe { (self.dot_rows)(q, rows, stride, scale, out) }
+    }
+
+    #[inline]
+    pub(crate) fn add_weighted_rows(&self, out: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
+        // SAFETY: `float_kernel` stores `add_weighted_rows_avx2` only after `Isa::is_available` confirmed AVX2
+        // (the scalar one needs nothing); it slices each row's elements out of `rows` with bounds checks.
+        unsafe { (self.add_weighted_rows)(out, w, rows, stride) }
     }
 
     #[inline]
@@ -376,10 +386,11 @@ pub(crate) fn float_kernel(isa: Isa) -> FloatKernel {
         return x86::float_kernel();
     }
     let _ = isa;
-    use crate::float_dot::{add_scaled_scalar, delta_rule_rows_scalar, dot_scalar};
+    use crate::float_dot::{add_weighted_rows_scalar, delta_rule_rows_scalar, dot_rows_scalar, dot_scalar};
     FloatKernel {
         dot: dot_scalar,
-        add_scaled: add_scaled_scalar,
+        dot_rows: dot_rows_scalar,
+        add_weighted_rows: add_weighted_rows_scalar,
         delta_rule_rows: delta_rule_rows_scalar,
     }
 }

@@ -1861,7 +1861,8 @@ unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
 pub(super) fn float_kernel() -> super::FloatKernel {
     super::FloatKernel {
         dot: dot_f32_avx2,
-        add_scaled: add_scaled_avx2,
+        dot_rows: dot_rows_avx2,
+        add_weighted_rows: add_weighted_rows_avx2,
         delta_rule_rows: delta_rule_rows_avx2,
     }
 }
@@ -1896,6 +1897,90 @@ unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
             l[i] += x * y;
         }
         Lanes8(l).sum()
+    }
+}
+
+/// `out[t] = dot(q, row t) · scale` four rows at a time: each row's dot product has its own register, in the
+/// lanes of [`dot_f32_avx2`] (a multiply then an add, the tail into the first lanes, `Lanes8`'s tree), so its
+/// bits are that function's; four chains of additions are in flight instead of one, and `q` is loaded once
+/// for four rows.
+///
+/// # Safety
+///
+/// The CPU must have AVX2: `super` hands this function out only in the `FloatKernel` that `float_kernel` builds
+/// after `Isa::is_available` confirmed it.
+#[target_feature(enable = "avx2")]
+unsafe fn dot_rows_avx2(q: &[f32], rows: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    // SAFETY: this function is compiled with AVX2, which its caller guarantees the CPU has (`# Safety`). Each load
+    // reads one 8-float chunk given by `chunks_exact(8)` of `q` or of a row (each row sliced with bounds checks to
+    // `q`'s length), and each store writes the 8-float array `l`.
+    unsafe {
+        let (len, n_out) = (q.len(), out.len());
+        let mut quads = out.chunks_exact_mut(4);
+        for (n, o) in (&mut quads).enumerate() {
+            let row = |j: usize| &rows[(4 * n + j) * stride..][..len];
+            let r = [row(0), row(1), row(2), row(3)];
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let qc = q.chunks_exact(8);
+            let tail = qc.remainder().len();
+            for (i, x) in qc.enumerate() {
+                let x = _mm256_loadu_ps(x.as_ptr());
+                for (a, r) in acc.iter_mut().zip(&r) {
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(x, _mm256_loadu_ps(r[8 * i..][..8].as_ptr())));
+                }
+            }
+            for ((o, a), r) in o.iter_mut().zip(acc).zip(&r) {
+                let mut l = [0f32; 8];
+                _mm256_storeu_ps(l.as_mut_ptr(), a);
+                for (i, (x, y)) in q[len - tail..].iter().zip(&r[len - tail..]).enumerate() {
+                    l[i] += x * y;
+                }
+                *o = Lanes8(l).sum() * scale;
+            }
+        }
+        let done = n_out - quads.into_remainder().len();
+        for (t, o) in out.iter_mut().enumerate().skip(done) {
+            *o = dot_f32_avx2(q, &rows[t * stride..][..len]) * scale;
+        }
+    }
+}
+
+/// `out[j] += Σ_t w[t] · row_t[j]`, row after row as the scalar twin, but 32 elements of `out` at a time held
+/// in registers through all the rows: each element still takes the rows' products in order, a multiply then
+/// an add, so the bits are those of [`add_scaled_avx2`] row by row; `out` is loaded and stored once, not once
+/// per row.
+///
+/// # Safety
+///
+/// The CPU must have AVX2: `super` hands this function out only in the `FloatKernel` that `float_kernel` builds
+/// after `Isa::is_available` confirmed it.
+#[target_feature(enable = "avx2")]
+unsafe fn add_weighted_rows_avx2(out: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
+    // SAFETY: this function is compiled with AVX2, which its caller guarantees the CPU has (`# Safety`). Each load
+    // and store covers one 8-float chunk of a 32-float block of `out` (`chunks_exact_mut(32)`) or of the same
+    // block of a row, sliced with bounds checks.
+    unsafe {
+        let n = out.len();
+        let mut blocks = out.chunks_exact_mut(32);
+        for (b, block) in (&mut blocks).enumerate() {
+            let mut o = [0, 1, 2, 3].map(|k| _mm256_loadu_ps(block[8 * k..][..8].as_ptr()));
+            for (t, &p) in w.iter().enumerate() {
+                let (pv, r) = (_mm256_set1_ps(p), &rows[t * stride + 32 * b..][..32]);
+                for (k, o) in o.iter_mut().enumerate() {
+                    *o = _mm256_add_ps(*o, _mm256_mul_ps(pv, _mm256_loadu_ps(r[8 * k..][..8].as_ptr())));
+                }
+            }
+            for (k, o) in o.into_iter().enumerate() {
+                _mm256_storeu_ps(block[8 * k..][..8].as_mut_ptr(), o);
+            }
+        }
+        let rest = blocks.into_remainder();
+        if !rest.is_empty() {
+            let from = n - rest.len();
+            for (t, &p) in w.iter().enumerate() {
+                add_scaled_avx2(rest, p, &rows[t * stride + from..][..rest.len()]);
+            }
+        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! The `http_request` fuzz target's body, shared by `fuzz/fuzz_targets/http_request.rs` and
 //! `tests/fuzz_corpus.rs`: arbitrary bytes as the body of `POST /v1/completions`, of
-//! `POST /v1/chat/completions` and of `POST /v1/responses`, checked as the handlers check them (JSON, prompt, messages rendered by a
-//! real chat template, then the sampling and length settings against a context). Every body is accepted or
-//! refused with a 4xx; what is accepted is in range.
+//! `POST /v1/chat/completions` and of `POST /v1/responses`, checked as the handlers check them (JSON,
+//! prompt, messages rendered by a real chat template, then the sampling and length settings against a
+//! context). Every body is accepted or refused with a 4xx; what is accepted is in range.
 
 use titan_server::api::{chat_body, completion_body, render, PromptInput};
 use titan_server::responses::responses_body;
@@ -39,7 +39,7 @@ pub fn run(template: &ChatTemplate, data: &[u8]) {
         Err(e) => assert!(e.status.is_client_error(), "{}: {}", e.status, e.message),
     }
     match chat_body(data, Some(template), 16 * data.len().max(1 << 10)) {
-        Ok((r, text)) => {
+        Ok((r, text, _)) => {
             assert!(!r.messages.is_empty(), "a chat without messages was accepted");
             check(
                 r.params.settings(prompt_len(text.len()), CTX, VOCAB, "max_tokens"),
@@ -49,7 +49,7 @@ pub fn run(template: &ChatTemplate, data: &[u8]) {
         Err(e) => assert!(e.status.is_client_error(), "{}: {}", e.status, e.message),
     }
     match responses_body(data).and_then(|(r, messages)| {
-        let text = render(template, &messages, 16 * data.len().max(1 << 10))?;
+        let text = render(template, &messages, &[], 16 * data.len().max(1 << 10))?;
         Ok((r, text))
     }) {
         Ok((r, text)) => check(
