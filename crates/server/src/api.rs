@@ -9,8 +9,9 @@ use titan_engine::sampler::{TokenLogprobs, BAN};
 use titan_engine::SamplerOptions;
 
 use crate::error::ApiError;
+use crate::fields::Endpoint;
 use crate::logprobs::Logprobs;
-use crate::scheduler::{Event, Finish};
+use crate::scheduler::{Event, Finish, Usage};
 use crate::template::{ChatTemplate, Message};
 use crate::tool_calls::{self, Format, Item, Parser};
 
@@ -305,8 +306,14 @@ pub struct Settings {
 
 impl Params {
     /// The settings of a request whose prompt has `prompt_len` tokens, for a context of `ctx_size` and a
-    /// vocabulary of `n_vocab`.
-    pub fn settings(&self, prompt_len: usize, ctx_size: usize, n_vocab: usize) -> Result<Settings, ApiError> {
+    /// vocabulary of `n_vocab`; `length` is what the request calls `max_tokens`, as errors name it.
+    pub fn settings(
+        &self,
+        prompt_len: usize,
+        ctx_size: usize,
+        n_vocab: usize,
+        length: &'static str,
+    ) -> Result<Settings, ApiError> {
         match self.n {
             Some(0) => return Err(ApiError::bad_request("n is 0; it must be 1").param("n")),
             Some(n) if n > 1 => {
@@ -333,9 +340,9 @@ impl Params {
             Some(m) if m >= 1 && m as u64 <= room as u64 => m as usize,
             Some(m) => {
                 return Err(ApiError::bad_request(format!(
-                    "max_tokens is {m}; with this prompt it must be in 1..={room}"
+                    "{length} is {m}; with this prompt it must be in 1..={room}"
                 ))
-                .param("max_tokens"))
+                .param(length))
             }
         };
         let d = SamplerOptions::default();
@@ -412,7 +419,7 @@ pub(crate) fn from_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T
 /// A `/v1/completions` body, checked as far as it can be without the model: the request and its prompt.
 pub fn completion_body(body: &[u8]) -> Result<(CompletionRequest, PromptInput), ApiError> {
     let r: CompletionRequest = from_json(body)?;
-    crate::fields::check(Kind::Completion, &r.rest)?;
+    crate::fields::check(Endpoint::Completions, &r.rest)?;
     if r.echo {
         return Err(ApiError::bad_request("echo is not supported")
             .param("echo")
@@ -428,16 +435,15 @@ pub fn completion_body(body: &[u8]) -> Result<(CompletionRequest, PromptInput), 
 }
 
 /// A `/v1/chat/completions` body: the request, its prompt text, rendered by the model's `template` into
-/// at most `max_bytes` bytes, and the tools its answer is parsed for (none when it has no tools or
-/// `tool_choice` is "none"). A template that refuses the conversation (`raise_exception`) is the request's
-/// fault (400); one that fails otherwise, runs out of fuel or writes past `max_bytes` is the server's (500).
+/// at most `max_bytes` bytes (see [`render`]), and the tools its answer is parsed for (none when it has no
+/// tools or `tool_choice` is "none").
 pub fn chat_body(
     body: &[u8],
     template: Option<&ChatTemplate>,
     max_bytes: usize,
 ) -> Result<(ChatRequest, String, Option<ToolUse>), ApiError> {
     let r: ChatRequest = from_json(body)?;
-    crate::fields::check(Kind::Chat, &r.rest)?;
+    crate::fields::check(Endpoint::Chat, &r.rest)?;
     match r.top_logprobs {
         Some(n) if n > MAX_TOP_LOGPROBS => {
             return Err(
@@ -450,9 +456,7 @@ pub fn chat_body(
         }
         _ => {}
     }
-    let Some(template) = template else {
-        return Err(ApiError::bad_request("the model has no chat template (tokenizer.chat_template); start titan serve with --chat-template FILE, or use /v1/completions"));
-    };
+    let template = template.ok_or_else(no_template)?;
     if r.messages.is_empty() {
         return Err(ApiError::bad_request("messages is empty").param("messages"));
     }
@@ -481,7 +485,25 @@ pub fn chat_body(
             })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
-    let text = template.render(&messages, &tools, max_bytes).map_err(|e| {
+    let text = render(template, &messages, &tools, max_bytes)?;
+    Ok((r, text, tool_use))
+}
+
+/// The answer to a chat request when the model has no chat template and none was given.
+pub fn no_template() -> ApiError {
+    ApiError::bad_request("the model has no chat template (tokenizer.chat_template); start titan serve with --chat-template FILE, or use /v1/completions")
+}
+
+/// A conversation rendered by the model's `template`, with `tools`, into at most `max_bytes` bytes. A
+/// template that refuses the conversation (`raise_exception`) is the request's fault (400); one that fails
+/// otherwise, runs out of fuel or writes past `max_bytes` is the server's (500).
+pub fn render(
+    template: &ChatTemplate,
+    messages: &[Message],
+    tools: &[Value],
+    max_bytes: usize,
+) -> Result<String, ApiError> {
+    template.render(messages, tools, max_bytes).map_err(|e| {
         if e.is_the_conversations() {
             ApiError::bad_request(e.to_string())
         } else {
@@ -490,8 +512,7 @@ pub fn chat_body(
                 template.origin()
             ))
         }
-    })?;
-    Ok((r, text, tool_use))
+    })
 }
 
 /// Whether and how a request's tools can be served by `template`: a template that never mentions tools
@@ -710,12 +731,12 @@ impl Responder {
     }
 
     /// The usage-only chunk that `stream_options.include_usage` asks for, last before `[DONE]`.
-    pub fn usage_chunk(&self, usage: &Value) -> Value {
-        Self::with(self.head(true), json!({"choices": [], "usage": usage}))
+    pub fn usage_chunk(&self, usage: Usage) -> Value {
+        Self::with(self.head(true), json!({"choices": [], "usage": usage_json(usage)}))
     }
 
     /// The whole response of a request that was not streamed.
-    pub fn whole(&mut self, text: &str, entries: &[TokenLogprobs], finish: Finish, usage: &Value) -> Value {
+    pub fn whole(&mut self, text: &str, entries: &[TokenLogprobs], finish: Finish, usage: Usage) -> Value {
         let logprobs = self.logprobs_json(entries);
         let choice = match (self.kind, self.tools.take()) {
             (Kind::Chat, None) => {
@@ -745,19 +766,22 @@ impl Responder {
                 json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish.as_str()})
             }
         };
-        Self::with(self.head(false), json!({"choices": [choice], "usage": usage}))
+        Self::with(
+            self.head(false),
+            json!({"choices": [choice], "usage": usage_json(usage)}),
+        )
     }
 }
 
-/// `cached`: of the prompt's tokens, those a slot's cache held already (not computed again).
-pub fn usage(prompt_tokens: usize, cached: usize, completion_tokens: usize) -> Value {
-    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached}})
+/// A request's tokens as completions and chat completions give them.
+fn usage_json(u: Usage) -> Value {
+    json!({"prompt_tokens": u.prompt, "completion_tokens": u.completion, "total_tokens": u.prompt + u.completion, "prompt_tokens_details": {"cached_tokens": u.cached}})
 }
 
 /// Collects a request's events into its text, token log-probabilities and end.
 pub async fn collect(
     events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>,
-) -> Result<(String, Vec<TokenLogprobs>, Finish, Value), ApiError> {
+) -> Result<(String, Vec<TokenLogprobs>, Finish, Usage), ApiError> {
     let (mut text, mut entries) = (String::new(), Vec::new());
     while let Some(e) = events.recv().await {
         match e {
@@ -765,19 +789,7 @@ pub async fn collect(
                 text.push_str(&t);
                 entries.extend(logprob);
             }
-            Event::Done {
-                finish,
-                prompt_tokens,
-                cached_tokens,
-                completion_tokens,
-            } => {
-                return Ok((
-                    text,
-                    entries,
-                    finish,
-                    usage(prompt_tokens, cached_tokens, completion_tokens),
-                ))
-            }
+            Event::Done { finish, usage } => return Ok((text, entries, finish, usage)),
             Event::Failed(why) => return Err(ApiError::internal(why)),
         }
     }

@@ -4,8 +4,15 @@
 
 use serde_json::{Map, Value};
 
-use crate::api::Kind;
 use crate::error::ApiError;
+
+/// The endpoint a request was sent to: each takes its own fields.
+#[derive(Clone, Copy)]
+pub enum Endpoint {
+    Completions,
+    Chat,
+    Responses,
+}
 
 /// Accepted and ignored: bookkeeping for the caller or for OpenAI's own platform, with no effect on the text.
 const IGNORED: &[&str] = &[
@@ -20,6 +27,9 @@ const IGNORED: &[&str] = &[
 
 /// Why a field the request types did not read is refused.
 enum Refused {
+    /// Planned for the Responses API: its tool calls and text formats. To lift one, read the field in
+    /// `ResponsesRequest` (responses.rs) and take its arm out of [`refusal`].
+    NotYet(&'static str),
     /// Replaced by another field of the API.
     Legacy(&'static str),
     /// An OpenAI field this server has no plan for.
@@ -28,39 +38,66 @@ enum Refused {
     Unknown,
 }
 
-/// Whether `name: value`, sent to the `kind` endpoint and not read by its request type, is refused, and why.
-/// A value that asks for nothing (null, an empty list of tools) is accepted whatever the field.
-fn refusal(kind: Kind, name: &str, value: &Value) -> Option<Refused> {
+/// Whether `name: value`, sent to the `endpoint` and not read by its request type, is refused, and why.
+/// A value that asks for nothing (null, an empty list of tools, plain text as the Responses text format) is
+/// accepted whatever the field.
+fn refusal(endpoint: Endpoint, name: &str, value: &Value) -> Option<Refused> {
     if IGNORED.contains(&name) {
         return None;
     }
+    // The Responses API's own fields ask for nothing only there; elsewhere they are unknown.
+    let responses = matches!(endpoint, Endpoint::Responses);
     let asks_nothing = match (name, value) {
         (_, Value::Null) => true,
         ("functions", Value::Array(a)) => a.is_empty(),
         ("function_call", Value::String(s)) => s == "none",
+        ("tools", Value::Array(a)) if responses => a.is_empty(),
+        ("tool_choice", Value::String(s)) if responses => s == "none",
+        // `{"format": {"type": "text"}}`, or no format.
+        ("text", v) if responses => v.as_object().is_some_and(|o| {
+            o.iter()
+                .all(|(k, f)| k == "format" && (f.is_null() || is_plain_text(f)))
+        }),
+        ("include", Value::Array(a)) if responses => a.is_empty(),
+        ("truncation", Value::String(s)) if responses => s == "disabled",
         ("modalities", Value::Array(a)) => a.len() == 1 && a[0] == "text",
         ("best_of", v) => v.as_u64() == Some(1),
         ("suffix", Value::String(s)) => s.is_empty(),
         _ => false,
     };
-    match (kind, name) {
+    use Endpoint::*;
+    match (endpoint, name) {
+        // Meaningless without tools, which the Responses API refuses when there are any.
+        (Responses, "parallel_tool_calls") => None,
         _ if asks_nothing => None,
-        (Kind::Chat, "functions") => Some(Refused::Legacy("tools")),
-        (Kind::Chat, "function_call") => Some(Refused::Legacy("tool_choice")),
-        (
-            Kind::Chat,
-            "audio" | "modalities" | "prediction" | "reasoning_effort" | "verbosity" | "web_search_options",
-        )
-        | (Kind::Completion, "best_of" | "suffix") => Some(Refused::NotSupported),
+        (Chat, "functions") => Some(Refused::Legacy("tools")),
+        (Chat, "function_call") => Some(Refused::Legacy("tool_choice")),
+        (Responses, "tools" | "tool_choice") => Some(Refused::NotYet("tool calls")),
+        (Responses, "text") => Some(Refused::NotYet(
+            "structured output; only {\"format\": {\"type\": \"text\"}} is taken",
+        )),
+        (Chat, "audio" | "modalities" | "prediction" | "reasoning_effort" | "verbosity" | "web_search_options")
+        | (Completions, "best_of" | "suffix")
+        | (
+            Responses,
+            "background" | "conversation" | "include" | "max_tool_calls" | "prompt" | "reasoning" | "stream_options"
+            | "top_logprobs" | "truncation",
+        ) => Some(Refused::NotSupported),
         _ => Some(Refused::Unknown),
     }
 }
 
-/// Checks the fields of a `kind` request that its type did not read (`rest`): a 400 naming each one refused.
-pub fn check(kind: Kind, rest: &Map<String, Value>) -> Result<(), ApiError> {
+/// `{"type": "text"}`, and nothing else: a format that asks for plain text.
+fn is_plain_text(v: &Value) -> bool {
+    v.get("type").and_then(Value::as_str) == Some("text") && v.as_object().map_or(0, Map::len) == 1
+}
+
+/// Checks the fields of a request to `endpoint` that its type did not read (`rest`): a 400 naming each one
+/// refused.
+pub fn check(endpoint: Endpoint, rest: &Map<String, Value>) -> Result<(), ApiError> {
     let refused: Vec<(&String, Refused)> = rest
         .iter()
-        .filter_map(|(name, value)| refusal(kind, name, value).map(|r| (name, r)))
+        .filter_map(|(name, value)| refusal(endpoint, name, value).map(|r| (name, r)))
         .collect();
     let Some((first, why)) = refused.first() else {
         return Ok(());
@@ -68,6 +105,7 @@ pub fn check(kind: Kind, rest: &Map<String, Value>) -> Result<(), ApiError> {
     let reasons: Vec<String> = refused
         .iter()
         .map(|(name, why)| match why {
+            Refused::NotYet(what) => format!("{name} is not supported yet ({what})"),
             Refused::Legacy(instead) => format!("{name} is OpenAI's deprecated form; send {instead}"),
             Refused::NotSupported => format!("{name} is not supported by this server"),
             Refused::Unknown => format!("{name:?} is not a field this endpoint takes"),
@@ -90,8 +128,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn check_json(kind: Kind, v: Value) -> Result<(), String> {
-        check(kind, v.as_object().unwrap()).map_err(|e| e.message)
+    fn check_json(endpoint: Endpoint, v: Value) -> Result<(), String> {
+        check(endpoint, v.as_object().unwrap()).map_err(|e| e.message)
     }
 
     #[test]
@@ -101,10 +139,10 @@ mod tests {
             json!({"functions": [], "function_call": "none"}),
             json!({"functions": null, "modalities": ["text"], "audio": null}),
         ] {
-            assert_eq!(check_json(Kind::Chat, v.clone()), Ok(()), "{v}");
+            assert_eq!(check_json(Endpoint::Chat, v.clone()), Ok(()), "{v}");
         }
         assert_eq!(
-            check_json(Kind::Completion, json!({"best_of": 1, "suffix": "", "user": "u"})),
+            check_json(Endpoint::Completions, json!({"best_of": 1, "suffix": "", "user": "u"})),
             Ok(())
         );
     }
@@ -112,7 +150,7 @@ mod tests {
     #[test]
     fn unimplemented_and_unknown_fields_are_named() {
         let functions = json!({"functions": [{"name": "f"}]});
-        let e = check(Kind::Chat, functions.as_object().unwrap()).unwrap_err();
+        let e = check(Endpoint::Chat, functions.as_object().unwrap()).unwrap_err();
         assert_eq!(e.status, 400);
         assert!(
             e.message
@@ -122,7 +160,7 @@ mod tests {
         );
         assert_eq!(e.body()["error"]["param"], "functions");
         assert_eq!(e.body()["error"]["code"], "unsupported_parameter");
-        let e = check(Kind::Completion, json!({"temprature": 0.5}).as_object().unwrap()).unwrap_err();
+        let e = check(Endpoint::Completions, json!({"temprature": 0.5}).as_object().unwrap()).unwrap_err();
         assert!(
             e.message
                 .starts_with("\"temprature\" is not a field this endpoint takes"),
@@ -131,10 +169,18 @@ mod tests {
         );
         assert_eq!(e.body()["error"]["code"], "unknown_parameter");
         // Chat's fields are unknown to completions; every refused field is named.
-        let both = check_json(Kind::Completion, json!({"messages": [], "best_of": 3})).unwrap_err();
+        let both = check_json(Endpoint::Completions, json!({"messages": [], "best_of": 3})).unwrap_err();
         assert!(
             both.contains("best_of is not supported") && both.contains("\"messages\""),
             "{both}"
+        );
+        // The Responses API's empty values are its own: unknown fields elsewhere.
+        let empty = json!({"tools": [], "text": {"format": {"type": "text"}}, "truncation": "disabled"});
+        assert_eq!(check_json(Endpoint::Responses, empty.clone()), Ok(()));
+        let e = check_json(Endpoint::Completions, empty).unwrap_err();
+        assert!(
+            e.contains("\"tools\" is not a field") && e.contains("\"truncation\""),
+            "{e}"
         );
     }
 }

@@ -1,7 +1,7 @@
-//! The routes: the chat page, health, metrics, models, completions and chat completions, streamed as
-//! server-sent events or not, and llama-server's tokenize, detokenize and props, behind an optional API key
-//! and a body size limit. Each request has an id
-//! (`x-request-id`), a span its log lines carry, the engine's included, and one access-log line.
+//! The routes: the chat page, health, metrics, models, completions, chat completions and OpenAI's Responses
+//! API, streamed as server-sent events or not, and llama-server's tokenize, detokenize and props, behind an
+//! optional API key and a body size limit. Each request has an id (`x-request-id`), a span its log lines
+//! carry, the engine's included, and one access-log line.
 //!
 //! What costs CPU in proportion to the request (parsing a body, rendering the chat template, tokenising)
 //! runs on tokio's blocking threads, a few at a time, never on the two that serve every connection.
@@ -29,11 +29,14 @@ use titan_engine::Model;
 use tokio::sync::{mpsc, Semaphore};
 use tracing::Instrument;
 
-use crate::api::{chat_body, collect, completion_body, usage, Kind, Params, PromptInput, Responder, ToolUse};
+use crate::api::{
+    chat_body, collect, completion_body, no_template, render, Kind, Params, PromptInput, Responder, Settings, ToolUse,
+};
 use crate::constraint::{Constraint, Grammars};
 use crate::error::ApiError;
 use crate::logprobs::Logprobs;
 use crate::metrics::Metrics;
+use crate::responses::{responses_body, Events, Named, Reply};
 use crate::scheduler::{Event, Job};
 use crate::template::ChatTemplate;
 
@@ -74,6 +77,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/responses", post(responses))
         .route("/tokenize", post(tokenize_text))
         .route("/detokenize", post(detokenize_ids))
         .route(
@@ -350,26 +354,9 @@ async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection
 async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = bytes(&s, body)?;
     let (r, prompt, tool_use, constraint) = prepare(&s, move |s| {
-        let template = match &s.template {
-            Template::Ready(t) => Some(&**t),
-            Template::Missing => None,
-            Template::Broken(why) => return Err(ApiError::internal(why.clone())),
-        };
-        // The rendered prompt may be 16 times the largest body: far more than a real template writes for a
-        // conversation (its text once, a few dozen bytes of markup a message, a system prompt), and little
-        // enough memory (16 MiB at the default --max-body) to hold for each request being prepared. A
-        // template that writes more is at fault, and answered 500 when it gets there.
-        let (r, text, tool_use) = chat_body(&body, template, s.body_limit.saturating_mul(16))?;
+        let (r, text, tool_use) = chat_body(&body, chat_template(s)?, render_limit(s))?;
         check_model(s, &r.params)?;
-        // The template usually writes the BOS token itself; it is added once, as a token.
-        let bos = s
-            .model
-            .tokenizer
-            .added_bos()
-            .and_then(|b| s.model.tokenizer.token_bytes(b))
-            .map(|b| String::from_utf8_lossy(b).into_owned());
-        let text = bos.as_deref().and_then(|b| text.strip_prefix(b)).unwrap_or(&text);
-        let prompt = tokenize(s, text, "messages")?;
+        let prompt = conversation_tokens(s, &text, "messages")?;
         // A forced call is a grammar of the model's call syntax; it and a response format cannot both hold.
         let constraint = match tool_use.as_ref().map(ToolUse::forcing).transpose()?.flatten() {
             Some(grammar) => {
@@ -403,6 +390,60 @@ async fn chat(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> R
     respond(s, prompt, &r.params, responder, top, constraint).await
 }
 
+/// OpenAI's Responses API: the chat endpoint's path (template, tokens, job, prompt cache) with the
+/// Responses shapes in and out (`responses.rs`).
+async fn responses(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = bytes(&s, body)?;
+    let (r, prompt) = prepare(&s, move |s| {
+        let (r, messages) = responses_body(&body)?;
+        check_model(s, &r.params())?;
+        let template = chat_template(s)?.ok_or_else(no_template)?;
+        let text = render(template, &messages, &[], render_limit(s))?;
+        Ok((r, conversation_tokens(s, &text, "input")?))
+    })
+    .await?;
+    let params = r.params();
+    let settings = params.settings(prompt.len(), s.ctx_size, s.model.config.n_vocab, "max_output_tokens")?;
+    let reply = Reply::new(&r, &request_id(), s.name.clone(), now(), &settings.sampler);
+    let mut rx = submit(&s, prompt, settings, None, None, false)?;
+    if !params.stream {
+        let (text, _, finish, usage) = collect(&mut rx).await?;
+        return Ok(Json(reply.whole(&text, finish, usage)).into_response());
+    }
+    Ok(Sse::new(response_events(rx, Events::new(reply))).into_response())
+}
+
+/// The chat template conversations are rendered with: None when there is none (a 400 for the request), a
+/// 500 when the model's does not parse.
+fn chat_template(s: &AppState) -> Result<Option<&ChatTemplate>, ApiError> {
+    match &s.template {
+        Template::Ready(t) => Ok(Some(&**t)),
+        Template::Missing => Ok(None),
+        Template::Broken(why) => Err(ApiError::internal(why.clone())),
+    }
+}
+
+/// The most bytes a rendered conversation may take: 16 times the largest body, far more than a real template
+/// writes for a conversation (its text once, a few dozen bytes of markup a message, a system prompt), and
+/// little enough memory (16 MiB at the default --max-body) to hold for each request being prepared. A
+/// template that writes more is at fault, and answered 500 when it gets there.
+fn render_limit(s: &AppState) -> usize {
+    s.body_limit.saturating_mul(16)
+}
+
+/// The tokens of a rendered conversation `text`. The template usually writes the BOS token itself; it is
+/// added once, as a token.
+fn conversation_tokens(s: &AppState, text: &str, param: &'static str) -> Result<Vec<u32>, ApiError> {
+    let bos = s
+        .model
+        .tokenizer
+        .added_bos()
+        .and_then(|b| s.model.tokenizer.token_bytes(b))
+        .map(|b| String::from_utf8_lossy(b).into_owned());
+    let text = bos.as_deref().and_then(|b| text.strip_prefix(b)).unwrap_or(text);
+    tokenize(s, text, param)
+}
+
 async fn tokenize_text(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let body = bytes(&s, body)?;
     prepare(&s, move |s| crate::tokens::tokenize(&s.model.tokenizer, &body))
@@ -427,9 +468,29 @@ async fn respond(
     top_logprobs: Option<usize>,
     constraint: Option<Constraint>,
 ) -> Result<Response, ApiError> {
-    let settings = params.settings(prompt.len(), s.ctx_size, s.model.config.n_vocab)?;
+    let settings = params.settings(prompt.len(), s.ctx_size, s.model.config.n_vocab, "max_tokens")?;
     responder.seed = settings.sampler.seed;
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let special = responder.renders_control_tokens();
+    let mut rx = submit(&s, prompt, settings, top_logprobs, constraint, special)?;
+    if !params.stream {
+        let (text, entries, finish, usage) = collect(&mut rx).await?;
+        return Ok(Json(responder.whole(&text, &entries, finish, usage)).into_response());
+    }
+    let include_usage = params.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    Ok(Sse::new(chunks(rx, responder, include_usage)).into_response())
+}
+
+/// Queues a request's job; its events come on the receiver. A full queue is a 429. `constraint`: the grammar
+/// its output follows; `special`: control tokens reach the text as their names (see [`Job::special`]).
+fn submit(
+    s: &AppState,
+    prompt: Vec<u32>,
+    settings: Settings,
+    top_logprobs: Option<usize>,
+    constraint: Option<Constraint>,
+    special: bool,
+) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+    let (tx, rx) = mpsc::unbounded_channel();
     let prompt_len = prompt.len();
     let job = Job {
         prompt,
@@ -439,7 +500,7 @@ async fn respond(
         logprobs: top_logprobs.is_some(),
         top_logprobs: top_logprobs.unwrap_or(0),
         constraint,
-        special: responder.renders_control_tokens(),
+        special,
         events: tx,
         queued_at: Instant::now(),
         span: tracing::Span::current(),
@@ -452,12 +513,33 @@ async fn respond(
     }
     s.metrics.requests.fetch_add(1, Ordering::Relaxed);
     s.metrics.prompt_tokens.fetch_add(prompt_len as u64, Ordering::Relaxed);
-    if !params.stream {
-        let (text, entries, finish, usage) = collect(&mut rx).await?;
-        return Ok(Json(responder.whole(&text, &entries, finish, &usage)).into_response());
-    }
-    let include_usage = params.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    Ok(Sse::new(chunks(rx, responder, include_usage)).into_response())
+    Ok(rx)
+}
+
+/// The SSE stream of a Responses request: its opening events, a delta per piece of text, and its closing
+/// events (or `response.failed`). As with [`chunks`], dropping it frees the request's slot.
+fn response_events(
+    rx: mpsc::UnboundedReceiver<Event>,
+    mut events: Events,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    let sse = |(name, v): Named| SseEvent::default().event(name).data(v.to_string());
+    let opening = events.start();
+    stream::once(async { opening })
+        .chain(stream::unfold(Some((rx, events)), |open| async move {
+            let (mut rx, mut events) = open?;
+            let (out, next) = match rx.recv().await {
+                Some(Event::Text { text, .. }) if text.is_empty() => (Vec::new(), true),
+                Some(Event::Text { text, .. }) => (vec![events.delta(&text)], true),
+                Some(Event::Done { finish, usage }) => (events.done(finish, usage), false),
+                Some(Event::Failed(why)) => (vec![events.failed(&why)], false),
+                None => (
+                    vec![events.failed("the engine stopped before the request finished")],
+                    false,
+                ),
+            };
+            Some((out, next.then_some((rx, events))))
+        }))
+        .flat_map(move |v| stream::iter(v.into_iter().map(move |e| Ok(sse(e)))))
 }
 
 /// The SSE stream of a request: a chunk per piece of text, the finishing chunk, the usage chunk if asked
@@ -481,16 +563,10 @@ fn chunks(
                 let chunks: Vec<SseEvent> = o.r.pieces(&text, &entries).into_iter().map(data).collect();
                 return Some((chunks, Some(o)));
             }
-            Some(Event::Done {
-                finish,
-                prompt_tokens,
-                cached_tokens,
-                completion_tokens,
-            }) => {
+            Some(Event::Done { finish, usage }) => {
                 let mut v: Vec<SseEvent> = o.r.end(finish).into_iter().map(data).collect();
                 if include_usage {
-                    let usage = usage(prompt_tokens, cached_tokens, completion_tokens);
-                    v.push(data(o.r.usage_chunk(&usage)));
+                    v.push(data(o.r.usage_chunk(usage)));
                 }
                 v
             }

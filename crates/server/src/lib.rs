@@ -11,6 +11,7 @@ mod logprobs;
 mod metrics;
 mod prompt_cache;
 mod props;
+pub mod responses;
 mod scheduler;
 pub mod template;
 mod tokens;

@@ -53,12 +53,18 @@ pub enum Event {
     },
     Done {
         finish: Finish,
-        prompt_tokens: usize,
-        /// Of the prompt's tokens, those whose cache a slot held already (OpenAI's `cached_tokens`).
-        cached_tokens: usize,
-        completion_tokens: usize,
+        usage: Usage,
     },
     Failed(String),
+}
+
+/// The tokens of a request.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    pub prompt: usize,
+    /// Of the prompt's tokens, those whose cache a slot held already (OpenAI's `cached_tokens`).
+    pub cached: usize,
+    pub completion: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -271,12 +277,12 @@ fn step<'m>(
                     "generated"
                 );
             });
-            let _ = s.job.events.send(Event::Done {
-                finish,
-                prompt_tokens: s.job.prompt.len(),
-                cached_tokens: s.cached,
-                completion_tokens: s.generated,
-            });
+            let usage = Usage {
+                prompt: s.job.prompt.len(),
+                cached: s.cached,
+                completion: s.generated,
+            };
+            let _ = s.job.events.send(Event::Done { finish, usage });
             finished.push(i);
         }
     }

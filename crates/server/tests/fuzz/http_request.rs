@@ -1,10 +1,11 @@
 //! The `http_request` fuzz target's body, shared by `fuzz/fuzz_targets/http_request.rs` and
-//! `tests/fuzz_corpus.rs`: arbitrary bytes as the body of `POST /v1/completions` and of
-//! `POST /v1/chat/completions`, checked as the handlers check them (JSON, prompt, messages rendered by a
-//! real chat template, then the sampling and length settings against a context). Every body is accepted or
-//! refused with a 4xx; what is accepted is in range.
+//! `tests/fuzz_corpus.rs`: arbitrary bytes as the body of `POST /v1/completions`, of
+//! `POST /v1/chat/completions` and of `POST /v1/responses`, checked as the handlers check them (JSON,
+//! prompt, messages rendered by a real chat template, then the sampling and length settings against a
+//! context). Every body is accepted or refused with a 4xx; what is accepted is in range.
 
-use titan_server::api::{chat_body, completion_body, PromptInput};
+use titan_server::api::{chat_body, completion_body, render, PromptInput};
+use titan_server::responses::responses_body;
 use titan_server::template::ChatTemplate;
 
 const CTX: usize = 512;
@@ -30,7 +31,10 @@ pub fn run(template: &ChatTemplate, data: &[u8]) {
                     t.len()
                 }
             };
-            check(r.params.settings(prompt_len(n), CTX, VOCAB), prompt_len(n));
+            check(
+                r.params.settings(prompt_len(n), CTX, VOCAB, "max_tokens"),
+                prompt_len(n),
+            );
         }
         Err(e) => assert!(e.status.is_client_error(), "{}: {}", e.status, e.message),
     }
@@ -38,10 +42,21 @@ pub fn run(template: &ChatTemplate, data: &[u8]) {
         Ok((r, text, _)) => {
             assert!(!r.messages.is_empty(), "a chat without messages was accepted");
             check(
-                r.params.settings(prompt_len(text.len()), CTX, VOCAB),
+                r.params.settings(prompt_len(text.len()), CTX, VOCAB, "max_tokens"),
                 prompt_len(text.len()),
             );
         }
+        Err(e) => assert!(e.status.is_client_error(), "{}: {}", e.status, e.message),
+    }
+    match responses_body(data).and_then(|(r, messages)| {
+        let text = render(template, &messages, &[], 16 * data.len().max(1 << 10))?;
+        Ok((r, text))
+    }) {
+        Ok((r, text)) => check(
+            r.params()
+                .settings(prompt_len(text.len()), CTX, VOCAB, "max_output_tokens"),
+            prompt_len(text.len()),
+        ),
         Err(e) => assert!(e.status.is_client_error(), "{}: {}", e.status, e.message),
     }
 }
