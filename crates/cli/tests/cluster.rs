@@ -172,14 +172,16 @@ fn a_node_down_at_start_is_taken_in_when_it_comes() {
         .unwrap()
         .to_string();
     let up = Worker::start(&m, dir.path(), "w0", "127.0.0.1:0");
+    // Long enough for the late worker to start (the model, its speed probe) and be dialled again (every
+    // second) before the end, on a loaded machine too: 3,000 tokens took one second in a CI run, too short.
     let args = [
         "run",
         "-p",
         "Hello",
         "-n",
-        "3000",
+        "12000",
         "-c",
-        "4096",
+        "12288",
         "--allow-long-context",
         "--temp",
         "0",
