@@ -5,9 +5,7 @@
 //! reading the new fields (when TITAN_PYTHON names a python with it).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use serde_json::{json, Value};
 
@@ -17,57 +15,24 @@ use common::*;
 const KEY: &str = "serve-api-test-key";
 const MESSAGES: &str = r#"[{"role": "user", "content": "Tell me a story about a king."}]"#;
 
-/// A `titan serve` child on the qwen3moe fixture, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-    agent: ureq::Agent,
+/// A `titan serve` child on the qwen3moe fixture with the API key, killed when dropped.
+struct Server(serve::Server);
+
+impl std::ops::Deref for Server {
+    type Target = serve::Server;
+    fn deref(&self) -> &serve::Server {
+        &self.0
+    }
 }
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
-        let mut child = titan()
-            .args(["serve", "--listen", "127.0.0.1:0", "--threads", "2", "--api-key", KEY])
-            .arg("--chat-template")
-            .arg(fixture("templates/qwen3.jinja"))
-            .arg("-m")
-            .arg(fixture("qwen3moe/q8_0.gguf"))
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("titan serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("server said {line:?}"));
-        Server {
-            url: format!("http://{addr}"),
-            child,
-            agent: ureq::Agent::config_builder()
-                .http_status_as_error(false)
-                .timeout_global(Some(Duration::from_secs(120)))
-                .build()
-                .into(),
-        }
-    }
-
-    /// `POST path` with the API key and a JSON body: the status and the body (JSON, or the text of a
-    /// stream of server-sent events as a string).
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let mut answer = self
-            .agent
-            .post(format!("{}{path}", self.url))
-            .header("Authorization", &format!("Bearer {KEY}"))
-            .content_type("application/json")
-            .send(body.to_string().as_bytes())
-            .unwrap();
-        let text = answer.body_mut().read_to_string().unwrap();
-        let status = answer.status().as_u16();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        let args = [&["--api-key", KEY][..], extra].concat();
+        Server(serve::Server::start(
+            &fixture("qwen3moe/q8_0.gguf"),
+            "templates/qwen3.jinja",
+            &args,
+        ))
     }
 
     /// A request that must succeed: its body.
@@ -98,26 +63,6 @@ impl Server {
             .iter()
             .map(|d| serde_json::from_str(d).unwrap())
             .collect()
-    }
-
-    fn get(&self, path: &str, key: bool) -> (u16, Value) {
-        let mut req = self.agent.get(format!("{}{path}", self.url));
-        if key {
-            req = req.header("Authorization", &format!("Bearer {KEY}"));
-        }
-        let mut answer = req.call().unwrap();
-        let text = answer.body_mut().read_to_string().unwrap();
-        (
-            answer.status().as_u16(),
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -602,13 +547,8 @@ fn tokenize_and_detokenize_round_trip_and_refuse_bad_ids() {
     let e = server.refused("/tokenize", &json!({"text": "Hi"}));
     assert!(e["message"].as_str().unwrap().contains("unknown field `text`"), "{e}");
     // Behind the API key, like the rest of the API.
-    let answer = server
-        .agent
-        .post(format!("{}/tokenize", server.url))
-        .content_type("application/json")
-        .send(&br#"{"content": "Hi"}"#[..])
-        .unwrap();
-    assert_eq!(answer.status().as_u16(), 401);
+    let (status, _) = server.post_with("/tokenize", &json!({"content": "Hi"}), false);
+    assert_eq!(status, 401);
     // A body over --max-body is a 413 here as everywhere (small enough to be sent whole before the answer).
     let (status, _) = server.post("/tokenize", &json!({"content": "x".repeat(8000)}));
     assert_eq!(status, 413);

@@ -2,10 +2,10 @@
 //! official `openai` client for the usage field), and every answer compared byte for byte with a cold
 //! server's. Expected token counts come from `titan tokenize`, which tokenises as the server does.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -13,55 +13,25 @@ use serde_json::{json, Value};
 mod common;
 use common::*;
 
-/// A `titan serve` child with the ChatML template of the fixtures, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
+/// A `titan serve` child with the Qwen3 template of the fixtures, killed when dropped.
+struct Server(serve::Server);
+
+impl std::ops::Deref for Server {
+    type Target = serve::Server;
+    fn deref(&self) -> &serve::Server {
+        &self.0
+    }
 }
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Server {
-        let mut child = titan()
-            .args(["serve", "--listen", "127.0.0.1:0", "--threads", "2", "--chat-template"])
-            .arg(fixture("templates/qwen3.jinja"))
-            .arg("-m")
-            .arg(model)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("titan serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("server said {line:?}"));
-        Server {
-            url: format!("http://{addr}"),
-            child,
-        }
+        Server(serve::Server::start(model, "templates/qwen3.jinja", extra))
     }
 
-    /// The body of a request that must answer 200 (within a minute).
+    /// The body of a request that must answer 200.
     fn call(&self, path: &str, body: Option<&Value>) -> String {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(60)))
-            .build()
-            .into();
-        let url = format!("{}{path}", self.url);
-        let mut answer = match body {
-            Some(b) => agent
-                .post(url)
-                .content_type("application/json")
-                .send(b.to_string().as_bytes())
-                .unwrap(),
-            None => agent.get(url).call().unwrap(),
-        };
-        let text = answer.body_mut().read_to_string().unwrap();
-        assert_eq!(answer.status().as_u16(), 200, "{path}: {text}");
+        let (status, text) = self.send(path, body, false);
+        assert_eq!(status, 200, "{path}: {text}");
         text
     }
 
@@ -72,13 +42,6 @@ impl Server {
             .unwrap_or_else(|| panic!("no {name} in\n{text}"))
             .parse()
             .unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -4,50 +4,11 @@
 //! `jsonschema` package (not with anything of TITAN's); several slots decode at once, with and without a
 //! format, streamed and not, and a repeated request goes through the prompt cache.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 mod common;
+use common::serve::Server;
 use common::*;
-
-/// A `titan serve` child on the qwen3moe fixture with four slots, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Server {
-    fn start() -> Server {
-        let mut child = titan()
-            .args(["serve", "--listen", "127.0.0.1:0", "--threads", "2", "--parallel", "4"])
-            .arg("--chat-template")
-            .arg(fixture("templates/qwen3.jinja"))
-            .arg("-m")
-            .arg(fixture("qwen3moe/q8_0.gguf"))
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("titan serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("server said {line:?}"));
-        Server {
-            url: format!("http://{addr}"),
-            child,
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Runs `script` (Python, with `openai` and `jsonschema`) against a fresh server; it prints what it checked
 /// and ends with "all checks passed".
@@ -60,7 +21,11 @@ fn run_python(script: &str) {
         eprintln!("skipped: TITAN_PYTHON (a python with the openai and jsonschema packages) is not set");
         return;
     };
-    let server = Server::start();
+    let server = Server::start(
+        &fixture("qwen3moe/q8_0.gguf"),
+        "templates/qwen3.jinja",
+        &["--parallel", "4"],
+    );
     let o = Command::new(python)
         .args(["-c", &format!("{PRELUDE}{script}"), &server.url])
         .output()

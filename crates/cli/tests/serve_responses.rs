@@ -4,9 +4,7 @@
 //! requests are 400s naming the cause; and the official `openai` client reads all of it (when TITAN_PYTHON
 //! names a python with it).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use serde_json::{json, Value};
 
@@ -15,57 +13,23 @@ use common::*;
 
 const KEY: &str = "serve-responses-test-key";
 
-/// A `titan serve` child on the qwen3moe fixture with the Qwen3 template, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-    agent: ureq::Agent,
+/// A `titan serve` child on the qwen3moe fixture with the Qwen3 template and the API key, killed when dropped.
+struct Server(serve::Server);
+
+impl std::ops::Deref for Server {
+    type Target = serve::Server;
+    fn deref(&self) -> &serve::Server {
+        &self.0
+    }
 }
 
 impl Server {
     fn start() -> Server {
-        let mut child = titan()
-            .args(["serve", "--listen", "127.0.0.1:0", "--threads", "2", "--api-key", KEY])
-            .arg("--chat-template")
-            .arg(fixture("templates/qwen3.jinja"))
-            .arg("-m")
-            .arg(fixture("qwen3moe/q8_0.gguf"))
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("titan serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("server said {line:?}"));
-        Server {
-            url: format!("http://{addr}"),
-            child,
-            agent: ureq::Agent::config_builder()
-                .http_status_as_error(false)
-                .timeout_global(Some(Duration::from_secs(120)))
-                .build()
-                .into(),
-        }
-    }
-
-    /// `POST path` with a JSON body (and the API key when `key`): the status and the body, JSON or, for a
-    /// stream, its text.
-    fn post_with(&self, path: &str, body: &Value, key: bool) -> (u16, Value) {
-        let mut req = self.agent.post(format!("{}{path}", self.url));
-        if key {
-            req = req.header("Authorization", &format!("Bearer {KEY}"));
-        }
-        let mut answer = req
-            .content_type("application/json")
-            .send(body.to_string().as_bytes())
-            .unwrap();
-        let text = answer.body_mut().read_to_string().unwrap();
-        let status = answer.status().as_u16();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        Server(serve::Server::start(
+            &fixture("qwen3moe/q8_0.gguf"),
+            "templates/qwen3.jinja",
+            &["--api-key", KEY],
+        ))
     }
 
     fn ok(&self, path: &str, body: &Value) -> Value {
@@ -94,13 +58,6 @@ impl Server {
                 )
             })
             .collect()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -10,72 +10,13 @@
 //! second turn answers it with a `tool` message and the model goes on. The tool's one parameter is an enum,
 //! so that a random model cannot run its string on to `max_tokens`.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use serde_json::{json, Value};
 
 mod common;
+use common::serve::Server;
 use common::*;
-
-/// A `titan serve` child on a fixture model and template, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-    agent: ureq::Agent,
-}
-
-impl Server {
-    fn start(model: &str, template: &str, extra: &[&str]) -> Server {
-        let mut child = titan()
-            .args(["serve", "--listen", "127.0.0.1:0", "--threads", "2"])
-            .arg("--chat-template")
-            .arg(fixture(template))
-            .arg("-m")
-            .arg(fixture(model))
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("titan serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("server said {line:?}"));
-        Server {
-            url: format!("http://{addr}"),
-            child,
-            agent: ureq::Agent::config_builder()
-                .http_status_as_error(false)
-                .timeout_global(Some(Duration::from_secs(120)))
-                .build()
-                .into(),
-        }
-    }
-
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let mut answer = self
-            .agent
-            .post(format!("{}{path}", self.url))
-            .content_type("application/json")
-            .send(body.to_string().as_bytes())
-            .unwrap();
-        let text = answer.body_mut().read_to_string().unwrap();
-        let status = answer.status().as_u16();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Every server here runs the gpt-oss fixture, whatever the template: its tokenizer is qwen3moe's, and it is
 /// the one fixture whose context (YaRN) holds Qwen3's tool preamble and two turns; qwen3moe's 512 positions
@@ -164,7 +105,7 @@ fn round_trip(template: &str) {
         eprintln!("skipped: TITAN_PYTHON (a python with the openai package) is not set");
         return;
     };
-    let server = Server::start(MODEL, template, CONTEXT);
+    let server = Server::start(&fixture(MODEL), template, CONTEXT);
     let name = std::path::Path::new(MODEL).file_stem().unwrap().to_str().unwrap();
     let o = Command::new(python)
         .args([
@@ -251,7 +192,7 @@ fn an_agent_framework_runs_a_tool() {
         eprintln!("skipped: TITAN_PYTHON (a python with the openai-agents package) is not set");
         return;
     };
-    let server = Server::start(MODEL, "templates/qwen3.jinja", CONTEXT);
+    let server = Server::start(&fixture(MODEL), "templates/qwen3.jinja", CONTEXT);
     let name = std::path::Path::new(MODEL).file_stem().unwrap().to_str().unwrap();
     let o = Command::new(python)
         .args(["-c", AGENT, &server.url, name])
@@ -272,7 +213,7 @@ fn an_agent_framework_runs_a_tool() {
 fn prompts_with_tools_are_transformers_renders() {
     let text = std::fs::read_to_string(fixture("templates/expected.json")).unwrap();
     let expected: Value = serde_json::from_str(&text).unwrap();
-    let server = Server::start(MODEL, "templates/gpt-oss.jinja", CONTEXT);
+    let server = Server::start(&fixture(MODEL), "templates/gpt-oss.jinja", CONTEXT);
     let today = today();
     for case in expected["tool_conversations"].as_array().unwrap() {
         let case = case.as_str().unwrap();
@@ -320,7 +261,7 @@ fn templates_that_cannot_take_tools_refuse_them() {
         ("templates/mixtral-8x7b-instruct-v0.1.jinja", "does not render tools"),
         ("templates/glm-4.7-flash.jinja", "syntax this server does not parse"),
     ] {
-        let server = Server::start(MODEL, template, CONTEXT);
+        let server = Server::start(&fixture(MODEL), template, CONTEXT);
         let (status, e) = server.post(
             "/v1/chat/completions",
             &json!({"messages": messages, "tools": tools, "max_tokens": 2}),

@@ -8,6 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod cutter;
+pub mod serve;
 pub mod tamper;
 
 pub const TOKEN: &str = "cluster-test-token-0123456789abcdef";
