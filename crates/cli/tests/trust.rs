@@ -6,7 +6,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -21,6 +21,23 @@ use titan_net::{write_frame, Kind, HEADER_LEN, TAG_LEN};
 mod common;
 use common::tamper::{Relay, Tamper};
 use common::*;
+
+/// A temporary directory with the node token, and the qwen3moe fixture's single-machine trace in it.
+struct Setup {
+    dir: tempfile::TempDir,
+    m: PathBuf,
+    token: PathBuf,
+    single: PathBuf,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("qwen3moe/q8_0.gguf");
+    let token = token_file(dir.path());
+    let single = dir.path().join("single.trace");
+    trace(&m, &single, &[]);
+    Setup { dir, m, token, single }
+}
 
 /// How a lying node changes the outputs it answers; `k` counts every output row it sends (one expert's
 /// output for one input row), from 0.
@@ -121,11 +138,7 @@ fn cluster_args<'a>(nodes: &'a str, token: &'a Path) -> Vec<&'a str> {
 /// instead), and the text is the single machine's.
 #[test]
 fn non_finite_answers_fail_over_and_change_no_byte() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = fixture("qwen3moe/q8_0.gguf");
-    let token = token_file(dir.path());
-    let single = dir.path().join("single.trace");
-    trace(&m, &single, &[]);
+    let Setup { dir, m, token, single } = setup();
     for (name, lie, what) in [("nan", Lie::NanOnce { at: 30 }, "NaN"), ("inf", Lie::Infinite, "inf")] {
         let node = liar(&m, lie);
         let out = dir.path().join(format!("{name}.trace"));
@@ -143,11 +156,7 @@ fn non_finite_answers_fail_over_and_change_no_byte() {
 /// the single machine's.
 #[test]
 fn a_full_audit_catches_finite_lies_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = fixture("qwen3moe/q8_0.gguf");
-    let token = token_file(dir.path());
-    let single = dir.path().join("single.trace");
-    trace(&m, &single, &[]);
+    let Setup { dir, m, token, single } = setup();
     for (name, lie) in [("zeros", Lie::Zeros), ("huge", Lie::Huge)] {
         let node = liar(&m, lie);
         let out = dir.path().join(format!("{name}.trace"));
@@ -347,11 +356,7 @@ fn an_impostor_on_a_dead_nodes_port_gets_nothing() {
 /// computed here, and the text is the single machine's.
 #[test]
 fn a_frame_altered_or_replayed_on_the_way_is_caught() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = fixture("qwen3moe/q8_0.gguf");
-    let token = token_file(dir.path());
-    let single = dir.path().join("single.trace");
-    trace(&m, &single, &[]);
+    let Setup { dir, m, token, single } = setup();
     let w = Worker::start(&m, dir.path(), "w", "127.0.0.1:0");
     for (name, tamper) in [
         ("altered", Tamper::Alter { nth: 3 }),
@@ -374,11 +379,7 @@ fn a_frame_altered_or_replayed_on_the_way_is_caught() {
 /// frame is due by then, however it arrives), not a second per byte.
 #[test]
 fn a_trickling_answer_costs_one_node_timeout() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = fixture("qwen3moe/q8_0.gguf");
-    let token = token_file(dir.path());
-    let single = dir.path().join("single.trace");
-    trace(&m, &single, &[]);
+    let Setup { dir, m, token, single } = setup();
     let w = Worker::start(&m, dir.path(), "w", "127.0.0.1:0");
     let relay = Relay::start(&w.addr, Tamper::Trickle { nth: 2 });
     let out = dir.path().join("trickled.trace");
@@ -556,11 +557,7 @@ fn bodies(bytes: &[u8], kind: Kind) -> Vec<Vec<u8>> {
 /// it, saying why.
 #[test]
 fn encrypted_connections_show_no_activation() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = fixture("qwen3moe/q8_0.gguf");
-    let token = token_file(dir.path());
-    let single = dir.path().join("single.trace");
-    trace(&m, &single, &[]);
+    let Setup { dir, m, token, single } = setup();
     let plain = Worker::start(&m, dir.path(), "plain", "127.0.0.1:0");
     let sealed = Worker::start_with_args("-m", &m, dir.path(), "sealed", "127.0.0.1:0", &["--encrypt"]);
     let mut heard = Vec::new();
