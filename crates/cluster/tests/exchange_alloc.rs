@@ -6,13 +6,12 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
 
-use titan_cluster::{Cluster, ClusterOptions, Placement, WorkerOptions};
 use titan_engine::experts::{ExpertJob, Experts};
 use titan_kernels::Activations;
+
+mod common;
 
 struct Counting;
 
@@ -73,41 +72,7 @@ fn an_exchange_allocates_nothing_with_the_log_at_info() {
         .finish();
     let _log = tracing::subscriber::set_default(subscriber);
 
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3moe/q8_0.gguf");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let node = path.clone();
-    std::thread::spawn(move || {
-        let opts = WorkerOptions {
-            listen: "127.0.0.1:0".into(),
-            token: TOKEN.to_vec(),
-            max_frame: titan_net::DEFAULT_MAX_FRAME,
-            encrypt: false,
-        };
-        titan_cluster::node::serve_model(&node, None, true, opts, |addr| tx.send(addr).unwrap()).unwrap();
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(60)).unwrap();
-
-    let (config, local) = titan_engine::Model::load_experts(&path).unwrap();
-    let identity = titan_layout::ModelIdentity::of(&titan_gguf::GgufFile::open(&path).unwrap()).unwrap();
-    let cluster = Cluster::connect(
-        Box::new(local),
-        config.n_layer,
-        config.dense_lead,
-        config.n_expert,
-        ClusterOptions {
-            nodes: vec![addr.to_string()],
-            token: TOKEN.to_vec(),
-            placement: Placement::Contiguous,
-            replicas: 1,
-            timeout: Duration::from_secs(30),
-            model: identity.to_string(),
-            hot: Vec::new(),
-            backbone_share: false,
-            audit: 0.0,
-            encrypt: false,
-        },
-    )
-    .unwrap();
+    let (config, cluster) = common::one_node_cluster(TOKEN, true);
 
     // A decode step's job: one row, two experts, at every MoE layer; the one node holds every expert.
     let x: Vec<f32> = (0..config.n_embd).map(|i| (i as f32 * 0.37).sin()).collect();

@@ -3,54 +3,18 @@
 //! (its `meanwhile`, the shared expert, returns an error), and the next layer is answered by the node —
 //! not failed over, not marked down — with the bits the backbone computes itself.
 
-use std::path::PathBuf;
-use std::time::Duration;
-
-use titan_cluster::{Cluster, ClusterOptions, Placement, WorkerOptions};
 use titan_engine::experts::{ExpertJob, Experts};
 use titan_engine::EngineError;
 use titan_kernels::Activations;
+
+mod common;
 
 const TOKEN: &[u8] = b"stale-answer-test-token-0123456789";
 
 #[test]
 fn an_error_here_leaves_no_stale_answer_for_the_next_layer() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3moe/q8_0.gguf");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let node = path.clone();
-    std::thread::spawn(move || {
-        let opts = WorkerOptions {
-            listen: "127.0.0.1:0".into(),
-            token: TOKEN.to_vec(),
-            max_frame: titan_net::DEFAULT_MAX_FRAME,
-            encrypt: false,
-        };
-        titan_cluster::node::serve_model(&node, None, false, opts, |addr| tx.send(addr).unwrap()).unwrap();
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(60)).unwrap();
-
-    let (config, local) = titan_engine::Model::load_experts(&path).unwrap();
-    let (_, reference) = titan_engine::Model::load_experts(&path).unwrap();
-    let identity = titan_layout::ModelIdentity::of(&titan_gguf::GgufFile::open(&path).unwrap()).unwrap();
-    let cluster = Cluster::connect(
-        Box::new(local),
-        config.n_layer,
-        config.dense_lead,
-        config.n_expert,
-        ClusterOptions {
-            nodes: vec![addr.to_string()],
-            token: TOKEN.to_vec(),
-            placement: Placement::Contiguous,
-            replicas: 1,
-            timeout: Duration::from_secs(30),
-            model: identity.to_string(),
-            hot: Vec::new(),
-            backbone_share: false,
-            audit: 0.0,
-            encrypt: false,
-        },
-    )
-    .unwrap();
+    let (config, cluster) = common::one_node_cluster(TOKEN, false);
+    let (_, reference) = titan_engine::Model::load_experts(common::fixture()).unwrap();
 
     // Three rows, every expert: the node holds them all and is sent every one.
     let d = config.n_embd;
