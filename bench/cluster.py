@@ -17,6 +17,11 @@ command as the backbone of `--workers` `titan worker` processes, alternating for
         [--worker-args "..."]        extra arguments of each worker (e.g. "--expert-budget 5GiB --direct-io")
         [--warmup N]                 a first cluster run of N tokens, not counted (fills streaming workers' caches)
         [--shards A.gguf,B.gguf]     worker i serves shard i (`titan slice`) instead of the whole model
+        [--relay-delay-ms D]         each worker reached through bench/delay_relay.py, which delays every byte by D ms
+                                     each way (a link's latency, on loopback; this kernel has no netem)
+        [--spec-rate 0.8,0.6]        measure speculative decoding instead (`titan bench --spec-rate`, the drafts right
+                                     at each rate), on the single node and on the cluster: decode against each
+                                     one's own plain decode of the same text [--draft-min 4 --draft-max 4]
 
 Needs root for --veth, --memory-limit and --cpu-quota (cgroup v1's cpu and memory controllers, or v2's
 cpu.max and memory.max).
@@ -138,6 +143,16 @@ def start_worker(i, a, token, log_dir):
     return p, line[len("listening on "):]
 
 
+def start_relay(target, delay_ms):
+    """bench/delay_relay.py in front of `target`: its process and the address to reach `target` through."""
+    relay = os.path.join(ROOT, "bench", "delay_relay.py")
+    p = subprocess.Popen([sys.executable, relay, "127.0.0.1:0", target, str(delay_ms)], stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline().strip()
+    if not line.startswith("listening on "):
+        sys.exit(f"the relay to {target} did not start: {line!r}")
+    return p, line[len("listening on "):]
+
+
 REPORT = re.compile(r"^\s+(\S+): (\d+) round trips, (\d+) experts, (\d+) rows, (\d+) B out, (\d+) B in, ([\d.]+) ms per exchange "
                     r"\(ping ([\d.]+) ms, waited ([\d.]+) ms\), (\d+) failovers")
 
@@ -169,6 +184,10 @@ def main():
     ap.add_argument("--backbone-args", default="")
     ap.add_argument("--worker-args", default="")
     ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--relay-delay-ms", type=float)
+    ap.add_argument("--spec-rate")
+    ap.add_argument("--draft-min", type=int, default=4)
+    ap.add_argument("--draft-max", type=int, default=4)
     ap.add_argument("--shards", help="comma-separated shards (titan slice), one per worker, served instead of the whole model")
     a = ap.parse_args()
 
@@ -185,11 +204,22 @@ def main():
     try:
         workers = [start_worker(i, a, token, tmp) for i in range(a.workers)]
         nodes = ",".join(addr for _, addr in workers)
+        if a.relay_delay_ms is not None:
+            relays = [start_relay(addr, a.relay_delay_ms) for _, addr in workers]
+            workers += [(p, None) for p, _ in relays]
+            nodes = ",".join(addr for _, addr in relays)
         cluster_args = ["--nodes", nodes, "--token-file", token] + shlex.split(a.backbone_args)
         if a.warmup:
             warm = [TITAN, "run", "-m", a.model, "-t", str(a.threads), "-p", "Hello", "-n", str(a.warmup), "--temp", "0"] + cluster_args
             subprocess.run(wrap(warm, backbone_cg), capture_output=True, check=True)
         single, cluster = [], []
+        if a.spec_rate:
+            spec = ["--spec-rate", a.spec_rate, "--draft-min", str(a.draft_min), "--draft-max", str(a.draft_max)]
+            for r in range(a.rounds):
+                single.append(bench(a, shlex.split(a.single_args) + spec, single_cg))
+                cluster.append(bench(a, cluster_args + spec, backbone_cg))
+            report_speculative(a, single, cluster)
+            return
         for r in range(a.rounds):
             single.append(bench(a, shlex.split(a.single_args), single_cg))
             cluster.append(bench(a, cluster_args, backbone_cg))
@@ -231,6 +261,26 @@ def main():
         added = layers * 2 * a.delay_ms / 1e3
         print(f"predicted with {a.delay_ms} ms one-way delay: {1 / (1 / tg + added):.2f} tok/s "
               f"(+{added * 1e3:.2f} ms per token: {layers} layers, each one exchange in parallel across the nodes)")
+
+
+def report_speculative(a, single, cluster):
+    """Per rate: decode and its ratio to plain decode in the same invocation, single node and cluster."""
+    print(f"\nmodel {os.path.basename(a.model)}, {a.workers} workers, threads {a.threads}, decode {a.gen} after a "
+          f"{a.prompt}-token prompt, {a.draft_min}..={a.draft_max} drafts a step, {a.rounds} rounds"
+          f"{f', {a.relay_delay_ms} ms each way to each worker (relay)' if a.relay_delay_ms is not None else ''}"
+          f"{f', {a.cpu_quota} cores each (CFS quota), polling off' if a.cpu_quota else ''}")
+    print(f"{'drafts right':>12}  {'single tok/s':>12} {'× plain':>8} {'tok/step':>8}  {'cluster tok/s':>13} {'× plain':>8} "
+          f"{'tok/step':>8}  {'cluster/single':>14}")
+    rows = lambda runs, i: [r[0]["speculative"][i] for r in runs]
+    for i, row in enumerate(single[0][0]["speculative"]):
+        cells = []
+        for runs in (single, cluster):
+            rs = rows(runs, i)
+            tok_s = statistics.median(r["decode_tok_s"] for r in rs)
+            cells.append((tok_s, statistics.median(r["speedup"] for r in rs), sum(r["tokens"] for r in rs) / max(1, sum(r["steps"] for r in rs))))
+        rate = "plain" if row["rate"] is None else f"{row['rate']:.2f}"
+        print(f"{rate:>12}  {cells[0][0]:12.2f} {cells[0][1]:7.2f}x {cells[0][2]:8.2f}  {cells[1][0]:13.2f} {cells[1][1]:7.2f}x "
+              f"{cells[1][2]:8.2f}  {cells[1][0] / cells[0][0]:13.2f}x")
 
 
 LINKS = [("1 GbE", 0.2e-3, 125e6), ("Wi-Fi, 300 Mbit/s", 2e-3, 37.5e6)]

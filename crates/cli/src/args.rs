@@ -14,7 +14,9 @@ use titan_store::{EXPERTS_FILE, MANIFEST_FILE};
 use crate::output::progress_bar;
 
 mod cluster;
+mod spec;
 pub use cluster::ClusterArgs;
+pub use spec::SpecArgs;
 
 #[derive(Args)]
 pub struct ModelArgs {

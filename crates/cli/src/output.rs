@@ -79,3 +79,14 @@ where
         writeln!(w)
     }
 }
+
+/// What speculative decoding did in a generation, in one line.
+pub fn speculation(g: &titan_engine::Generation) -> String {
+    format!(
+        "speculation: {:.2} tokens per step, {} of {} drafts accepted ({:.0}%)",
+        g.tokens.len() as f64 / g.spec.steps.max(1) as f64,
+        g.spec.accepted,
+        g.spec.drafted,
+        100.0 * g.spec.acceptance()
+    )
+}

@@ -967,3 +967,84 @@ fn shards_of_unsupported_layers_and_models_are_refused() {
         stderr(&o)
     );
 }
+
+/// Speculative decoding on two workers, and with the experts streamed: the trace of the kept tokens is the
+/// plain single-node trace, greedy and sampled, with prompt lookup and with a draft model (another file of
+/// the architecture), drafts both kept and thrown away.
+#[test]
+fn speculation_on_a_cluster_and_streamed_gives_the_plain_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, draft) = (fixture("qwen3moe/q4_0.gguf"), fixture("qwen3moe/q8_0.gguf"));
+    let store = dir.path().join("store");
+    let o = titan().arg("convert").arg(&m).arg("-o").arg(&store).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let workers: Vec<Worker> = (0..2)
+        .map(|i| Worker::start(&m, dir.path(), &format!("w{i}"), "127.0.0.1:0"))
+        .collect();
+    let nodes = format!("{},{}", workers[0].addr, workers[1].addr);
+    let token = token_file(dir.path());
+    let cluster = ["--nodes", nodes.as_str(), "--token-file", token.to_str().unwrap()];
+    let streamed = ["--store", store.to_str().unwrap(), "--expert-budget", "1"];
+    let run = |out: &Path, sampling: &[&str], extra: &[&str]| {
+        let o = titan()
+            .args([
+                "trace",
+                "-p",
+                "one two three four, one two three four, one two",
+                "-n",
+                "24",
+            ])
+            .args(["--threads", "2", "-m"])
+            .arg(&m)
+            .arg("-o")
+            .arg(out)
+            .args(sampling)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        stderr(&o)
+    };
+    let draft_args = [
+        "--spec",
+        "draft",
+        "--draft",
+        draft.to_str().unwrap(),
+        "--draft-min",
+        "3",
+        "--draft-max",
+        "3",
+    ];
+    let ngram_args = ["--spec", "ngram", "--draft-min", "3", "--draft-max", "3"];
+    // Sampled from the two likeliest tokens, the text still repeats itself enough for prompt lookup.
+    let sampled = ["--temp", "0.5", "--top-k", "2", "--seed", "5"];
+    for sampling in [&["--temp", "0"][..], &sampled[..]] {
+        let plain = dir.path().join("plain.trace");
+        run(&plain, sampling, &["--spec", "off"]);
+        for (name, place) in [("cluster", &cluster[..]), ("streamed", &streamed[..])] {
+            for spec in [&draft_args[..], &ngram_args[..]] {
+                let out = dir.path().join("spec.trace");
+                let log = run(&out, sampling, &[place, spec].concat());
+                if name == "cluster" {
+                    assert!(log.contains("cluster plan"), "{log}");
+                }
+                // Drafts verified, some kept, some not: "speculation: 1.71 tokens per step, 9 of 36 drafts accepted".
+                let line = log
+                    .lines()
+                    .find(|l| l.starts_with("speculation:"))
+                    .unwrap_or_else(|| panic!("{log}"));
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let (kept, drafted): (u32, u32) = (words[5].parse().unwrap(), words[7].parse().unwrap());
+                assert!(0 < kept && kept < drafted, "{name}, {sampling:?}, {spec:?}: {line}");
+                let verdict = trace_diff(&plain, &out);
+                assert!(
+                    verdict.starts_with("IDENTICAL"),
+                    "{name}, {sampling:?}, {spec:?}: {verdict}"
+                );
+            }
+        }
+    }
+    for w in &workers {
+        assert!(requests_served(&w.log()) > 0, "{}", w.log());
+    }
+}

@@ -12,6 +12,9 @@ use crate::stats::{StatsSnapshot, PHASES};
 use crate::weights::Residency;
 use crate::Result;
 
+mod speculative;
+pub use speculative::{bench_speculative, SpecBenchOptions, SpecRow};
+
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
     pub prompt_tokens: usize,
@@ -53,7 +56,7 @@ pub fn median(v: &[f64]) -> f64 {
 }
 
 /// Deterministic token ids spread over the vocabulary (llama-bench also uses arbitrary tokens).
-fn prompt(n: usize, vocab: usize) -> Vec<u32> {
+pub(crate) fn prompt(n: usize, vocab: usize) -> Vec<u32> {
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     (0..n)
         .map(|_| {
@@ -115,13 +118,16 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
                 ..Default::default()
             });
             let half = o.gen_tokens / 2;
+            // The tokens fed so far: the sampler draws by position.
+            let mut history = Vec::with_capacity(o.gen_tokens + 1);
             let t = Instant::now();
             let (mut t_half, mut at_half) = (t, BTreeMap::new());
             for pos in 0..o.gen_tokens {
                 if pos == half {
                     (t_half, at_half) = (Instant::now(), counted());
                 }
-                next = sampler.sample(model.forward(&[next], pos, &mut seq, Outputs::Last)?, &[]);
+                history.push(next);
+                next = sampler.sample(model.forward(&[next], pos, &mut seq, Outputs::Last)?, &history);
             }
             decode_tok_s.push(o.gen_tokens as f64 / t.elapsed().as_secs_f64());
             decode_steady_tok_s.push((o.gen_tokens - half) as f64 / t_half.elapsed().as_secs_f64());

@@ -9,6 +9,7 @@ pub mod attention;
 pub mod bench;
 pub mod config;
 pub mod delta_net;
+pub mod draft;
 pub mod experts;
 pub mod generate;
 pub mod latent;
@@ -27,7 +28,7 @@ pub mod vocab;
 pub mod weights;
 
 pub use config::{Arch, Config};
-pub use generate::{GenerateOptions, Generation, StopReason};
+pub use generate::{GenerateOptions, Generation, Speculation, StopReason};
 pub use model::{Batch, Model, Outputs, Sequence, Span};
 pub use sampler::{Sampler, SamplerOptions};
 

@@ -333,6 +333,7 @@ impl Model {
                 moe_block(w, self.experts.as_ref(), c, il, &route.h, &route.routing, moe)
             })?;
             stats.add_bytes(self.layer_bytes(il, experts_run));
+            stats.add_experts(experts_run as u64);
             let moe_out = moe.out();
             if let Some(t) = trace.as_deref_mut() {
                 let (k, routing) = (route.routing.k, &route.routing);

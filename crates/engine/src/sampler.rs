@@ -2,6 +2,11 @@
 //! top-k, top-p, min-p, temperature, then a draw from a seeded generator (the order llama.cpp's default
 //! sampler chain uses). Temperature 0 is greedy. Given the same options (the seed among them) and the same
 //! logits, a sampler draws the same tokens.
+//!
+//! The draw for the token that follows `history` uses value `history.len()` of the seed's random stream,
+//! whatever was drawn before: a token depends on (seed, position, logits) only, so a speculative step that
+//! samples several positions of one forward pass draws exactly what plain decoding draws there
+//! (docs/speculative.md).
 
 use std::collections::BTreeMap;
 
@@ -110,7 +115,6 @@ impl SamplerOptions {
 
 pub struct Sampler {
     opts: SamplerOptions,
-    rng: SplitMix64,
     /// How many times this sampler has chosen each token (for the frequency and presence penalties; kept
     /// only when one of them is on).
     chosen: BTreeMap<u32, u32>,
@@ -145,7 +149,6 @@ fn rank_key(id: u32, logit: f32) -> u64 {
 impl Sampler {
     pub fn new(opts: SamplerOptions) -> Sampler {
         Sampler {
-            rng: SplitMix64(opts.seed),
             opts,
             chosen: BTreeMap::new(),
             adjusted: Vec::new(),
@@ -154,8 +157,9 @@ impl Sampler {
         }
     }
 
-    /// Pick the next token from `logits`, given the tokens so far (`history`, for the repetition penalty).
-    /// The frequency and presence penalties count this sampler's own earlier picks: the generated tokens.
+    /// Pick the next token from `logits`, given the tokens so far (`history`: for the repetition penalty,
+    /// and its length is the position whose random value is drawn). The frequency and presence penalties
+    /// count this sampler's own earlier picks: the generated tokens.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         self.sample_among(logits, history, None)
     }
@@ -236,7 +240,6 @@ impl Sampler {
         }
         let Sampler {
             opts: o,
-            rng,
             adjusted,
             keys: c,
             weights,
@@ -299,7 +302,7 @@ impl Sampler {
         weights.extend(c.iter().map(|&k| (logit(k) - max) / o.temperature));
         titan_kernels::exp_in_place(weights);
         let total: f32 = weights.iter().sum();
-        let mut r = rng.next_f32() * total;
+        let mut r = SplitMix64::nth_f32(o.seed, history.len() as u64) * total;
         for (&k, &wt) in c.iter().zip(weights.iter()) {
             if r < wt {
                 return id(k);
@@ -390,6 +393,12 @@ mod tests {
         );
     }
 
+    /// A history of `n` tokens: its length is the position drawn for (the tokens matter only to the
+    /// repetition penalty, off in the tests that use this).
+    fn past(n: usize) -> Vec<u32> {
+        vec![0; n]
+    }
+
     #[test]
     fn greedy_takes_the_first_maximum() {
         let mut s = Sampler::new(SamplerOptions::greedy());
@@ -420,9 +429,10 @@ mod tests {
         };
         let draw = |seed| {
             let mut s = Sampler::new(SamplerOptions { seed, ..opts.clone() });
-            (0..3000).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
+            (0..3000).map(|i| s.sample(&logits, &past(i))).collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
+        assert_ne!(draw(7), draw(8));
         let d = draw(7);
         let freq = |t| d.iter().filter(|&&x| x == t).count() as f32 / d.len() as f32;
         // softmax([0,1,2]) = [0.090, 0.245, 0.665]
@@ -529,13 +539,13 @@ mod tests {
         for (n, o) in cases.into_iter().enumerate() {
             let o = SamplerOptions { seed: n as u64, ..o };
             let (mut s, mut reference) = (Sampler::new(o.clone()), SplitMix64(o.seed));
-            for _ in 0..50 {
+            for i in 0..50 {
                 // Logits with ties, as a quantised model's often have.
                 let logits: Vec<f32> = (0..vocab)
                     .map(|_| ((gen.next_f32() * 40.0).round() - 20.0) / 4.0)
                     .collect();
                 assert_eq!(
-                    s.sample(&logits, &[]),
+                    s.sample(&logits, &past(i)),
                     reference_draw(&o, &mut reference, &logits),
                     "case {n}: {o:?}"
                 );
@@ -562,7 +572,7 @@ mod tests {
                 seed: 9,
                 ..Default::default()
             });
-            (0..50).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
+            (0..50).map(|i| s.sample(&logits, &past(i))).collect::<Vec<_>>()
         };
         // +100 makes the lowest logit the choice, greedy or drawn.
         assert!(biased(vec![(3, 100.0)], 0.0).iter().all(|&t| t == 3));
@@ -605,7 +615,9 @@ mod tests {
                 seed: 3,
                 ..Default::default()
             });
-            let d: Vec<u32> = (0..200).map(|_| s.sample_allowed(&logits, &[], &allowed)).collect();
+            let d: Vec<u32> = (0..200)
+                .map(|i| s.sample_allowed(&logits, &past(i), &allowed))
+                .collect();
             assert!(d.iter().all(|&t| t == 5 || t == 33), "{d:?}");
             assert!(d.contains(&5) && d.contains(&33));
         }
@@ -669,7 +681,11 @@ mod tests {
                 seed,
                 ..Default::default()
             });
-            steps.iter().map(|l| s.sample(l, &[])).collect::<Vec<_>>()
+            steps
+                .iter()
+                .enumerate()
+                .map(|(i, l)| s.sample(l, &past(i)))
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(1), draw(1));
         assert_ne!(draw(1), draw(2));
@@ -733,8 +749,8 @@ mod tests {
             ..Default::default()
         };
         let mut s = Sampler::new(opts);
-        for _ in 0..200 {
-            assert_ne!(s.sample(&[5.0, 4.9, 0.0], &[]), 2);
+        for i in 0..200 {
+            assert_ne!(s.sample(&[5.0, 4.9, 0.0], &past(i)), 2);
         }
     }
 }

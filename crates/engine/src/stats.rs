@@ -43,6 +43,7 @@ impl Phase {
 pub struct Stats {
     phase_ns: [AtomicU64; 5],
     weight_bytes: AtomicU64,
+    experts_run: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -50,6 +51,8 @@ pub struct StatsSnapshot {
     pub phase: [Duration; 5],
     /// Weight bytes read by the forward passes (each matrix counted once per pass, each active expert once).
     pub weight_bytes: u64,
+    /// Routed experts computed, each once per layer per pass however many rows chose it.
+    pub experts_run: u64,
 }
 
 impl Stats {
@@ -76,9 +79,14 @@ impl Stats {
         self.weight_bytes.fetch_add(n, Relaxed);
     }
 
+    pub fn add_experts(&self, n: u64) {
+        self.experts_run.fetch_add(n, Relaxed);
+    }
+
     pub fn snapshot(&self) -> StatsSnapshot {
         let mut s = StatsSnapshot {
             weight_bytes: self.weight_bytes.load(Relaxed),
+            experts_run: self.experts_run.load(Relaxed),
             ..Default::default()
         };
         for (d, ns) in s.phase.iter_mut().zip(&self.phase_ns) {
@@ -91,6 +99,7 @@ impl Stats {
 impl StatsSnapshot {
     pub fn add(&mut self, other: &StatsSnapshot) {
         self.weight_bytes += other.weight_bytes;
+        self.experts_run += other.experts_run;
         for (a, b) in self.phase.iter_mut().zip(&other.phase) {
             *a += *b;
         }
@@ -100,6 +109,7 @@ impl StatsSnapshot {
     pub fn since(&self, earlier: &StatsSnapshot) -> StatsSnapshot {
         let mut s = StatsSnapshot {
             weight_bytes: self.weight_bytes - earlier.weight_bytes,
+            experts_run: self.experts_run - earlier.experts_run,
             ..Default::default()
         };
         for ((d, now), then) in s.phase.iter_mut().zip(&self.phase).zip(&earlier.phase) {

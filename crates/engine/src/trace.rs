@@ -133,6 +133,25 @@ impl Trace {
         });
     }
 
+    /// Row `row` of every record of `from` (a step of several rows, recorded by itself) as a record of this
+    /// trace's current step: what a step of that row alone records, since every step is row-independent.
+    /// A speculative step is written this way, one step per token it kept, as plain decoding writes it.
+    pub fn append_row(&mut self, from: &Trace, row: usize) {
+        for r in &from.records {
+            let Some((_, layer, what)) = r.place() else { continue };
+            let per_row = r.data.len() / r.shape[0].max(1);
+            let mut shape = r.shape.clone();
+            shape[0] = 1;
+            self.records.push(Record {
+                name: self.name(layer, what),
+                kind: r.kind,
+                dtype: r.dtype,
+                shape,
+                data: r.data[row * per_row..(row + 1) * per_row].to_vec(),
+            });
+        }
+    }
+
     /// The sampled token closes the step that produced its logits.
     pub fn token(&mut self, id: u32) {
         self.decision(None, "token", &[1], &[id]);

@@ -13,8 +13,24 @@ impl SplitMix64 {
 
     /// Uniform in [0, 1), 24 bits.
     pub fn next_f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+        unit_f32(self.next_u64())
     }
+
+    /// Value `index` (from 0) of the stream seeded with `seed`, without drawing those before it: what the
+    /// `index + 1`-th [`next_u64`](Self::next_u64) of `SplitMix64(seed)` returns.
+    pub fn nth_u64(seed: u64, index: u64) -> u64 {
+        finalise(seed.wrapping_add(GOLDEN.wrapping_mul(index.wrapping_add(1))))
+    }
+
+    /// [`nth_u64`](Self::nth_u64) as [`next_f32`](Self::next_f32) makes a float of it.
+    pub fn nth_f32(seed: u64, index: u64) -> f32 {
+        unit_f32(Self::nth_u64(seed, index))
+    }
+}
+
+/// Uniform in [0, 1) from the top 24 bits of `x`.
+fn unit_f32(x: u64) -> f32 {
+    (x >> 40) as f32 / (1u64 << 24) as f32
 }
 
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -49,5 +65,16 @@ mod tests {
             assert_eq!(g.next_u64(), w);
         }
         assert_eq!(mix(1234567), 6457827717110365317);
+    }
+
+    #[test]
+    fn any_value_of_a_stream_without_those_before_it() {
+        let mut g = SplitMix64(42);
+        for i in 0..100 {
+            assert_eq!(SplitMix64::nth_u64(42, i), g.next_u64());
+        }
+        let mut g = SplitMix64(7);
+        g.0 = g.0.wrapping_add(GOLDEN.wrapping_mul(3));
+        assert_eq!(SplitMix64::nth_f32(7, 3), g.next_f32());
     }
 }

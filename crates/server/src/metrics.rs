@@ -26,6 +26,8 @@ pub struct Metrics {
     step_ns: AtomicU64,
     first_tokens: AtomicU64,
     first_token_ns: AtomicU64,
+    drafted: AtomicU64,
+    accepted: AtomicU64,
     /// Of the first tokens, how many came within each of [`FIRST_TOKEN_BUCKETS`] (not cumulative).
     first_token_within: [AtomicU64; FIRST_TOKEN_BUCKETS.len()],
 }
@@ -41,6 +43,11 @@ impl Metrics {
         self.step_sequences.fetch_add(sequences as u64, Relaxed);
         self.most_sequences.fetch_max(sequences as u64, Relaxed);
         self.step_ns.fetch_add(took.as_nanos() as u64, Relaxed);
+    }
+
+    pub fn record_drafts(&self, drafted: usize, accepted: usize) {
+        self.drafted.fetch_add(drafted as u64, Relaxed);
+        self.accepted.fetch_add(accepted as u64, Relaxed);
     }
 
     pub fn record_first_token(&self, since_queued: Duration) {
@@ -121,6 +128,18 @@ impl Metrics {
             "counter",
             "Tokens generated.",
             get(&self.generated),
+        );
+        put(
+            "draft_tokens_total",
+            "counter",
+            "Tokens drafted (prompt lookup) and verified in a step.",
+            get(&self.drafted),
+        );
+        put(
+            "draft_tokens_accepted_total",
+            "counter",
+            "Drafted tokens that were the token sampled at their position, and kept.",
+            get(&self.accepted),
         );
         // Batch sizes as counters: rows or sequences per step over any interval is the ratio of increases.
         put("steps_total", "counter", "Forward steps run.", get(&self.steps));

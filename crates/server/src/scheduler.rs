@@ -7,11 +7,16 @@
 //! reads [`Event`]s. A sequence's tokens do not depend on what it is batched with (`forward_batch`'s
 //! contract), so a greedy request returns the same text alone or beside others. A freed slot keeps its
 //! sequence's cache for the next request that shares a prefix with it (`prompt_cache.rs`).
+//!
+//! With speculation on, a decoding sequence's row is followed by drafted tokens (prompt lookup over its own
+//! text) as rows of the same step; it keeps each draft that equals the token it samples there, so a
+//! request's bytes are those it would get without drafts (docs/speculative.md).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use titan_engine::draft::{DraftLength, Drafter, NgramDrafter};
 use titan_engine::sampler::TokenLogprobs;
 use titan_engine::{Batch, Model, Outputs, Sampler, SamplerOptions, Sequence, Span};
 use titan_tokenizer::StreamDecoder;
@@ -91,6 +96,10 @@ pub struct SchedulerOptions {
     pub step_tokens: usize,
     /// Reuse the longest prefix of a prompt that a free slot's cache holds.
     pub prompt_cache: bool,
+    /// The fewest and the most tokens drafted (by prompt lookup) after a decoding sequence's row; a most
+    /// of 0: none. Not for models with a recurrent state, whose one copy the prompt cache keeps.
+    pub min_drafts: usize,
+    pub max_drafts: usize,
 }
 
 /// A request in a slot: its sequence, what it has generated, and what it has sent.
@@ -109,6 +118,10 @@ struct Slot<'m> {
     /// Decoded text held back because it may be the start of a stop string.
     held: String,
     first_token: bool,
+    /// This step's rows: the tokens not yet in the cache, then `drafts`.
+    fed: Vec<u32>,
+    drafts: Vec<u32>,
+    length: DraftLength,
 }
 
 impl Slot<'_> {
@@ -155,6 +168,9 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
                 decoder: model.tokenizer.stream(),
                 held: String::new(),
                 first_token: true,
+                fed: Vec::new(),
+                drafts: Vec::new(),
+                length: DraftLength::new(opts.min_drafts, drafts_for(model, opts)),
                 job,
             });
         }
@@ -178,6 +194,14 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
     }
 }
 
+/// The most drafts a step may carry for one sequence of `model`.
+fn drafts_for(model: &Model, opts: &SchedulerOptions) -> usize {
+    match model.config.delta_net {
+        Some(_) => 0,
+        None => opts.max_drafts,
+    }
+}
+
 /// A slot's sequence back to the free ones, with the tokens its cache holds.
 fn release(free: &mut PromptCache, s: Slot<'_>) {
     let mut tokens = s.history;
@@ -195,19 +219,38 @@ fn step<'m>(
     batch: &mut Batch,
     metrics: &Metrics,
 ) {
-    // Decode rows first (one token each, latency matters), then prompt chunks in admission order.
+    // Decode rows first (latency matters): each decoding sequence's next token and its drafts. Then prompt
+    // chunks in admission order.
+    let started = Instant::now();
     let mut budget = opts.step_tokens.max(slots.len());
     let mut take = vec![0usize; slots.len()];
-    for (t, s) in take.iter_mut().zip(slots.iter()).filter(|(_, s)| !s.reading_prompt()) {
-        *t = 1;
-        budget -= 1;
+    for (t, s) in take
+        .iter_mut()
+        .zip(slots.iter_mut())
+        .filter(|(_, s)| !s.reading_prompt())
+    {
         debug_assert_eq!(s.history.len() - s.in_cache, 1);
+        // Rows for the tokens still wanted, and no position past the context.
+        let room = (s.job.max_tokens - s.generated - 1).min(opts.ctx_size - s.history.len());
+        let want = s.length.get().min(room).min(budget.saturating_sub(1));
+        // Prompt lookup cannot fail.
+        let _ = NgramDrafter::default().draft(&s.history, want, &mut s.drafts);
+        s.fed.clear();
+        s.fed.extend_from_slice(&s.history[s.in_cache..]);
+        s.fed.extend_from_slice(&s.drafts);
+        *t = s.fed.len();
+        budget = budget.saturating_sub(*t);
     }
-    for (t, s) in take.iter_mut().zip(slots.iter()).filter(|(_, s)| s.reading_prompt()) {
+    for (t, s) in take
+        .iter_mut()
+        .zip(slots.iter_mut())
+        .filter(|(_, s)| s.reading_prompt())
+    {
         *t = (s.job.prompt.len() - s.in_cache).min(budget);
         budget -= *t;
+        s.fed.clear();
+        s.fed.extend_from_slice(&s.history[s.in_cache..s.in_cache + *t]);
     }
-    let started = Instant::now();
     let mut spans: Vec<Span<'_>> = Vec::new();
     let mut members = Vec::new();
     for (i, (s, &n)) in slots.iter_mut().zip(&take).enumerate() {
@@ -215,10 +258,14 @@ fn step<'m>(
             continue;
         }
         spans.push(Span {
-            tokens: &s.history[s.in_cache..s.in_cache + n],
+            tokens: &s.fed,
             pos0: s.in_cache,
             seq: &mut s.seq,
-            outputs: Outputs::Last,
+            outputs: if s.drafts.is_empty() {
+                Outputs::Last
+            } else {
+                Outputs::All
+            },
         });
         members.push(i);
     }
@@ -242,11 +289,18 @@ fn step<'m>(
         }
     };
     let v = model.config.n_vocab;
+    let seconds = started.elapsed().as_secs_f64();
     let mut finished = Vec::new();
-    for (row, &i) in members.iter().enumerate() {
+    let mut row = 0;
+    for &i in &members {
         let s = &mut slots[i];
         let was_reading = s.reading_prompt();
-        s.in_cache += take[i];
+        // This member's rows of logits: one for each of its rows with drafts, else its last.
+        let rows = if s.drafts.is_empty() { 1 } else { take[i] };
+        let logits = &logits[row * v..(row + rows) * v];
+        row += rows;
+        let before = s.history.len();
+        s.in_cache += take[i] - s.drafts.len();
         if s.reading_prompt() {
             continue;
         }
@@ -255,8 +309,27 @@ fn step<'m>(
             // turn of a conversation repeats this prompt, whatever it makes of the answer.
             s.seq.checkpoint();
         }
-        let logits = &logits[row * v..(row + 1) * v];
-        let finish = match advance(model, opts, s, logits, metrics) {
+        // Sample row after row while the token sampled is the draft the next row was computed for.
+        let mut outcome = Ok(None);
+        let mut accepted = 0;
+        for (j, row_logits) in logits[(rows - 1 - s.drafts.len()) * v..].chunks_exact(v).enumerate() {
+            outcome = advance(model, opts, s, row_logits, metrics);
+            let kept = s.history.len() > before + j && s.drafts.get(j) == s.history.last();
+            if !matches!(outcome, Ok(None)) || !kept {
+                break;
+            }
+            accepted += 1;
+        }
+        if !s.drafts.is_empty() {
+            // The rows of rejected drafts hold other tokens than the text's: cut them.
+            s.in_cache += accepted;
+            if let Err(e) = s.seq.truncate(s.in_cache) {
+                outcome = Err(e.to_string());
+            }
+            metrics.record_drafts(s.drafts.len(), accepted);
+        }
+        s.length.update(take[i], s.drafts.len(), accepted, seconds);
+        let finish = match outcome {
             Ok(f) => f,
             Err(why) => {
                 // Only a grammar fails here; the sequence's cache is sound and is kept.

@@ -25,6 +25,18 @@ pub struct Args {
     /// Print one JSON object as the last line.
     #[arg(long)]
     json: bool,
+    /// Measure speculative decoding instead, at these acceptance rates (e.g. 0.8,0.6): decode drafting
+    /// the plain run's own continuation with that share of its drafts right, against plain decoding of
+    /// the same text (sampled at temperature 1 from a -p token prompt, -n tokens).
+    #[arg(long = "spec-rate", value_delimiter = ',')]
+    spec_rate: Vec<f64>,
+    /// The most tokens drafted per step, with --spec-rate (the length is chosen below it as `titan run`
+    /// chooses it).
+    #[arg(long = "draft-max", default_value_t = 8)]
+    draft_max: usize,
+    /// The fewest tokens drafted per step (--draft-min 4 --draft-max 4: always four).
+    #[arg(long = "draft-min", default_value_t = 0)]
+    draft_min: usize,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -34,7 +46,12 @@ pub fn run(a: Args) -> Result<()> {
     }
     // The bench's one sequence: the prompt (at least one token) and the warm-up's decode step after it, or
     // the decode, with one more position.
-    let positions = a.n_prompt.max(1).max(a.n_gen).saturating_add(1);
+    // --spec-rate decodes after the prompt, in one sequence.
+    let positions = match a.spec_rate.is_empty() {
+        true => a.n_prompt.max(1).max(a.n_gen),
+        false => a.n_prompt.max(1).saturating_add(a.n_gen),
+    }
+    .saturating_add(1);
     let model = a.model.load(KvPlan {
         past_training: a.allow_long_context,
         ..KvPlan::positions(positions)
@@ -45,6 +62,9 @@ pub fn run(a: Args) -> Result<()> {
             a.n_prompt, a.n_gen
         )
     })?;
+    if !a.spec_rate.is_empty() {
+        return speculative(&a, &model);
+    }
     let r = bench(
         &model,
         &BenchOptions {
@@ -131,6 +151,85 @@ pub fn run(a: Args) -> Result<()> {
             "decode_phase_share": to_map(&r.decode_phases),
             "prompt_phase_share": to_map(&r.prompt_phases),
             "experts": experts,
+        });
+        println!("{j}");
+    }
+    Ok(())
+}
+
+/// `--spec-rate`: one line per rate, plain decoding first.
+fn speculative(a: &Args, model: &titan_engine::Model) -> Result<()> {
+    use titan_engine::bench::{bench_speculative, median, SpecBenchOptions};
+    if let Some(r) = a.spec_rate.iter().find(|r| !(0.0..=1.0).contains(*r)) {
+        bail!("--spec-rate {r}: a rate is a share of drafts, in [0, 1]");
+    }
+    let rows = bench_speculative(
+        model,
+        &SpecBenchOptions {
+            prompt_tokens: a.n_prompt,
+            gen_tokens: a.n_gen,
+            repetitions: a.repetitions,
+            rates: a.spec_rate.clone(),
+            min_drafts: a.draft_min,
+            max_drafts: a.draft_max,
+        },
+    )?;
+    println!("model:    {} ({})", a.model.model.display(), model.config.arch_name);
+    println!(
+        "threads:  {} ({} kernels); decode of {} tokens after a {}-token prompt, {}..={} drafts a step, median of {}",
+        rayon::current_num_threads(),
+        titan_kernels::isa().name(),
+        a.n_gen,
+        a.n_prompt,
+        a.draft_min,
+        a.draft_max,
+        a.repetitions
+    );
+    println!("drafts right   tok/s  speed-up  tokens/step  accepted  weights/token  experts/layer/token  disk/token");
+    let moe_layers = model.weights.layers.iter().filter(|l| l.moe.is_some()).count().max(1) as f64;
+    let mut json = Vec::new();
+    for r in &rows {
+        let per_token = |x: f64| x / r.tokens.max(1) as f64;
+        let disk = r.counters.get("expert_cache_read_bytes_total").map(|&b| per_token(b));
+        let rate = r.rate.map_or("plain".to_string(), |x| format!("{x:.2}"));
+        println!(
+            "{rate:>12} {:>7.2} {:>8.2}x {:>12.2} {:>9} {:>14} {:>20.1} {:>11}",
+            median(&r.tok_s),
+            median(&r.speedup),
+            r.tokens as f64 / r.spec.steps.max(1) as f64,
+            r.rate
+                .map_or("-".to_string(), |_| format!("{:.2}", r.spec.acceptance())),
+            human(per_token(r.weight_bytes as f64) as u64),
+            per_token(r.experts_run as f64) / moe_layers,
+            disk.map_or("-".to_string(), |b| human(b as u64)),
+        );
+        json.push(serde_json::json!({
+            "rate": r.rate,
+            "decode_tok_s": median(&r.tok_s),
+            "decode_tok_s_runs": r.tok_s,
+            "speedup": median(&r.speedup),
+            "tokens": r.tokens,
+            "steps": r.spec.steps,
+            "drafted": r.spec.drafted,
+            "accepted": r.spec.accepted,
+            "weight_bytes_per_token": per_token(r.weight_bytes as f64),
+            "experts_per_layer_per_token": per_token(r.experts_run as f64) / moe_layers,
+            "disk_bytes_per_token": disk,
+        }));
+    }
+    if let Some(s) = model.experts.summary() {
+        eprint!("{s}");
+    }
+    if a.json {
+        let j = serde_json::json!({
+            "model": a.model.model.display().to_string(),
+            "threads": rayon::current_num_threads(),
+            "isa": titan_kernels::isa().name(),
+            "n_prompt": a.n_prompt,
+            "n_gen": a.n_gen,
+            "draft_min": a.draft_min,
+            "draft_max": a.draft_max,
+            "speculative": json,
         });
         println!("{j}");
     }

@@ -54,6 +54,14 @@ pub struct Args {
     /// Seconds a request's body may take to arrive whole after its header (then: 408).
     #[arg(long = "body-timeout", default_value_t = 30, value_name = "SECS")]
     body_timeout: u64,
+    /// The most tokens drafted by prompt lookup after each decoding sequence's row, verified in the same
+    /// step (0: no speculative decoding). The output is the same bytes either way.
+    #[arg(long = "draft-max", default_value_t = 8)]
+    draft_max: usize,
+    /// The fewest tokens drafted per step, when prompt lookup has them (by default the length is chosen
+    /// from the recent acceptance and the measured cost of a step's rows).
+    #[arg(long = "draft-min", default_value_t = 0)]
+    draft_min: usize,
     /// Connections open at once; past it, a new one is answered 503 and closed.
     #[arg(long = "max-connections", default_value_t = 256)]
     max_connections: usize,
@@ -126,6 +134,8 @@ pub fn run(a: Args) -> Result<()> {
                 ctx_size,
                 step_tokens: a.batch_size.max(1),
                 prompt_cache: !a.no_prompt_cache,
+                min_drafts: a.draft_min,
+                max_drafts: a.draft_max,
             },
             queue_len: a.queue,
             body_limit: a.max_body,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use titan_layout::ModelIdentity;
 
-use crate::args::{with_hint, ModelArgs, PromptArgs, SamplingArgs};
+use crate::args::{with_hint, ModelArgs, PromptArgs, SamplingArgs, SpecArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -15,6 +15,8 @@ pub struct Args {
     prompt: PromptArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
     /// Output trace path.
     #[arg(short = 'o', long)]
     output: PathBuf,
@@ -44,9 +46,11 @@ pub fn run(a: Args) -> Result<()> {
         "threads": rayon::current_num_threads(),
         "isa": titan_kernels::isa().name(),
     });
+    let mut drafts = a.spec.load()?;
+    let mut drafter = drafts.drafter(&model, opts.n_ctx)?;
     let mut t = titan_engine::trace::Trace::new(identity, options);
     let g = model
-        .generate_traced(&prompt, &opts, Some(&mut t), |_| {})
+        .generate_with(&prompt, &opts, a.spec.speculation(&mut drafter), Some(&mut t), |_| {})
         .map_err(with_hint)?;
     t.write(&a.output)?;
     eprintln!(
@@ -56,5 +60,8 @@ pub fn run(a: Args) -> Result<()> {
         g.tokens.len(),
         a.output.display()
     );
+    if g.spec.drafted > 0 {
+        eprintln!("{}", crate::output::speculation(&g));
+    }
     Ok(())
 }

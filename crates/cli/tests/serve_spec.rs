@@ -1,0 +1,92 @@
+//! Speculative decoding in `titan serve`: requests that repeat their prompt, greedy and seeded-sampled,
+//! sent several at once beside others to a server that drafts by prompt lookup, answer byte for byte what
+//! a server without drafts answers — while drafts are verified and kept (the metrics say how many).
+
+use std::thread;
+
+use serde_json::{json, Value};
+
+mod common;
+use common::*;
+
+fn requests() -> Vec<Value> {
+    let repeat = "alpha beta gamma delta epsilon, alpha beta gamma delta epsilon, alpha beta gamma";
+    let mut r = Vec::new();
+    for (i, prompt) in [repeat, "Write a list of fruits.", repeat, "Hello there"]
+        .iter()
+        .enumerate()
+    {
+        r.push(json!({
+            "prompt": prompt,
+            "max_tokens": 48,
+            "temperature": if i % 2 == 0 { 0.0 } else { 0.9 },
+            "seed": 7 + i,
+        }));
+        r.push(json!({
+            "prompt": prompt,
+            "max_tokens": 40,
+            "temperature": 0.8,
+            "top_k": 0,
+            "seed": 100 + i,
+        }));
+    }
+    r
+}
+
+/// Every request sent at once; the texts in order.
+fn answers(server: &serve::Server) -> Vec<String> {
+    thread::scope(|s| {
+        let handles: Vec<_> = requests()
+            .into_iter()
+            .map(|body| {
+                s.spawn(move || {
+                    let (status, v) = server.post("/v1/completions", &body);
+                    assert_eq!(status, 200, "{v}");
+                    v["choices"][0]["text"].as_str().unwrap().to_string()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn metric(server: &serve::Server, name: &str) -> f64 {
+    let (_, v) = server.get("/metrics", false);
+    let text = v.as_str().unwrap().to_string();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn drafted_answers_beside_others_are_the_plain_answers() {
+    for model in [
+        "qwen3moe/q4_0.gguf",
+        "gpt-oss/mxfp4_moe.gguf",
+        "deepseek2-lite/q4_0.gguf",
+    ] {
+        let m = fixture(model);
+        let plain = serve::Server::start(&m, "templates/qwen3.jinja", &["--parallel", "3", "--draft-max", "0"]);
+        let want = answers(&plain);
+        assert_eq!(metric(&plain, "titan_draft_tokens_total"), 0.0);
+        drop(plain);
+        // Always four drafts where prompt lookup has them: the adaptive length would follow this machine.
+        let spec = serve::Server::start(
+            &m,
+            "templates/qwen3.jinja",
+            &["--parallel", "3", "--draft-max", "4", "--draft-min", "4"],
+        );
+        let got = answers(&spec);
+        for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(a, b, "{model}, request {i}");
+        }
+        let (drafted, kept) = (
+            metric(&spec, "titan_draft_tokens_total"),
+            metric(&spec, "titan_draft_tokens_accepted_total"),
+        );
+        println!("{model}: {kept} of {drafted} drafts kept");
+        assert!(kept > 0.0 && kept < drafted, "{model}: {kept} of {drafted}");
+    }
+}

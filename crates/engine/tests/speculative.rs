@@ -1,0 +1,117 @@
+//! Speculative decoding changes no byte: for every architecture, greedy and sampled, a generation that
+//! verifies drafts — prompt lookup, a draft model, or drafts right at a chosen rate — gives the plain
+//! generation's tokens and the plain generation's trace, record for record, while drafts are both kept
+//! and thrown away (so that the cache's rollback, and a recurrent state's, are exercised).
+
+mod common;
+
+use common::*;
+use titan_engine::draft::{Drafter, ModelDrafter, NgramDrafter, ReplayDrafter};
+use titan_engine::trace::{diff, Trace};
+use titan_engine::{GenerateOptions, Generation, Model, SamplerOptions, Speculation};
+
+const FILES: &[&str] = &[
+    "qwen3moe/q4_0.gguf",
+    "olmoe/q8_0.gguf",
+    "qwen2moe/f16.gguf",
+    "mixtral/q5_1.gguf",
+    "qwen3moe-k/q4_k_m.gguf",
+    "qwen3next/q8_0.gguf",
+    "qwen35moe/q4_0.gguf",
+    "qwen35moe-k/q6_k.gguf",
+    "deepseek3/q8_0.gguf",
+    "deepseek2-lite/q4_0.gguf",
+    "gpt-oss/mxfp4_moe.gguf",
+    "qwen35/q4_0.gguf",
+];
+
+fn options(temperature: f32) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens: 40,
+        n_ctx: 128,
+        sampler: SamplerOptions {
+            temperature,
+            seed: 42,
+            ..Default::default()
+        },
+    }
+}
+
+fn run(
+    model: &Model,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    drafter: Option<&mut dyn Drafter>,
+) -> (Generation, Trace) {
+    let mut t = Trace::default();
+    // Always four drafts: the adaptive length would follow this machine's timings.
+    let spec = drafter.map(|drafter| Speculation {
+        drafter,
+        min_drafts: 4,
+        max_drafts: 4,
+    });
+    let g = model.generate_with(prompt, opts, spec, Some(&mut t), |_| {}).unwrap();
+    (g, t)
+}
+
+/// Another file of `file`'s architecture (the same vocabulary, other weights): a draft model that is
+/// right often but not always.
+fn draft_model(file: &str) -> Model {
+    let dir = fixtures().join(file).parent().unwrap().to_path_buf();
+    let mut others: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "gguf") && !p.ends_with(file))
+        .collect();
+    others.sort();
+    Model::load(
+        others
+            .first()
+            .unwrap_or_else(|| panic!("{file}: no other file to draft with")),
+    )
+    .unwrap()
+}
+
+#[test]
+fn drafts_change_no_byte_of_the_output_or_the_trace() {
+    for f in FILES {
+        let model = Model::load(fixtures().join(f)).unwrap();
+        let draft = draft_model(f);
+        // A text that repeats itself, so that prompt lookup finds something to draft.
+        let prompt = model
+            .tokenizer
+            .encode("one two three four five, one two three four five, one two", true, false);
+        for temperature in [0.0, 0.9] {
+            let opts = options(temperature);
+            let (plain, plain_trace) = run(&model, &prompt, &opts, None);
+            assert_eq!(plain.spec.drafted, 0);
+            let text: Vec<u32> = prompt.iter().chain(&plain.tokens).copied().collect();
+            let drafters: Vec<(&str, Box<dyn Drafter>)> = vec![
+                ("ngram", Box::new(NgramDrafter::default())),
+                (
+                    "draft model",
+                    Box::new(ModelDrafter::new(&draft, &model, opts.n_ctx).unwrap()),
+                ),
+                (
+                    "replay at 0.7",
+                    Box::new(ReplayDrafter::new(text, 0.7, model.config.n_vocab, 3)),
+                ),
+            ];
+            for (name, mut d) in drafters {
+                let (g, t) = run(&model, &prompt, &opts, Some(d.as_mut()));
+                let what = format!("{f}, temperature {temperature}, {name}: {:?}", g.spec);
+                assert_eq!(g.tokens, plain.tokens, "{what}");
+                assert_eq!(g.stop, plain.stop, "{what}");
+                let rep = diff(&plain_trace, &t, None);
+                assert!(rep.identical(), "{what}: {rep:?}");
+                assert!(rep.decisions >= plain.tokens.len(), "{what}: {rep:?}");
+                println!("{what}: {} tokens in {} steps", g.tokens.len(), g.spec.steps);
+                if name == "replay at 0.7" && plain.tokens.len() > 8 {
+                    // Both kept and rejected drafts, and fewer steps than tokens.
+                    assert!(0 < g.spec.accepted && g.spec.accepted < g.spec.drafted, "{what}");
+                    assert!(g.spec.steps < plain.spec.steps, "{what}");
+                }
+            }
+        }
+    }
+}
