@@ -1,6 +1,7 @@
 //! Speculative decoding in `titan serve`: requests that repeat their prompt, greedy and seeded-sampled,
 //! sent several at once beside others to a server that drafts by prompt lookup, answer byte for byte what
-//! a server without drafts answers — while drafts are verified and kept (the metrics say how many).
+//! a server without drafts answers — while drafts are verified and kept (the metrics say how many); on the
+//! hybrids too, whose recurrent state goes back to a copy when a draft is rejected.
 
 use std::thread;
 
@@ -30,6 +31,15 @@ fn requests() -> Vec<Value> {
             "seed": 100 + i,
         }));
     }
+    // Two tokens made far likelier than the rest: a text of those two, which prompt lookup drafts right
+    // and wrong by turns, on any model (a random-weight hybrid's own text never repeats itself).
+    r.push(json!({
+        "prompt": "Hello there",
+        "max_tokens": 48,
+        "temperature": 1.0,
+        "logit_bias": {"64": 100, "265": 100},
+        "seed": 3,
+    }));
     r
 }
 
@@ -66,6 +76,8 @@ fn drafted_answers_beside_others_are_the_plain_answers() {
         "qwen3moe/q4_0.gguf",
         "gpt-oss/mxfp4_moe.gguf",
         "deepseek2-lite/q4_0.gguf",
+        "qwen3next/q8_0.gguf",
+        "qwen35/q4_0.gguf",
     ] {
         let m = fixture(model);
         let plain = serve::Server::start(&m, "templates/qwen3.jinja", &["--parallel", "3", "--draft-max", "0"]);

@@ -169,7 +169,7 @@ impl Model {
                 s.drafter.draft(&history, length.get().min(room), &mut drafts)?;
                 drafts.truncate(room);
                 if !drafts.is_empty() {
-                    seq.checkpoint();
+                    seq.checkpoint_step();
                 }
             }
             fed.clear();

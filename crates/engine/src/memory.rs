@@ -5,8 +5,9 @@
 //! query at position p reads positions 0..=p only, each written before it is read. A recurrent state
 //! (Gated DeltaNet) cannot: it folds every position into one matrix per head, and nothing of an earlier
 //! position can be taken back out of it. It can only be restored from a copy kept at that position, so a
-//! sequence with one keeps a single copy, [`Memory::checkpoint`], which the server takes at the end of each
-//! prompt (the position the next turn of a conversation most surely shares).
+//! sequence with one keeps two copies ([`Memory::checkpoint`]): the one the server takes at the end of each
+//! prompt (the position the next turn of a conversation most surely shares), and the one taken before each
+//! speculative step, for when its drafts are rejected.
 
 use crate::attention::KvCache;
 use crate::delta_net::DeltaState;
@@ -20,9 +21,20 @@ pub(crate) struct Memory {
     /// Positions computed so far: the next call continues here (or anywhere before it, after
     /// [`Memory::truncate`]). `usize::MAX` while a call runs, and after one that failed.
     pub next: usize,
-    /// The recurrent state as it was after `saved_at` positions.
-    saved: Vec<DeltaState>,
-    saved_at: Option<usize>,
+    /// Copies of the recurrent state, each with the position it was taken at: the one kept for a later
+    /// text ([`Copy::Kept`]) and the one a speculative step may come back to ([`Copy::Step`]).
+    saved: [Vec<DeltaState>; 2],
+    saved_at: [Option<usize>; 2],
+}
+
+/// Which copy of the recurrent state a [`Memory::checkpoint`] takes. Two, so that speculation's copy before
+/// each step does not replace the one the prompt cache keeps at the end of a prompt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Copy {
+    /// Kept until replaced: the server takes it at the end of each prompt.
+    Kept,
+    /// Taken before a step whose drafts may be rejected.
+    Step,
 }
 
 impl Memory {
@@ -31,31 +43,31 @@ impl Memory {
             kv,
             delta,
             next: 0,
-            saved: Vec::new(),
-            saved_at: None,
+            saved: [Vec::new(), Vec::new()],
+            saved_at: [None, None],
         }
     }
 
-    /// A call at position 0 starts a new text: the recurrent state starts from zero and the copy, of the
-    /// old text, is dropped.
+    /// A call at position 0 starts a new text: the recurrent state starts from zero and the copies, of the
+    /// old text, are dropped.
     pub fn restart(&mut self) {
         self.delta.iter_mut().for_each(DeltaState::reset);
-        self.saved_at = None;
+        self.saved_at = [None, None];
     }
 
-    /// Keep a copy of the recurrent state where the sequence stands, replacing the one kept before. Nothing
-    /// to keep in a model without linear attention.
-    pub fn checkpoint(&mut self) {
+    /// Keep a copy of the recurrent state where the sequence stands, replacing the one of that kind kept
+    /// before. Nothing to keep in a model without linear attention.
+    pub fn checkpoint(&mut self, copy: Copy) {
         if self.delta.is_empty() || self.next == usize::MAX {
             return;
         }
         // Element by element, so that the copy's buffers, once allocated, are reused.
-        self.saved.clone_from(&self.delta);
-        self.saved_at = Some(self.next);
+        self.saved[copy as usize].clone_from(&self.delta);
+        self.saved_at[copy as usize] = Some(self.next);
     }
 
     /// The most positions, at most `n`, that [`Memory::truncate`] can keep: `n` itself, or no more than
-    /// have been computed, for a KV cache; with a recurrent state, only where it stands or where its copy
+    /// have been computed, for a KV cache; with a recurrent state, only where it stands or where a copy
     /// was kept (else 0: start over).
     pub fn reusable(&self, n: usize) -> usize {
         if self.next == usize::MAX {
@@ -65,7 +77,13 @@ impl Memory {
         if self.delta.is_empty() || n == self.next {
             return n;
         }
-        self.saved_at.filter(|&at| at <= n).unwrap_or(0)
+        self.saved_at
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|&at| at <= n)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Keep the first `n` positions: the next call continues at `n`. `n` must be [`Memory::reusable`].
@@ -74,25 +92,36 @@ impl Memory {
             return Err(EngineError::Request(match self.next {
                 usize::MAX => format!("this sequence cannot keep {n} positions: its last step failed"),
                 next if n > next => format!("this sequence cannot keep {n} positions: it has computed {next}"),
-                next => format!(
-                    "this model's linear-attention state cannot go back to position {n}: it stands at {next}{}",
-                    match self.saved_at {
-                        Some(at) => format!(" and has a copy at {at}"),
-                        None => String::new(),
-                    }
-                ),
+                next => {
+                    let mut at: Vec<usize> = self.saved_at.iter().flatten().copied().collect();
+                    at.sort_unstable();
+                    let copies = match at[..] {
+                        [] => String::new(),
+                        [a] => format!(" and has a copy at {a}"),
+                        [a, b] => format!(" and has copies at {a} and {b}"),
+                        _ => unreachable!("two copies at most"),
+                    };
+                    format!("this model's linear-attention state cannot go back to position {n}: it stands at {next}{copies}")
+                }
             }));
         }
         if !self.delta.is_empty() && n < self.next {
             if n == 0 {
                 self.delta.iter_mut().for_each(DeltaState::reset);
             } else {
-                self.delta.clone_from(&self.saved);
+                let i = self
+                    .saved_at
+                    .iter()
+                    .position(|&at| at == Some(n))
+                    .expect("reusable found it");
+                self.delta.clone_from(&self.saved[i]);
             }
         }
         // A copy past the cut belongs to positions the next calls overwrite.
-        if self.saved_at.is_some_and(|at| at > n) {
-            self.saved_at = None;
+        for at in &mut self.saved_at {
+            if at.is_some_and(|at| at > n) {
+                *at = None;
+            }
         }
         self.next = n;
         Ok(())

@@ -13,7 +13,7 @@ use crate::config::{Config, Mixer, RopeStyle};
 use crate::delta_net::{self, DeltaScratch, DeltaState};
 use crate::experts::{Experts, ResidentExperts};
 use crate::latent::attend_latent;
-use crate::memory::Memory;
+use crate::memory::{Copy, Memory};
 use crate::moe::{dense_ffn, moe_block, MoeScratch, RouteRule, Routing};
 use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head, sigmoid};
 use crate::rows::{LocalRows, RowJob, Rows};
@@ -864,15 +864,21 @@ impl Sequence {
     }
 
     /// Keep a copy of the recurrent state at the position the sequence has reached, for [`Sequence::truncate`]
-    /// to come back to (one copy: it replaces the one before). Nothing is kept, or needed, for a model
-    /// without linear attention.
+    /// to come back to (it replaces the kept copy before). Nothing is kept, or needed, for a model without
+    /// linear attention.
     pub fn checkpoint(&mut self) {
-        self.mem.checkpoint();
+        self.mem.checkpoint(Copy::Kept);
+    }
+
+    /// [`Sequence::checkpoint`] into a second copy, for a speculative step to come back to if its drafts are
+    /// rejected, leaving the kept one (a prompt's end) in place.
+    pub fn checkpoint_step(&mut self) {
+        self.mem.checkpoint(Copy::Step);
     }
 
     /// The most of the first `n` positions that [`Sequence::truncate`] can keep: all of those computed for
-    /// a KV cache; for a recurrent state, only where it stands or where its [`Sequence::checkpoint`] was
-    /// taken, else 0.
+    /// a KV cache; for a recurrent state, only where it stands or where one of its copies
+    /// ([`Sequence::checkpoint`], [`Sequence::checkpoint_step`]) was taken, else 0.
     pub fn reusable(&self, n: usize) -> usize {
         self.mem.reusable(n)
     }

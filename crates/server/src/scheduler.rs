@@ -10,7 +10,8 @@
 //!
 //! With speculation on, a decoding sequence's row is followed by drafted tokens (prompt lookup over its own
 //! text) as rows of the same step; it keeps each draft that equals the token it samples there, so a
-//! request's bytes are those it would get without drafts (docs/speculative.md).
+//! request's bytes are those it would get without drafts (docs/speculative.md). A recurrent state takes a
+//! second copy before such a step, beside the prompt cache's (`Sequence::checkpoint_step`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -97,7 +98,7 @@ pub struct SchedulerOptions {
     /// Reuse the longest prefix of a prompt that a free slot's cache holds.
     pub prompt_cache: bool,
     /// The fewest and the most tokens drafted (by prompt lookup) after a decoding sequence's row; a most
-    /// of 0: none. Not for models with a recurrent state, whose one copy the prompt cache keeps.
+    /// of 0: none.
     pub min_drafts: usize,
     pub max_drafts: usize,
 }
@@ -170,7 +171,7 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
                 first_token: true,
                 fed: Vec::new(),
                 drafts: Vec::new(),
-                length: DraftLength::new(opts.min_drafts, drafts_for(model, opts)),
+                length: DraftLength::new(opts.min_drafts, opts.max_drafts),
                 job,
             });
         }
@@ -191,14 +192,6 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
         step(model, opts, &mut slots, &mut free, &mut batch, metrics);
         // Those the step finished are gone now, not at the next step, which may be a long wait away.
         metrics.active.store(slots.len() as u64, Ordering::Relaxed);
-    }
-}
-
-/// The most drafts a step may carry for one sequence of `model`.
-fn drafts_for(model: &Model, opts: &SchedulerOptions) -> usize {
-    match model.config.delta_net {
-        Some(_) => 0,
-        None => opts.max_drafts,
     }
 }
 
@@ -229,12 +222,17 @@ fn step<'m>(
         .zip(slots.iter_mut())
         .filter(|(_, s)| !s.reading_prompt())
     {
-        debug_assert_eq!(s.history.len() - s.in_cache, 1);
+        // The tokens not yet in the cache: the last one chosen, and those kept since a recurrent state's
+        // copy that a rejected draft sent it back to.
+        let pending = s.history.len() - s.in_cache;
         // Rows for the tokens still wanted, and no position past the context.
         let room = (s.job.max_tokens - s.generated - 1).min(opts.ctx_size - s.history.len());
-        let want = s.length.get().min(room).min(budget.saturating_sub(1));
+        let want = s.length.get().min(room).min(budget.saturating_sub(pending));
         // Prompt lookup cannot fail.
         let _ = NgramDrafter::default().draft(&s.history, want, &mut s.drafts);
+        if !s.drafts.is_empty() {
+            s.seq.checkpoint_step();
+        }
         s.fed.clear();
         s.fed.extend_from_slice(&s.history[s.in_cache..]);
         s.fed.extend_from_slice(&s.drafts);
@@ -321,8 +319,9 @@ fn step<'m>(
             accepted += 1;
         }
         if !s.drafts.is_empty() {
-            // The rows of rejected drafts hold other tokens than the text's: cut them.
-            s.in_cache += accepted;
+            // The rows of rejected drafts hold other tokens than the text's: cut them (a recurrent state goes
+            // back to its copy from before the step, and the next step feeds the kept tokens again).
+            s.in_cache = s.seq.reusable(s.in_cache + accepted);
             if let Err(e) = s.seq.truncate(s.in_cache) {
                 outcome = Err(e.to_string());
             }
