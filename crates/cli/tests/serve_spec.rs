@@ -102,3 +102,43 @@ fn drafted_answers_beside_others_are_the_plain_answers() {
         assert!(kept > 0.0 && kept < drafted, "{model}: {kept} of {drafted}");
     }
 }
+
+#[test]
+fn a_draft_model_drafts_for_every_slot_and_changes_no_answer() {
+    let m = fixture("qwen3moe/q4_0.gguf");
+    let plain = serve::Server::start(&m, "templates/qwen3.jinja", &["--parallel", "3", "--draft-max", "0"]);
+    let want = answers(&plain);
+    drop(plain);
+    let draft = fixture("qwen3moe/q8_0.gguf");
+    let spec = serve::Server::start(
+        &m,
+        "templates/qwen3.jinja",
+        &[
+            "--parallel",
+            "3",
+            "--draft",
+            draft.to_str().unwrap(),
+            "--draft-min",
+            "3",
+            "--draft-max",
+            "3",
+        ],
+    );
+    assert_eq!(answers(&spec), want);
+    let (drafted, kept) = (
+        metric(&spec, "titan_draft_tokens_total"),
+        metric(&spec, "titan_draft_tokens_accepted_total"),
+    );
+    assert!(kept > 0.0 && kept < drafted, "{kept} of {drafted}");
+    // A draft model of another vocabulary is refused before the server listens, naming both vocabularies.
+    let o = titan()
+        .args(["serve", "--listen", "127.0.0.1:0", "-m"])
+        .arg(&m)
+        .arg("--draft")
+        .arg(fixture("olmoe/q8_0.gguf"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--draft") && err.contains("vocabulary"), "{err}");
+}

@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use titan_engine::draft::{DraftLength, Drafter, NgramDrafter};
+use titan_engine::draft::{DraftLength, Drafter, ModelDrafter, NgramDrafter};
 use titan_engine::sampler::TokenLogprobs;
 use titan_engine::{Batch, Model, Outputs, Sampler, SamplerOptions, Sequence, Span};
 use titan_tokenizer::StreamDecoder;
@@ -101,6 +101,9 @@ pub struct SchedulerOptions {
     /// of 0: none.
     pub min_drafts: usize,
     pub max_drafts: usize,
+    /// A draft model with the model's vocabulary, drafting for every slot (each with its own sequence of
+    /// it) instead of prompt lookup.
+    pub draft: Option<Arc<Model>>,
 }
 
 /// A request in a slot: its sequence, what it has generated, and what it has sent.
@@ -123,6 +126,8 @@ struct Slot<'m> {
     fed: Vec<u32>,
     drafts: Vec<u32>,
     length: DraftLength,
+    /// The slot's draft model, when the server has one (else prompt lookup).
+    drafter: Option<ModelDrafter<'m>>,
 }
 
 impl Slot<'_> {
@@ -156,6 +161,16 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
                     .in_scope(|| tracing::info!("abandoned by the client while queued"));
                 continue;
             }
+            let drafter = match opts.draft.as_deref() {
+                Some(d) => match ModelDrafter::new(d, model, opts.ctx_size) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        let _ = job.events.send(Event::Failed(e.to_string()));
+                        continue;
+                    }
+                },
+                None => None,
+            };
             let unused = slots.len() + free.held() < opts.parallel;
             let (seq, cached) = free.take(model, opts.ctx_size, &job.prompt, unused);
             metrics.prompt_tokens_cached.fetch_add(cached as u64, Ordering::Relaxed);
@@ -172,6 +187,7 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
                 fed: Vec::new(),
                 drafts: Vec::new(),
                 length: DraftLength::new(opts.min_drafts, opts.max_drafts),
+                drafter,
                 job,
             });
         }
@@ -228,8 +244,15 @@ fn step<'m>(
         // Rows for the tokens still wanted, and no position past the context.
         let room = (s.job.max_tokens - s.generated - 1).min(opts.ctx_size - s.history.len());
         let want = s.length.get().min(room).min(budget.saturating_sub(pending));
-        // Prompt lookup cannot fail.
-        let _ = NgramDrafter::default().draft(&s.history, want, &mut s.drafts);
+        let drafted = match s.drafter.as_mut() {
+            Some(d) => d.draft(&s.history, want, &mut s.drafts),
+            None => NgramDrafter::default().draft(&s.history, want, &mut s.drafts),
+        };
+        if let Err(e) = drafted {
+            // A draft model that fails costs its drafts, not the request: the step goes on without them.
+            s.job.span.in_scope(|| tracing::warn!("the draft model failed: {e}"));
+            s.drafts.clear();
+        }
         if !s.drafts.is_empty() {
             s.seq.checkpoint_step();
         }

@@ -62,6 +62,9 @@ pub struct Args {
     /// from the recent acceptance and the measured cost of a step's rows).
     #[arg(long = "draft-min", default_value_t = 0)]
     draft_min: usize,
+    /// A draft model (a GGUF with the model's vocabulary) that drafts for every slot instead of prompt lookup.
+    #[arg(long)]
+    draft: Option<PathBuf>,
     /// Connections open at once; past it, a new one is answered 503 and closed.
     #[arg(long = "max-connections", default_value_t = 256)]
     max_connections: usize,
@@ -108,6 +111,15 @@ pub fn run(a: Args) -> Result<()> {
     model
         .check_context(ctx_size, memory, a.allow_long_context)
         .context("--ctx-size (per slot of --parallel)")?;
+    // The draft model, resident, checked against the model's vocabulary once here (and by each slot's drafter).
+    let draft = match &a.draft {
+        Some(p) => {
+            let d = titan_engine::Model::load(p).with_context(|| format!("--draft {}", p.display()))?;
+            titan_engine::draft::ModelDrafter::new(&d, &model, 1).context("--draft")?;
+            Some(std::sync::Arc::new(d))
+        }
+        None => None,
+    };
     let name = a.alias.clone().unwrap_or_else(|| {
         a.model
             .model
@@ -136,6 +148,7 @@ pub fn run(a: Args) -> Result<()> {
                 prompt_cache: !a.no_prompt_cache,
                 min_drafts: a.draft_min,
                 max_drafts: a.draft_max,
+                draft,
             },
             queue_len: a.queue,
             body_limit: a.max_body,
