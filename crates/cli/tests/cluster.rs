@@ -550,6 +550,103 @@ fn a_damaged_shard_is_refused_naming_the_expert() {
     );
 }
 
+/// gpt-oss's experts carry bias rows, which its shards carry with the matrices: two workers serving shards
+/// cut along both axes (one holds every layer × experts 0-3, the other two shards of experts 4-7) give the
+/// single-node trace, with MXFP4 experts and with Q8_0.
+#[test]
+fn workers_serving_gpt_oss_shards_give_the_single_node_trace() {
+    for model in ["gpt-oss/mxfp4_moe.gguf", "gpt-oss/q8_0.gguf"] {
+        let dir = tempfile::tempdir().unwrap();
+        let m = fixture(model);
+        let single = dir.path().join("single.trace");
+        trace(&m, &single, &[]);
+        let token = token_file(dir.path());
+        let first = slice(&m, "0-3", "0-3", dir.path());
+        let (low, high) = (slice(&m, "0-1", "4-7", dir.path()), slice(&m, "2-3", "4-7", dir.path()));
+        let both = PathBuf::from(format!("{},{}", low.display(), high.display()));
+        let workers = [
+            Worker::start_with("--shard", &first, dir.path(), "w0", "127.0.0.1:0"),
+            Worker::start_with("--shard", &both, dir.path(), "w1", "127.0.0.1:0"),
+        ];
+        let nodes = format!("{},{}", workers[0].addr, workers[1].addr);
+        let out = dir.path().join("shards.trace");
+        let o = trace(&m, &out, &["--nodes", &nodes, "--token-file", token.to_str().unwrap()]);
+        assert!(
+            stderr(&o).contains("each node serves the experts of its shard"),
+            "{}",
+            stderr(&o)
+        );
+        assert_eq!(
+            trace_diff(&single, &out).split(':').next(),
+            Some("IDENTICAL"),
+            "{model}: {}",
+            trace_diff(&single, &out)
+        );
+        for w in &workers {
+            let log = w.log_with("requests)");
+            assert!(requests_served(&log) > 0 && !log.contains("panicked"), "{model}: {log}");
+        }
+    }
+}
+
+/// Two workers fetching their gpt-oss shards from the backbone: the assignment's digests, which cover each
+/// expert's bias rows, are the shards' own, and the trace is the single node's.
+#[test]
+fn workers_fetching_gpt_oss_shards_give_the_single_node_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("gpt-oss/mxfp4_moe.gguf");
+    let single = dir.path().join("single.trace");
+    trace(&m, &single, &[]);
+    let nodes = [free_addr(), free_addr()];
+    let caches: Vec<PathBuf> = (0..2).map(|i| dir.path().join(format!("cache{i}"))).collect();
+    let slices = free_addr();
+    let url = format!("http://{slices}");
+    let out = dir.path().join("fetched.trace");
+    let (_, workers) = trace_serving_slices(&m, &out, &nodes, &slices, dir.path(), || {
+        let mut w = fetching_workers(&url, &caches, &nodes, dir.path(), "w");
+        wait_listening(&mut w);
+        w
+    });
+    assert!(
+        trace_diff(&single, &out).starts_with("IDENTICAL"),
+        "{}",
+        trace_diff(&single, &out)
+    );
+    for (w, cache) in workers.iter().zip(&caches) {
+        assert!(downloaded(w) > 0 && downloaded(w) == dir_bytes(cache), "{}", w.log());
+    }
+}
+
+/// A flipped byte in an expert's bias row fails that expert's digest check, as a flipped matrix byte does.
+#[test]
+fn a_damaged_bias_is_refused_naming_the_expert() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = slice(&fixture("gpt-oss/q8_0.gguf"), "1-2", "2-5", dir.path());
+    // Inside expert 4's row (the third the shard holds) of layer 2's up bias.
+    let at = {
+        let f = titan_gguf::GgufFile::open(&shard).unwrap();
+        let t = f.tensor("blk.2.ffn_up_exps.bias").unwrap();
+        let row = t.size / t.dims[1];
+        (f.data_offset + t.offset + 2 * row + 5) as usize
+    };
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[at] ^= 0x10;
+    std::fs::write(&shard, &bytes).unwrap();
+    let o = titan()
+        .args(["worker", "--listen", "127.0.0.1:0", "--token-file"])
+        .arg(token_file(dir.path()))
+        .arg("--shard")
+        .arg(&shard)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("expert 4 of layer 2 failed its digest check") && err.contains(&shard.display().to_string()),
+        "{err}"
+    );
+}
+
 /// llama.cpp's own GGUF reader (gguf-py) must read a shard, and find it byte-equal to the model's slice.
 /// Runs with the Python named by TITAN_PYTHON (which has the `gguf` package; `.ci/run` provides one); in
 /// CI it must be there.
@@ -569,6 +666,8 @@ fn shards_load_in_gguf_py() {
         ("qwen3moe/q8_0.gguf", "0-1", "2-5"),
         ("qwen3moe-k/q4_k_m.gguf", "0", "0-7"),
         ("mixtral/q4_0.gguf", "1", "7"),
+        ("gpt-oss/mxfp4_moe.gguf", "1-2", "3-6"),
+        ("gpt-oss/q8_0.gguf", "0", "0-7"),
     ] {
         let m = fixture(model);
         let shard = slice(&m, layers, experts, dir.path());
@@ -938,21 +1037,11 @@ fn a_hung_worker_misses_the_deadline_and_changes_no_byte() {
     );
 }
 
-/// Models whose experts carry biases (gpt-oss) cannot be cut into shards yet: `titan slice` says why and
-/// what to do instead, and writes nothing; a dense layer cannot be sliced either.
+/// A dense layer cannot be sliced: `titan slice` says where the experts start, and writes nothing.
 #[test]
-fn shards_of_unsupported_layers_and_models_are_refused() {
+fn shards_of_dense_layers_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("shard.gguf");
-    let o = titan()
-        .arg("slice")
-        .arg(fixture("gpt-oss/q8_0.gguf"))
-        .args(["--layers", "0-1", "--experts", "0-3", "-o"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(!o.status.success() && !out.exists());
-    assert!(stderr(&o).contains("gpt-oss experts carry biases and a clamped activation that shards do not hold yet: give the node the whole model"), "{}", stderr(&o));
     let o = titan()
         .arg("slice")
         .arg(fixture("deepseek3/q8_0.gguf"))

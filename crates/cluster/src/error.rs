@@ -240,11 +240,6 @@ pub enum ShardError {
         n_layer: usize,
         n_expert: usize,
     },
-    /// Experts with biases and a clamped activation (gpt-oss), which a shard does not hold.
-    #[error(
-        "{0} experts carry biases and a clamped activation that shards do not hold yet: give the node the whole model"
-    )]
-    BiasedExperts(String),
     /// Layers that start among the model's dense (expert-less) first layers.
     #[error("layers {layers:?}: the model's first {dense} layers are dense and have no experts; start the layers at {dense}")]
     DenseLayers {

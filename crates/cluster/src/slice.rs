@@ -4,8 +4,9 @@
 //! layer are one contiguous byte range of each of its three tensors: a shard is byte copies, never a
 //! requantisation. It keeps the model's metadata (so its config reads as the model's), adds
 //! `titan.shard.*` keys — the model's identity, the layers and experts held, a BLAKE3 digest per expert —
-//! and holds only the expert tensors, cut along the outer axis. Routers, shared experts, attention and
-//! embeddings stay with the backbone.
+//! and holds only the expert tensors, cut along the outer axis: the matrices and, where the model has them
+//! (gpt-oss), the experts' bias rows, which the expert's digest covers too. Routers, shared experts,
+//! attention and embeddings stay with the backbone.
 //!
 //! A [`Shard`] is planned as a virtual file — the header, then pieces of the source — so it can be written
 //! to disk or served over HTTP from any offset without ever being held whole in memory.
@@ -17,10 +18,11 @@ use std::sync::{Arc, OnceLock};
 
 use rayon::prelude::*;
 use titan_engine::experts::{ExpertJob, ExpertScratch, ExpertWeights, Experts, ScratchPool};
+use titan_engine::weights::ExpertExtras;
 use titan_engine::{Config, EngineError};
 use titan_gguf::{GgufFile, GgufWriter, Value, ValueType};
 use titan_kernels::{GgmlType, WeightLayout, WeightView};
-use titan_layout::names::{is_expert_tensor, weight_name};
+use titan_layout::names::{bias_name, is_expert_tensor, weight_name};
 use titan_layout::{regroup, ExpertLayout, ModelIdentity, Part};
 
 use crate::ShardError;
@@ -101,7 +103,7 @@ impl Digests {
         }
         let d = self
             .layout
-            .digest(src, layer, expert)
+            .carried_digest(src, layer, expert)
             .ok_or_else(|| ShardError::NoExpert {
                 path: src.path().to_path_buf(),
                 layer,
@@ -139,9 +141,6 @@ impl Shard {
                 n_layer: config.n_layer,
                 n_expert: config.n_expert,
             });
-        }
-        if config.expert_act != titan_engine::config::Activation::Silu {
-            return Err(ShardError::BiasedExperts(config.arch_name.to_string()));
         }
         if *spec.layers.start() < config.dense_lead {
             return Err(ShardError::DenseLayers {
@@ -187,6 +186,15 @@ impl Shard {
                 let (start, per) = entry.range(*spec.experts.start(), part);
                 let dims = [slice.cols as u64, slice.rows as u64, count as u64];
                 w.add_tensor(&weight_name(l, part), &dims, slice.ty)
+                    .map_err(ShardError::io("planning the shard's header"))?;
+                sources.push((start as usize, per * count as u64));
+            }
+            // The bias rows of the same experts (gpt-oss), after the layer's matrices; none for a model
+            // without, whose shards stay as they were.
+            for (part, b) in entry.biases.iter().flat_map(|b| Part::ALL.map(|p| (p, b))) {
+                let row = &b.parts[part as usize];
+                let (start, per) = b.range(*spec.experts.start(), part);
+                w.add_tensor(&bias_name(l, part), &[row.cols as u64, count as u64], row.ty)
                     .map_err(ShardError::io("planning the shard's header"))?;
                 sources.push((start as usize, per * count as u64));
             }
@@ -297,6 +305,9 @@ pub struct ShardExperts {
     /// Every expert's digest as the shard's header gives it, layer-major (checked against the bytes when
     /// opened with `verify`).
     digests: Vec<String>,
+    /// The experts' activation, and their bias rows if the shard holds them, decoded to f32 (indexed by
+    /// expert as the shard holds them, from 0).
+    extras: ExpertExtras,
 }
 
 impl ShardExperts {
@@ -329,12 +340,6 @@ impl ShardExperts {
             experts: range(KEY_EXPERTS)?,
         };
         let config = Config::of_part(&file)?;
-        if config.expert_act != titan_engine::config::Activation::Silu {
-            return Err(bad(format!(
-                "a {} shard: its experts need biases a shard does not hold",
-                config.arch_name
-            )));
-        }
         if *spec.layers.end() >= config.n_layer || *spec.experts.end() >= config.n_expert {
             return Err(bad(format!(
                 "holds layers {:?} × experts {:?} of a model of {} × {}",
@@ -378,6 +383,12 @@ impl ShardExperts {
                 spec.layers.clone().count() * count
             )));
         }
+        // The bias tensors hold the shard's experts only: read them as a model of that many experts.
+        let held = Config {
+            n_expert: count,
+            ..config.clone()
+        };
+        let extras = ExpertExtras::load(&file, &held)?;
         let mut shard = ShardExperts {
             file,
             spec,
@@ -386,6 +397,7 @@ impl ShardExperts {
             layout,
             regrouped: Default::default(),
             digests,
+            extras,
         };
         if verify {
             shard.verify(path)?;
@@ -420,7 +432,9 @@ impl ShardExperts {
             .collect();
         keys.par_iter().zip(&self.digests).try_for_each(|(&(l, e), want)| {
             let [g, u, d] = self.views(l, e).map(|v| v.data);
-            if blake3::Hash::from_bytes(titan_layout::digest_of([g, u, d]))
+            let i = e - self.spec.experts.start();
+            let biases = self.layout.bias_bytes(&self.file, l, i).into_iter().flatten();
+            if blake3::Hash::from_bytes(titan_layout::digest_of([g, u, d].into_iter().chain(biases)))
                 .to_hex()
                 .as_str()
                 != want
@@ -449,13 +463,12 @@ impl ShardExperts {
     pub fn weights(&self, l: usize, e: usize) -> Option<ExpertWeights<'_>> {
         self.spec.contains(l, e).then(|| {
             let [gate, up, down] = self.views(l, e);
-            // Shards are refused for models whose experts have biases or another activation (see `plan`).
             ExpertWeights {
                 gate,
                 up,
                 down,
-                bias: None,
-                act: titan_engine::config::Activation::Silu,
+                bias: self.extras.bias(l, e - self.spec.experts.start()),
+                act: self.extras.act,
             }
         })
     }
@@ -649,6 +662,34 @@ mod tests {
                 experts: 0..=3
             }]
         );
+    }
+
+    /// A gpt-oss shard carries its experts' bias rows: opened (every digest checked), each expert's
+    /// biases and activation are the model's own, and its digest is not the matrices' alone.
+    #[test]
+    fn a_shard_carries_its_experts_biases() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/gpt-oss/q8_0.gguf");
+        let src = Arc::new(GgufFile::open(path).unwrap());
+        let spec = SliceSpec {
+            layers: 1..=2,
+            experts: 3..=6,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("shard.gguf");
+        write_shard(&src, &spec, &out, &mut |_, _| {}).unwrap();
+        let shard = ShardExperts::open(&out, true).unwrap();
+        let model = ExpertExtras::load(&src, &Config::from_gguf(&src).unwrap()).unwrap();
+        let layout = ExpertLayout::of(&src).unwrap();
+        for l in spec.layers.clone() {
+            for e in spec.experts.clone() {
+                let w = shard.weights(l, e).unwrap();
+                let (got, want) = (w.bias.unwrap(), model.bias(l, e).unwrap());
+                assert_eq!((got.gate, got.up, got.down), (want.gate, want.up, want.down));
+                assert_eq!(w.act, model.act);
+                let matrices = blake3::Hash::from_bytes(layout.digest(&src, l, e).unwrap());
+                assert_ne!(shard.digest(l, e), Some(matrices.to_hex().as_str()));
+            }
+        }
     }
 
     #[test]

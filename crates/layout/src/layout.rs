@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use titan_gguf::{GgufFile, TensorInfo};
 use titan_kernels::GgmlType;
 
-use crate::names::{is_expert_tensor, parse_weight_name, weight_name, Part};
+use crate::names::{bias_name, is_expert_tensor, parse_weight_name, weight_name, Part};
 
-/// BLAKE3 of an expert's gate ‖ up ‖ down bytes: the digest a store record, an index entry and a shard
-/// all give the expert.
+/// BLAKE3 of an expert's gate ‖ up ‖ down bytes: the digest a store record and an index entry give the
+/// expert. A shard's digest ([`ExpertLayout::carried_digest`]) also covers the expert's bias rows, if the
+/// model has them; for every other model the two are the same.
 pub type Digest = [u8; 32];
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +41,26 @@ pub struct LayerExperts {
     pub parts: [Slice; 3],
     /// File offsets of expert 0's gate, up and down.
     pub offsets: [u64; 3],
+    /// The experts' bias rows, if the model has them (gpt-oss).
+    pub biases: Option<LayerBiases>,
+}
+
+/// One MoE layer's expert biases, `blk.L.ffn_{gate,up,down}_exps.bias` (`[len, n_expert]`): like the
+/// matrices, expert `e`'s row of a part is one contiguous byte range, `e × bytes` after expert 0's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerBiases {
+    /// Gate, up, down: each one row (`rows` is 1) of `cols` elements.
+    pub parts: [Slice; 3],
+    /// File offsets of expert 0's gate, up and down rows.
+    pub offsets: [u64; 3],
+}
+
+impl LayerBiases {
+    /// File offset and length of expert `e`'s bias row of `part`.
+    pub fn range(&self, e: usize, part: Part) -> (u64, u64) {
+        let s = self.parts[part as usize];
+        (self.offsets[part as usize] + e as u64 * s.bytes, s.bytes)
+    }
 }
 
 impl LayerExperts {
@@ -127,15 +148,53 @@ impl ExpertLayout {
                 bytes: bytes as u64,
             })
         };
+        // A bias tensor `[len, n_expert]` of a part whose matrices have `len` rows: one row per expert.
+        let bias_row = |t: &TensorInfo, len: usize| -> Result<Slice, LayoutError> {
+            let bytes = t
+                .ty
+                .row_bytes(len)
+                .filter(|&b| t.dims[..] == [len as u64, n_expert] && (b as u64).checked_mul(n_expert) == Some(t.size))
+                .ok_or_else(|| {
+                    err(format!(
+                        "{} ({} {:?}) is not one row of {len} per expert of {n_expert}",
+                        t.name, t.ty, t.dims
+                    ))
+                })?;
+            Ok(Slice {
+                ty: t.ty,
+                rows: 1,
+                cols: len,
+                bytes: bytes as u64,
+            })
+        };
         let mut entries = Vec::with_capacity(layers.len());
         for &layer in &layers {
             let ts = Part::ALL.map(|p| tensor(layer, p));
             let [g, u, d] = ts;
             let ts = [g?, u?, d?];
+            let parts = [slice(ts[0])?, slice(ts[1])?, slice(ts[2])?];
+            let biases = match Part::ALL.map(|p| gguf.tensor(&bias_name(layer, p))) {
+                [None, None, None] => None,
+                [Some(g), Some(u), Some(d)] => Some(LayerBiases {
+                    parts: [
+                        bias_row(g, parts[0].rows)?,
+                        bias_row(u, parts[1].rows)?,
+                        bias_row(d, parts[2].rows)?,
+                    ],
+                    offsets: [g, u, d].map(|t| gguf.data_offset + t.offset),
+                }),
+                _ => {
+                    return Err(err(format!(
+                        "layer {layer} has some expert bias tensors but not all three ({})",
+                        bias_name(layer, Part::Gate)
+                    )))
+                }
+            };
             entries.push(LayerExperts {
                 layer,
-                parts: [slice(ts[0])?, slice(ts[1])?, slice(ts[2])?],
+                parts,
                 offsets: ts.map(|t| gguf.data_offset + t.offset),
+                biases,
             });
         }
         let last = layers.last().map_or(0, |l| l + 1);
@@ -168,9 +227,33 @@ impl ExpertLayout {
         Some([part(Part::Gate)?, part(Part::Up)?, part(Part::Down)?])
     }
 
+    /// Expert `e` of `layer`'s gate, up and down bias rows in `gguf`, if the model has expert biases.
+    pub fn bias_bytes<'f>(&self, gguf: &'f GgufFile, layer: usize, e: usize) -> Option<[&'f [u8]; 3]> {
+        let b = self.layer(layer).filter(|_| e < self.n_expert)?.biases.as_ref()?;
+        let part = |p: Part| {
+            let (offset, len) = b.range(e, p);
+            gguf.bytes(usize::try_from(offset).ok()?, usize::try_from(len).ok()?)
+        };
+        Some([part(Part::Gate)?, part(Part::Up)?, part(Part::Down)?])
+    }
+
     /// Expert `e` of `layer`'s digest in `gguf`.
     pub fn digest(&self, gguf: &GgufFile, layer: usize, e: usize) -> Option<Digest> {
         self.expert_bytes(gguf, layer, e).map(digest_of)
+    }
+
+    /// The digest of everything a shard carries of expert `e` of `layer`: gate ‖ up ‖ down, then its gate,
+    /// up and down bias rows if the model has them. One digest per expert, not a second one for the
+    /// biases, so that the digests a backbone's assignment gives a node vouch for the biases too with no
+    /// change to the assignment. A store's records hold the matrices only (the biases stay with the
+    /// model's dense weights), so their digests stay [`Self::digest`]; without biases the two are equal.
+    pub fn carried_digest(&self, gguf: &GgufFile, layer: usize, e: usize) -> Option<Digest> {
+        let matrices = self.expert_bytes(gguf, layer, e)?;
+        let biases = match self.layer(layer)?.biases {
+            Some(_) => Some(self.bias_bytes(gguf, layer, e)?),
+            None => None,
+        };
+        Some(digest_of(matrices.into_iter().chain(biases.into_iter().flatten())))
     }
 
     /// Gate + up + down bytes of every expert of every layer.
@@ -182,8 +265,8 @@ impl ExpertLayout {
     }
 }
 
-/// BLAKE3 of gate ‖ up ‖ down.
-pub fn digest_of(parts: [&[u8]; 3]) -> Digest {
+/// BLAKE3 of `parts` one after another: gate ‖ up ‖ down (‖ the bias rows, for a shard's digest).
+pub fn digest_of<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Digest {
     let mut h = blake3::Hasher::new();
     for p in parts {
         h.update(p);
@@ -239,6 +322,34 @@ mod tests {
         let joined: Vec<u8> = [g, u, d].concat();
         assert_eq!(l.digest(&f, 1, 3).unwrap(), *blake3::hash(&joined).as_bytes());
         assert_ne!(l.digest(&f, 1, 3), l.digest(&f, 1, 4));
+    }
+
+    /// gpt-oss's bias rows are slices of the stacked bias tensors; a shard's digest covers them, and is
+    /// the store's digest for a model without biases.
+    #[test]
+    fn bias_rows_are_slices_and_a_shard_digest_covers_them() {
+        let f = fixture("gpt-oss/q8_0.gguf");
+        let l = ExpertLayout::of(&f).unwrap();
+        for entry in &l.layers {
+            let b = entry.biases.as_ref().unwrap();
+            for part in Part::ALL {
+                let t = f.tensor(&bias_name(entry.layer, part)).unwrap();
+                let whole = f.tensor_data(t);
+                let per = b.parts[part as usize].bytes as usize;
+                assert_eq!(b.parts[part as usize].cols, entry.part(part).rows);
+                let rows = l.bias_bytes(&f, entry.layer, 6).unwrap();
+                assert_eq!(rows[part as usize], &whole[6 * per..7 * per]);
+            }
+        }
+        let [g, u, d] = l.expert_bytes(&f, 1, 3).unwrap();
+        let [bg, bu, bd] = l.bias_bytes(&f, 1, 3).unwrap();
+        let joined: Vec<u8> = [g, u, d, bg, bu, bd].concat();
+        assert_eq!(l.carried_digest(&f, 1, 3).unwrap(), *blake3::hash(&joined).as_bytes());
+        assert_ne!(l.carried_digest(&f, 1, 3), l.digest(&f, 1, 3));
+        let q = fixture("qwen3moe/q8_0.gguf");
+        let lq = ExpertLayout::of(&q).unwrap();
+        assert!(lq.bias_bytes(&q, 1, 3).is_none());
+        assert_eq!(lq.carried_digest(&q, 1, 3), lq.digest(&q, 1, 3));
     }
 
     /// DeepSeek's first layers are dense: no entry, and the layer count still covers them.

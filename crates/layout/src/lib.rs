@@ -14,5 +14,7 @@ pub mod names;
 pub mod regroup;
 
 pub use identity::ModelIdentity;
-pub use layout::{dense_and_expert_bytes, digest_of, Digest, ExpertLayout, LayerExperts, LayoutError, Slice};
+pub use layout::{
+    dense_and_expert_bytes, digest_of, Digest, ExpertLayout, LayerBiases, LayerExperts, LayoutError, Slice,
+};
 pub use names::Part;
