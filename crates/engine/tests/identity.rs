@@ -7,23 +7,6 @@ use common::*;
 use titan_engine::trace::{diff, Trace};
 use titan_engine::{GenerateOptions, Model, Outputs, SamplerOptions};
 
-/// One model per architecture, and the K-quant model (every file of a model shares its code paths but
-/// not its kernels, so take a few types too).
-const FILES: &[&str] = &[
-    "qwen3moe/q4_0.gguf",
-    "olmoe/q8_0.gguf",
-    "qwen2moe/f16.gguf",
-    "mixtral/q5_1.gguf",
-    "qwen3moe-k/q4_k_m.gguf",
-    "qwen3next/q8_0.gguf",
-    "qwen35moe/q4_0.gguf",
-    "qwen35moe-k/q6_k.gguf",
-    "deepseek3/q8_0.gguf",
-    "deepseek2-lite/q4_0.gguf",
-    "gpt-oss/mxfp4_moe.gguf",
-    "qwen35/q4_0.gguf",
-];
-
 fn traced_run(model: &Model, threads: usize) -> Trace {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     let prompt = model
@@ -46,7 +29,7 @@ fn traced_run(model: &Model, threads: usize) -> Trace {
 
 #[test]
 fn one_thread_and_two_threads_are_identical() {
-    for f in FILES {
+    for f in ONE_PER_ARCHITECTURE {
         let model = Model::load(fixtures().join(f)).unwrap();
         let (a, b) = (traced_run(&model, 1), traced_run(&model, 2));
         let rep = diff(&a, &b, None);
@@ -66,7 +49,7 @@ fn one_thread_and_two_threads_are_identical() {
 
 #[test]
 fn a_row_alone_equals_the_same_row_in_a_batch() {
-    for f in FILES {
+    for f in ONE_PER_ARCHITECTURE {
         let model = Model::load(fixtures().join(f)).unwrap();
         let tokens = model
             .tokenizer
@@ -93,7 +76,7 @@ fn a_row_alone_equals_the_same_row_in_a_batch() {
 /// a sampler value out of range, a context beyond the model's or beyond memory.
 #[test]
 fn requests_that_cannot_run_are_errors() {
-    let model = Model::load(fixtures().join(FILES[0])).unwrap();
+    let model = Model::load(fixtures().join(ONE_PER_ARCHITECTURE[0])).unwrap();
     let mut seq = model.new_sequence(8);
     let err = model.forward(&[], 0, &mut seq, Outputs::All).unwrap_err().to_string();
     assert_eq!(err, "forward was given no tokens");
@@ -139,7 +122,7 @@ fn requests_that_cannot_run_are_errors() {
 #[test]
 fn a_sequence_in_a_batch_of_sequences_equals_it_alone() {
     use titan_engine::{Batch, Span};
-    for f in FILES {
+    for f in ONE_PER_ARCHITECTURE {
         let model = Model::load(fixtures().join(f)).unwrap();
         let v = model.config.n_vocab;
         let texts = [
@@ -222,7 +205,7 @@ fn a_recurrent_state_continues_or_restarts() {
 /// its cache held before: the server reuses a finished request's sequence for the next one.
 #[test]
 fn a_reused_sequence_equals_a_fresh_one() {
-    for f in FILES {
+    for f in ONE_PER_ARCHITECTURE {
         let model = Model::load(fixtures().join(f)).unwrap();
         let old = model.tokenizer.encode(
             "An earlier request, longer than the next one, fills the cache",
@@ -248,7 +231,7 @@ fn a_reused_sequence_equals_a_fresh_one() {
 /// prompt), and nowhere else.
 #[test]
 fn a_truncated_sequence_equals_a_fresh_one() {
-    for f in FILES {
+    for f in ONE_PER_ARCHITECTURE {
         let model = Model::load(fixtures().join(f)).unwrap();
         let v = model.config.n_vocab;
         let encode = |t: &str| model.tokenizer.encode(t, true, false);

@@ -10,21 +10,6 @@ use titan_engine::draft::{Drafter, ModelDrafter, NgramDrafter, ReplayDrafter};
 use titan_engine::trace::{diff, Trace};
 use titan_engine::{GenerateOptions, Generation, Model, SamplerOptions, Speculation};
 
-const FILES: &[&str] = &[
-    "qwen3moe/q4_0.gguf",
-    "olmoe/q8_0.gguf",
-    "qwen2moe/f16.gguf",
-    "mixtral/q5_1.gguf",
-    "qwen3moe-k/q4_k_m.gguf",
-    "qwen3next/q8_0.gguf",
-    "qwen35moe/q4_0.gguf",
-    "qwen35moe-k/q6_k.gguf",
-    "deepseek3/q8_0.gguf",
-    "deepseek2-lite/q4_0.gguf",
-    "gpt-oss/mxfp4_moe.gguf",
-    "qwen35/q4_0.gguf",
-];
-
 fn options(temperature: f32) -> GenerateOptions {
     GenerateOptions {
         max_tokens: 40,
@@ -74,7 +59,7 @@ fn draft_model(file: &str) -> Model {
 
 #[test]
 fn drafts_change_no_byte_of_the_output_or_the_trace() {
-    for f in FILES {
+    for f in ONE_PER_ARCHITECTURE {
         let model = Model::load(fixtures().join(f)).unwrap();
         let draft = draft_model(f);
         // A text that repeats itself, so that prompt lookup finds something to draft.

@@ -7,6 +7,23 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
+/// One model file per architecture, and the K-quant models (every file of a model shares its code paths but
+/// not its kernels, so take a few types too).
+pub const ONE_PER_ARCHITECTURE: &[&str] = &[
+    "qwen3moe/q4_0.gguf",
+    "olmoe/q8_0.gguf",
+    "qwen2moe/f16.gguf",
+    "mixtral/q5_1.gguf",
+    "qwen3moe-k/q4_k_m.gguf",
+    "qwen3next/q8_0.gguf",
+    "qwen35moe/q4_0.gguf",
+    "qwen35moe-k/q6_k.gguf",
+    "deepseek3/q8_0.gguf",
+    "deepseek2-lite/q4_0.gguf",
+    "gpt-oss/mxfp4_moe.gguf",
+    "qwen35/q4_0.gguf",
+];
+
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
