@@ -1,7 +1,7 @@
 //! The cluster with real processes and real sockets on loopback: `titan worker`s started as child
 //! processes, a backbone (`titan trace` / `titan run --nodes`), and `titan trace-diff` as the judge.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -971,15 +971,8 @@ fn streaming_workers_and_backbone_give_the_single_node_trace() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let w = Worker {
-        child,
-        addr: line.trim().trim_start_matches("listening on ").to_string(),
-        log,
-    };
+    let addr = listening_addr(&mut child, "worker");
+    let w = Worker { child, addr, log };
     let out = dir.path().join("cluster.trace");
     let args = [
         "--nodes",

@@ -1,7 +1,7 @@
 //! `titan serve` as its users reach it: a real server process on loopback, driven by the official `openai`
 //! Python client (crates/cli/tests/openai_client.py) and by raw HTTP for what the client cannot send.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -45,15 +45,7 @@ impl Server {
             .stderr(log)
             .spawn()
             .expect("titan serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("server said {line:?}"))
-            .to_string();
+        let addr = listening_addr(&mut child, "server");
         Server {
             child,
             url: format!("http://{addr}"),

@@ -5,7 +5,6 @@
 //! reading the new fields (when TITAN_PYTHON names a python with it).
 
 use std::collections::HashMap;
-use std::process::Command;
 
 use serde_json::{json, Value};
 
@@ -581,12 +580,7 @@ fn props_report_the_settings_slots_context_model_and_template() {
 /// what it takes as it always did, and its unknown extras are refused.
 #[test]
 fn the_openai_client_reads_top_logprobs_logprobs_n_and_the_seed() {
-    let Ok(python) = std::env::var("TITAN_PYTHON") else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI must set TITAN_PYTHON to a python with the openai package"
-        );
-        eprintln!("skipped: TITAN_PYTHON (a python with the openai package) is not set");
+    let Some(python) = serve::python("the openai package") else {
         return;
     };
     let server = Server::start(&[]);
@@ -622,15 +616,5 @@ for kw in [dict(extra_body={"temprature": 1}), dict(tool_choice="required")]:
         raise AssertionError(f"{kw} was taken")
 print("all checks passed")
 "#;
-    let o = Command::new(python)
-        .args(["-c", script, &server.url, KEY])
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    println!("{out}");
-    assert!(
-        o.status.success() && out.contains("all checks passed"),
-        "{out}{}",
-        stderr(&o)
-    );
+    serve::python_checks(&python, script, &[&server.url, KEY]);
 }

@@ -207,12 +207,7 @@ fn the_same_request_again_reuses_all_but_its_last_token() {
     assert_eq!(server.metric("titan_prompt_tokens_cached_total"), reused);
 
     // The official client reads the field: the same chat twice, then streamed with the usage chunk.
-    let Ok(python) = std::env::var("TITAN_PYTHON") else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI must set TITAN_PYTHON to a python with the openai package"
-        );
-        eprintln!("skipped the openai client: TITAN_PYTHON is not set");
+    let Some(python) = serve::python("the openai package") else {
         return;
     };
     let script = r#"

@@ -4,8 +4,6 @@
 //! `jsonschema` package (not with anything of TITAN's); several slots decode at once, with and without a
 //! format, streamed and not, and a repeated request goes through the prompt cache.
 
-use std::process::Command;
-
 mod common;
 use common::serve::Server;
 use common::*;
@@ -13,12 +11,7 @@ use common::*;
 /// Runs `script` (Python, with `openai` and `jsonschema`) against a fresh server; it prints what it checked
 /// and ends with "all checks passed".
 fn run_python(script: &str) {
-    let Ok(python) = std::env::var("TITAN_PYTHON") else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI must set TITAN_PYTHON to a python with the openai and jsonschema packages"
-        );
-        eprintln!("skipped: TITAN_PYTHON (a python with the openai and jsonschema packages) is not set");
+    let Some(python) = serve::python("the openai and jsonschema packages") else {
         return;
     };
     let server = Server::start(
@@ -26,17 +19,7 @@ fn run_python(script: &str) {
         "templates/qwen3.jinja",
         &["--parallel", "4"],
     );
-    let o = Command::new(python)
-        .args(["-c", &format!("{PRELUDE}{script}"), &server.url])
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    println!("{out}");
-    assert!(
-        o.status.success() && out.contains("all checks passed"),
-        "{out}{}",
-        stderr(&o)
-    );
+    serve::python_checks(&python, &format!("{PRELUDE}{script}"), &[&server.url]);
 }
 
 /// The client, the schema the tests ask for, and helpers to ask for it streamed or not.

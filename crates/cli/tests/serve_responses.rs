@@ -4,8 +4,6 @@
 //! requests are 400s naming the cause; and the official `openai` client reads all of it (when TITAN_PYTHON
 //! names a python with it).
 
-use std::process::Command;
-
 use serde_json::{json, Value};
 
 mod common;
@@ -299,12 +297,7 @@ fn bad_responses_requests_are_400s_naming_the_cause() {
 /// the chat endpoint's greedy text, usage and status as the SDK's own types.
 #[test]
 fn the_openai_client_reads_responses() {
-    let Ok(python) = std::env::var("TITAN_PYTHON") else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI must set TITAN_PYTHON to a python with the openai package"
-        );
-        eprintln!("skipped: TITAN_PYTHON (a python with the openai package) is not set");
+    let Some(python) = serve::python("the openai package") else {
         return;
     };
     let server = Server::start();
@@ -355,15 +348,5 @@ else:
     raise AssertionError("an image was taken")
 print("all checks passed")
 "#;
-    let o = Command::new(python)
-        .args(["-c", script, &server.url, KEY])
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    println!("{out}");
-    assert!(
-        o.status.success() && out.contains("all checks passed"),
-        "{out}{}",
-        stderr(&o)
-    );
+    serve::python_checks(&python, script, &[&server.url, KEY]);
 }

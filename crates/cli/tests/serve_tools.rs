@@ -97,32 +97,13 @@ print("all checks passed")
 "#;
 
 fn round_trip(template: &str) {
-    let Ok(python) = std::env::var("TITAN_PYTHON") else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI must set TITAN_PYTHON to a python with the openai package"
-        );
-        eprintln!("skipped: TITAN_PYTHON (a python with the openai package) is not set");
+    let Some(python) = serve::python("the openai package") else {
         return;
     };
     let server = Server::start(&fixture(MODEL), template, CONTEXT);
     let name = std::path::Path::new(MODEL).file_stem().unwrap().to_str().unwrap();
-    let o = Command::new(python)
-        .args([
-            "-c",
-            ROUND_TRIP,
-            &server.url,
-            name,
-            &json!([weather_tool(), time_tool()]).to_string(),
-        ])
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success() && out.contains("all checks passed"),
-        "{out}{}",
-        stderr(&o)
-    );
+    let tools = json!([weather_tool(), time_tool()]).to_string();
+    serve::python_checks(&python, ROUND_TRIP, &[&server.url, name, &tools]);
 }
 
 #[test]
@@ -184,26 +165,12 @@ print("all checks passed")
 
 #[test]
 fn an_agent_framework_runs_a_tool() {
-    let Ok(python) = std::env::var("TITAN_PYTHON") else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI must set TITAN_PYTHON to a python with the openai-agents package"
-        );
-        eprintln!("skipped: TITAN_PYTHON (a python with the openai-agents package) is not set");
+    let Some(python) = serve::python("the openai-agents package") else {
         return;
     };
     let server = Server::start(&fixture(MODEL), "templates/qwen3.jinja", CONTEXT);
     let name = std::path::Path::new(MODEL).file_stem().unwrap().to_str().unwrap();
-    let o = Command::new(python)
-        .args(["-c", AGENT, &server.url, name])
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success() && out.contains("all checks passed"),
-        "{out}{}",
-        stderr(&o)
-    );
+    serve::python_checks(&python, AGENT, &[&server.url, name]);
 }
 
 /// The prompt the server renders with tools and past calls is transformers' (the tool conversations of

@@ -67,15 +67,7 @@ impl Worker {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("titan worker starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("worker said {line:?}"))
-            .to_string();
+        let addr = listening_addr(&mut child, "worker");
         Worker { child, addr, log }
     }
 
@@ -105,6 +97,19 @@ impl Drop for Worker {
 }
 
 /// The node token file in `dir`, written once (atomically: a process may be reading it).
+/// The address a `titan worker` or `titan serve` child prints first on stdout (`listening on ADDR`); `who`
+/// names the child in the panic if it prints something else.
+pub fn listening_addr(child: &mut Child, who: &str) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line.trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("{who} said {line:?}"))
+        .to_string()
+}
+
 pub fn token_file(dir: &Path) -> PathBuf {
     let p = dir.join("node.token");
     if !p.exists() {

@@ -1,8 +1,7 @@
 //! A `titan serve` child for the server tests, and plain HTTP to it.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -32,14 +31,7 @@ impl Server {
             .stdout(Stdio::piped())
             .spawn()
             .expect("titan serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("server said {line:?}"));
+        let addr = super::listening_addr(&mut child, "server");
         Server {
             url: format!("http://{addr}"),
             child,
@@ -105,4 +97,30 @@ impl Drop for Server {
 
 fn json_or_text(text: String) -> Value {
     serde_json::from_str(&text).unwrap_or(Value::String(text))
+}
+
+/// The python `TITAN_PYTHON` names (one with `packages`), or none when it is not set: the caller then skips
+/// its client checks, which CI may not do.
+pub fn python(packages: &str) -> Option<String> {
+    let python = std::env::var("TITAN_PYTHON").ok();
+    if python.is_none() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must set TITAN_PYTHON to a python with {packages}"
+        );
+        eprintln!("skipped: TITAN_PYTHON (a python with {packages}) is not set");
+    }
+    python
+}
+
+/// Runs the Python `script` with `args`; it must exit 0 having printed "all checks passed".
+pub fn python_checks(python: &str, script: &str, args: &[&str]) {
+    let o = Command::new(python).arg("-c").arg(script).args(args).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    println!("{out}");
+    assert!(
+        o.status.success() && out.contains("all checks passed"),
+        "{out}{}",
+        super::stderr(&o)
+    );
 }

@@ -76,14 +76,8 @@ mod tests {
     fn v31_calls_and_streamed_pieces() {
         let text = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
         assert_eq!(parse(text), (None, vec![call("get_weather", r#"{"city":"Paris"}"#)]));
-        let mut parser = Parser::new(Format::DeepSeek, Vec::new());
-        let mut items = Vec::new();
-        for c in text.chars() {
-            items.extend(parser.push(&c.to_string()));
-        }
-        items.extend(parser.finish());
         assert_eq!(
-            items,
+            Parser::streamed(Format::DeepSeek, Vec::new(), text, 1),
             vec![super::super::Item::Call(call("get_weather", r#"{"city":"Paris"}"#))]
         );
     }

@@ -82,20 +82,8 @@ mod tests {
     fn name_then_args_calls_streamed() {
         let text =
             "Sure.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_time[CALL_ID]abc123456[ARGS]{}";
-        let mut parser = Parser::new(Format::Mistral, Vec::new());
-        let mut items = Vec::new();
-        for c in text.chars() {
-            items.extend(parser.push(&c.to_string()));
-        }
-        items.extend(parser.finish());
         use super::super::Item;
-        let mut merged: Vec<Item> = Vec::new();
-        for item in items {
-            match (merged.last_mut(), item) {
-                (Some(Item::Content(a)), Item::Content(b)) => a.push_str(&b),
-                (_, item) => merged.push(item),
-            }
-        }
+        let merged = Parser::streamed(Format::Mistral, Vec::new(), text, 1);
         assert_eq!(
             merged,
             vec![

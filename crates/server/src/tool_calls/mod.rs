@@ -366,6 +366,29 @@ pub fn call_id() -> String {
 }
 
 #[cfg(test)]
+impl Parser {
+    /// Feeds `text` `piece` characters at a time, as tokens come, and gathers what the parser gives out,
+    /// merging consecutive content.
+    pub(crate) fn streamed(format: Format, tools: Vec<Value>, text: &str, piece: usize) -> Vec<Item> {
+        let mut parser = Parser::new(format, tools);
+        let chars: Vec<char> = text.chars().collect();
+        let mut items = Vec::new();
+        for chunk in chars.chunks(piece) {
+            items.extend(parser.push(&chunk.iter().collect::<String>()));
+        }
+        items.extend(parser.finish());
+        let mut merged: Vec<Item> = Vec::new();
+        for item in items {
+            match (merged.last_mut(), item) {
+                (Some(Item::Content(a)), Item::Content(b)) => a.push_str(&b),
+                (_, item) => merged.push(item),
+            }
+        }
+        merged
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -95,24 +95,8 @@ mod tests {
         })
     }
 
-    /// Feeds `text` a few bytes at a time, as tokens come, and gathers what the parser gives out, merging
-    /// consecutive content.
     fn stream(text: &str, piece: usize, tools: &[Value]) -> Vec<Item> {
-        let mut parser = Parser::new(Format::Qwen, tools.to_vec());
-        let mut items = Vec::new();
-        let chars: Vec<char> = text.chars().collect();
-        for chunk in chars.chunks(piece) {
-            items.extend(parser.push(&chunk.iter().collect::<String>()));
-        }
-        items.extend(parser.finish());
-        let mut merged: Vec<Item> = Vec::new();
-        for item in items {
-            match (merged.last_mut(), item) {
-                (Some(Item::Content(a)), Item::Content(b)) => a.push_str(&b),
-                (_, item) => merged.push(item),
-            }
-        }
-        merged
+        Parser::streamed(Format::Qwen, tools.to_vec(), text, piece)
     }
 
     #[test]
