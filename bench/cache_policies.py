@@ -17,6 +17,8 @@ budget over the record size: all records of a Q4_0 or Q8_0 model have one size).
   arc        Adaptive Replacement Cache (Megiddo and Modha, 2003)
   layer-lru  recency measured at each record's next chance of use: layers come round in order, so a record of
              the layer just computed waits a whole token, one of the next layer a single step
+  lookahead  (--lookahead N) LRU that knows the routes of the rest of the token and the next N - 1 tokens:
+             the bound of an ideal predictor of those routes
   opt        Belady's optimum, which knows the future: the bound no policy can pass
 
 Python standard library only. A replay ignores what the engine adds (records held while a layer computes, reads
@@ -253,6 +255,35 @@ def opt(groups, capacity, _n_layer):
     return hits / len(flat)
 
 
+def lookahead(tokens_ahead):
+    """LRU that knows the routes of the rest of this token and of the next `tokens_ahead` - 1 tokens (what an
+    ideal predictor of those routes would know): it evicts a record not needed within that horizon, the least
+    recently used first, and only when every record is needed, the one needed last."""
+
+    def run(groups, capacity, n_layer):
+        flat = [(t // n_layer, key) for t, group in enumerate(groups) for key in group]
+        next_use, seen = [0] * len(flat), {}
+        for i in range(len(flat) - 1, -1, -1):
+            next_use[i] = seen.get(flat[i][1], len(flat))
+            seen[flat[i][1]] = i
+        token_of = [tok for tok, _ in flat] + [len(groups)]
+        cache, hits = collections.OrderedDict(), 0
+        for i, (token, key) in enumerate(flat):
+            if key in cache:
+                hits += 1
+                cache.move_to_end(key)
+            elif len(cache) >= capacity:
+                horizon = token + tokens_ahead - 1
+                victim = next((k for k, n in cache.items() if token_of[n] > horizon), None)
+                if victim is None:
+                    victim = max(cache, key=cache.get)
+                del cache[victim]
+            cache[key] = next_use[i]
+        return hits / len(flat)
+
+    return run
+
+
 def reuse_by_age(groups, n_layer, ages=(1, 2, 4, 8, 16, 32)):
     """For each age a: of the experts idle for a - 1 tokens since a use, the share the a-th token uses."""
     last, gaps = {}, collections.Counter()
@@ -275,11 +306,14 @@ def main():
     ap.add_argument("trace", help="a `titan trace` file (safetensors)")
     ap.add_argument("--capacity", type=int, action="append", required=True, help="records the cache holds; repeat")
     ap.add_argument("--half-life", type=float, action="append", help="lfu-decay half-lives in tokens (default 2, 8, 32)")
+    ap.add_argument("--lookahead", type=int, action="append", help="also LRU knowing the routes of N tokens ahead")
     a = ap.parse_args()
     groups, n_layer = load_routing(a.trace)
     policies = [("lru", lru), ("lfu", lfu)]
     policies += [(f"lfu-decay {h:g}", lfu_decay(h * n_layer)) for h in a.half_life or [2, 8, 32]]
-    policies += [("lru-2", lru_2), ("arc", arc), ("layer-lru", layer_lru), ("opt", opt)]
+    policies += [("lru-2", lru_2), ("arc", arc), ("layer-lru", layer_lru)]
+    policies += [(f"lookahead {h}", lookahead(h)) for h in a.lookahead or []]
+    policies += [("opt", opt)]
     tokens = len(groups) // n_layer
     requests = sum(map(len, groups))
     print(f"{a.trace}: {tokens} decode steps, {n_layer} MoE layers, {requests} requests")
