@@ -76,6 +76,9 @@ pub struct Counters {
     pub stall_ns: u64,
     pub prefetch_issued: u64,
     pub prefetch_used: u64,
+    /// Read-aheads evicted before any request found them, and their bytes: the prefetcher's cost in reads.
+    pub prefetch_wasted: u64,
+    pub prefetch_wasted_bytes: u64,
     pub evictions: u64,
     /// Reads into the buffer of an evicted record rather than a new one.
     pub buffers_reused: u64,
@@ -90,6 +93,8 @@ impl Counters {
         self.stall_ns += o.stall_ns;
         self.prefetch_issued += o.prefetch_issued;
         self.prefetch_used += o.prefetch_used;
+        self.prefetch_wasted += o.prefetch_wasted;
+        self.prefetch_wasted_bytes += o.prefetch_wasted_bytes;
         self.evictions += o.evictions;
         self.buffers_reused += o.buffers_reused;
     }
@@ -104,6 +109,8 @@ impl Counters {
             stall_ns: self.stall_ns - earlier.stall_ns,
             prefetch_issued: self.prefetch_issued - earlier.prefetch_issued,
             prefetch_used: self.prefetch_used - earlier.prefetch_used,
+            prefetch_wasted: self.prefetch_wasted - earlier.prefetch_wasted,
+            prefetch_wasted_bytes: self.prefetch_wasted_bytes - earlier.prefetch_wasted_bytes,
             evictions: self.evictions - earlier.evictions,
             buffers_reused: self.buffers_reused - earlier.buffers_reused,
         }
@@ -898,7 +905,12 @@ impl State {
             let size = e.rec.resident_bytes();
             self.resident -= size;
             self.evictable -= size;
-            self.layers[key.0].evictions += 1;
+            let c = &mut self.layers[key.0];
+            c.evictions += 1;
+            if e.prefetched_unused {
+                c.prefetch_wasted += 1;
+                c.prefetch_wasted_bytes += size;
+            }
             // Unless a caller still holds the record (`get_layer`'s), its buffer becomes a spare.
             if let Ok(rec) = Arc::try_unwrap(e.rec) {
                 self.spares.push(rec.into_buf());
@@ -1410,6 +1422,15 @@ mod tests {
             (2, 1, 1, 0)
         );
         assert_eq!(s.total.bytes_read, (s.total.misses + s.total.prefetch_issued) * S);
+        assert_eq!(s.total.prefetch_wasted, 0);
+        // Six more of layer 0 fill the budget of eight; five of layer 1 then evict the oldest: 7 (read ahead
+        // and used) and 6 (read ahead and never used: wasted).
+        c.get_layer(0, &[0, 1, 2, 3, 4, 5]).unwrap();
+        c.get_layer(1, &[0, 1, 5, 6, 7]).unwrap();
+        let s = c.stats();
+        assert!(!c.is_resident(0, 6) && !c.is_resident(0, 7));
+        assert_eq!((s.layers[0].prefetch_wasted, s.layers[0].prefetch_wasted_bytes), (1, S));
+        assert_eq!(s.layers[1].prefetch_wasted, 0);
     }
 
     /// Once the budget is full, each miss reads into the buffer of the record it evicted, and the bytes

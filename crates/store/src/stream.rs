@@ -143,6 +143,16 @@ impl Experts for StreamedExperts {
                 "Records read ahead that a request found.",
                 t.prefetch_used as f64,
             ),
+            Sample::counter(
+                "expert_cache_prefetches_wasted_total",
+                "Records read ahead and evicted before a request found them.",
+                t.prefetch_wasted as f64,
+            ),
+            Sample::counter(
+                "expert_cache_prefetch_wasted_bytes_total",
+                "Bytes of the records read ahead and evicted unused.",
+                t.prefetch_wasted_bytes as f64,
+            ),
             Sample::counter("expert_cache_evictions_total", "Records evicted.", t.evictions as f64),
             Sample::gauge(
                 "expert_cache_budget_bytes",
@@ -167,7 +177,7 @@ impl Experts for StreamedExperts {
         let t = &s.total;
         Some(format!(
             "experts: budget {}, hit rate {:.1}% ({} hits, {} misses), {} read in {:.2} s, stalled {:.2} s, \
-             prefetch {} issued / {} used\n",
+             prefetch {} issued / {} used / {} evicted unused ({})\n",
             human_bytes(s.budget_bytes),
             100.0 * t.hit_rate(),
             t.hits,
@@ -176,7 +186,9 @@ impl Experts for StreamedExperts {
             t.read_ns as f64 / 1e9,
             t.stall_ns as f64 / 1e9,
             t.prefetch_issued,
-            t.prefetch_used
+            t.prefetch_used,
+            t.prefetch_wasted,
+            human_bytes(t.prefetch_wasted_bytes)
         ))
     }
 }
