@@ -305,6 +305,28 @@ MODELS = [
             mlp_only_layers=[], tie_word_embeddings=False,
         ),
     },
+    # A Qwen3-Next shape a new user would try first (three linear-attention layers then one full-attention layer, as
+    # the real model's interval of 4, at hidden 128) in f16: the shape on which TITAN's f16 logits were once further
+    # from transformers than llama.cpp's.
+    {
+        "name": "qwen3next-3to1", "arch": "qwen3next", "hf_class": "Qwen3NextForCausalLM", "tokenizer": "qwen",
+        "seed": 13,
+        "types": ["f32", "f16"],
+        "convert_args": ["--no-mtp"],
+        # What the report gave (hidden 128, 2 key / 4 value heads of 32, 8 experts top-2); the rest small, as the
+        # other fixtures (Qwen3NextConfig's defaults — 16 query heads of 256, experts of 512 — give the same picture
+        # at 18 MB per f16 file).
+        "config": dict(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=32, hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000000.0,
+            partial_rotary_factor=0.25, attention_bias=False,
+            layer_types=["linear_attention"] * 3 + ["full_attention"], full_attention_interval=4,
+            linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+            linear_num_value_heads=4, decoder_sparse_step=1, moe_intermediate_size=64,
+            shared_expert_intermediate_size=128, num_experts_per_tok=2, num_experts=8, norm_topk_prob=True,
+            mlp_only_layers=[], tie_word_embeddings=False,
+        ),
+    },
     # Qwen3.5/3.6 MoE: only transformers 5.x has it, so it is built in the .venv-tf5 environment (the script runs
     # itself there as a subprocess, see `venv`). Always top-k normalised; interleaved M-RoPE on the rotary quarter of
     # the head (mrope_section sums to rotary_dim / 2; text positions are the same in all three sections).

@@ -77,6 +77,8 @@ const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
     ("qwen3next", "bf16", 1.5),        // 7.893e-1
     ("qwen3next", "q8_0", 8e-7),       // 4.768e-7
     ("qwen3next", "q4_0", 8e-7),       // 4.768e-7
+    ("qwen3next-3to1", "f32", 2.5e-5), // 1.597e-5 (3 linear-attention layers then 1 full, hidden 128)
+    ("qwen3next-3to1", "f16", 6e-2),   // 3.800e-2
     ("qwen35moe", "f32", 1e-5),        // 5.931e-6
     ("qwen35moe", "f16", 2e-2),        // 1.113e-2
     ("qwen35moe", "bf16", 8e-1),       // 4.419e-1
@@ -114,7 +116,7 @@ fn llama_tolerance(model: &str, file_type: &str) -> f32 {
 
 /// The models with linear-attention (Gated DeltaNet) layers.
 fn hybrid(model: &str) -> bool {
-    ["qwen3next", "qwen35moe", "qwen35moe-k", "qwen35"].contains(&model)
+    ["qwen3next", "qwen3next-3to1", "qwen35moe", "qwen35moe-k", "qwen35"].contains(&model)
 }
 
 struct Case {
@@ -200,15 +202,31 @@ fn float_files_match_transformers() {
         // ones (bf16 keeps 8 bits of mantissa: llama.cpp is 0.3–0.4 away on these files too). The hybrids'
         // recurrent state carries the rounding on to every later position: llama.cpp's own f16 and bf16 files are
         // 1.5e-2–2.3e-2 and 0.76–0.87 away there; TITAN measured 1.1e-2–1.4e-2 and 0.78–1.25.
-        let tol = match (c.file_type.as_str(), hybrid(&c.model)) {
+        let by_type: f32 = match (c.file_type.as_str(), hybrid(&c.model)) {
             ("f32", _) => 1e-4,
             ("f16", false) => 1e-2,
             ("f16", true) => 2e-2,
             (_, false) => 5e-1,
             (_, true) => 2.0,
         };
+        // Rounded weights can also flip an expert choice at some position, a step in the logits there that
+        // llama.cpp's file shows as well (qwen3next-3to1 f16: 0.28 for both at position 14, below 0.1 elsewhere):
+        // the bound is then llama.cpp's own distance from transformers on the positions the two sequences share.
+        let (_, ll) = read_npy(c.entry["llama"]["logits"].as_str().unwrap());
+        let common = tokens
+            .iter()
+            .zip(&ids(&c.entry["llama"]["tokens"]))
+            .take_while(|(a, b)| a == b)
+            .count();
+        let n = common * model.config.n_vocab;
+        let llama_d = if c.file_type == "f32" {
+            0.0
+        } else {
+            max_abs_diff(&ll[..n], &reference[..n])
+        };
+        let tol = by_type.max(llama_d);
         println!(
-            "{:<12} {:<5} max|Δ| vs transformers {d:.3e} (tolerance {tol:.0e})",
+            "{:<12} {:<5} max|Δ| vs transformers {d:.3e} (tolerance {tol:.1e}: {by_type:.0e}, or llama.cpp's {llama_d:.1e})",
             c.model, c.file_type
         );
         if !(d <= tol) {
