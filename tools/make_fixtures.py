@@ -305,6 +305,25 @@ MODELS = [
             mlp_only_layers=[], tie_word_embeddings=False,
         ),
     },
+    # qwen3next with one multi-token-prediction block (`mtp.*`, which transformers' class neither builds nor runs;
+    # random weights added to the checkpoint, converted without --no-mtp): the same seed, so the same main weights,
+    # and the main logits must be those of qwen3next's files.
+    {
+        "name": "qwen3next-mtp", "arch": "qwen3next", "hf_class": "Qwen3NextForCausalLM", "tokenizer": "qwen",
+        "seed": 6,
+        "types": ["f32", "q8_0"],
+        "mtp_layers": 1,
+        "config": dict(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=32, hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000000.0,
+            partial_rotary_factor=0.25, attention_bias=False,
+            layer_types=["linear_attention", "full_attention"] * 2, full_attention_interval=2,
+            linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+            linear_num_value_heads=4, decoder_sparse_step=1, moe_intermediate_size=32,
+            shared_expert_intermediate_size=64, num_experts_per_tok=4, num_experts=8, norm_topk_prob=True,
+            mlp_only_layers=[], tie_word_embeddings=False,
+        ),
+    },
     # A Qwen3-Next shape a new user would try first (three linear-attention layers then one full-attention layer, as
     # the real model's interval of 4, at hidden 128) in f16: the shape on which TITAN's f16 logits were once further
     # from transformers than llama.cpp's.
@@ -516,8 +535,34 @@ def build_hf_model(spec: dict, tok_info: dict, hf_dir: Path):
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
     hf_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(hf_dir, safe_serialization=True)
+    if spec.get("mtp_layers"):
+        add_mtp_block(model, config, hf_dir, spec["mtp_layers"], torch.Generator().manual_seed(2000 + spec["seed"]))
     match_llama_cpp(model, config)
     return model, config
+
+
+def add_mtp_block(model, config, hf_dir: Path, n: int, g) -> None:
+    """Add Qwen3-Next's multi-token-prediction weights to the saved checkpoint: `mtp.fc` (the 2H -> H projection of
+    the normalised next-token embedding and hidden state), its two input norms and output norm, and `mtp.layers.K`:
+    blocks shaped as the model's full-attention layer with its MoE, drawn afresh (matrices N(0, INIT_STD^2), norms
+    around their layer's, as the main weights are)."""
+    from safetensors.torch import load_file, save_file
+
+    path = hf_dir / "model.safetensors"
+    tensors = load_file(path)
+    full = next(i for i, t in enumerate(config.layer_types) if t == "full_attention")
+    prefix = f"model.layers.{full}."
+    hidden = config.hidden_size
+    tensors["mtp.fc.weight"] = INIT_STD * torch.randn((hidden, 2 * hidden), generator=g)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{norm}.weight"] = 0.1 * torch.randn((hidden,), generator=g)  # (1 + w) norms
+    for k in range(n):
+        for name, t in list(tensors.items()):
+            if name.startswith(prefix):
+                fresh = (INIT_STD * torch.randn(t.shape, generator=g) if t.dim() > 1
+                         else t + 0.1 * torch.randn(t.shape, generator=g))
+                tensors[f"mtp.layers.{k}.{name[len(prefix):]}"] = fresh.contiguous()
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def match_llama_cpp(model, config) -> None:

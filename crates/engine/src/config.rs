@@ -119,7 +119,10 @@ pub struct Config {
     pub arch_name: String,
     pub n_vocab: usize,
     pub n_embd: usize,
+    /// Blocks of the main pass (the file's `block_count` less its MTP blocks).
     pub n_layer: usize,
+    /// Multi-token-prediction (`nextn`) blocks the file holds after the main ones: the main pass never runs them.
+    pub n_nextn: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
@@ -275,14 +278,24 @@ impl Config {
         };
         let need = |key: &str| -> Result<usize> { Ok(f.u64_of(&k(key))? as usize) };
         let n_embd = need("embedding_length")?;
-        let n_layer = need("block_count")?;
+        let block_count = need("block_count")?;
         let blocks = blocks_in(f);
-        if n_layer != blocks && (whole || n_layer < blocks) {
+        if block_count != blocks && (whole || block_count < blocks) {
             return Err(bad(format!(
-                "{} is {n_layer}, but the file holds tensors for {blocks} blocks",
+                "{} is {block_count}, but the file holds tensors for {blocks} blocks",
                 k("block_count")
             )));
         }
+        // The converter counts MTP blocks in block_count and writes them after the main ones (Qwen3-Next,
+        // Qwen3.5/3.6, GLM, DeepSeek V3): running them as main layers would give wrong logits without a word.
+        let n_nextn = f.get_u64(&k("nextn_predict_layers"))?.unwrap_or(0) as usize;
+        if n_nextn >= block_count {
+            return Err(bad(format!(
+                "{} is {n_nextn}, which leaves none of the {block_count} blocks to the main pass",
+                k("nextn_predict_layers")
+            )));
+        }
+        let n_layer = block_count - n_nextn;
         let n_head = need("attention.head_count")?;
         let n_head_kv = f
             .get_u64(&k("attention.head_count_kv"))?
@@ -451,6 +464,7 @@ impl Config {
             n_vocab,
             n_embd,
             n_layer,
+            n_nextn,
             n_head,
             n_head_kv,
             head_dim,

@@ -77,6 +77,8 @@ const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
     ("qwen3next", "bf16", 1.5),        // 7.893e-1
     ("qwen3next", "q8_0", 8e-7),       // 4.768e-7
     ("qwen3next", "q4_0", 8e-7),       // 4.768e-7
+    ("qwen3next-mtp", "f32", 2e-5),    // 1.073e-5: qwen3next's files with an MTP block
+    ("qwen3next-mtp", "q8_0", 8e-7),   // 4.768e-7
     ("qwen3next-3to1", "f32", 2.5e-5), // 1.597e-5 (3 linear-attention layers then 1 full, hidden 128)
     ("qwen3next-3to1", "f16", 6e-2),   // 3.800e-2
     ("qwen35moe", "f32", 1e-5),        // 5.931e-6
@@ -116,7 +118,15 @@ fn llama_tolerance(model: &str, file_type: &str) -> f32 {
 
 /// The models with linear-attention (Gated DeltaNet) layers.
 fn hybrid(model: &str) -> bool {
-    ["qwen3next", "qwen3next-3to1", "qwen35moe", "qwen35moe-k", "qwen35"].contains(&model)
+    [
+        "qwen3next",
+        "qwen3next-mtp",
+        "qwen3next-3to1",
+        "qwen35moe",
+        "qwen35moe-k",
+        "qwen35",
+    ]
+    .contains(&model)
 }
 
 struct Case {
@@ -275,6 +285,31 @@ fn at_least_as_accurate_as_llama_cpp() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A file whose converter kept the multi-token-prediction block (`nextn`, counted in `block_count`) gives, bit
+/// for bit, the logits of the same model converted without it: the main pass never runs that block.
+#[test]
+fn an_mtp_block_leaves_the_main_logits_unchanged() {
+    let m = manifest();
+    let qwen3next = m["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "qwen3next")
+        .unwrap();
+    let tokens = ids(&qwen3next["hf"]["tokens"]);
+    for file_type in ["f32", "q8_0"] {
+        let with = Model::load(fixtures().join(format!("qwen3next-mtp/{file_type}.gguf"))).unwrap();
+        let without = Model::load(fixtures().join(format!("qwen3next/{file_type}.gguf"))).unwrap();
+        assert_eq!((with.config.n_layer, with.config.n_nextn), (4, 1));
+        let (a, b) = (titan_logits(&with, &tokens), titan_logits(&without, &tokens));
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{file_type}: the MTP block changed the main logits (max |Δ| {})",
+            max_abs_diff(&a, &b)
+        );
+    }
 }
 
 /// TITAN's greedy continuation equals llama.cpp's: entirely on float files; on quantised files up to the
