@@ -20,7 +20,7 @@ fn any_node_count_and_placement_gives_the_single_node_trace() {
         "olmoe/q4_0.gguf",
         "qwen3moe-k/q4_k_m.gguf",
         "qwen2moe/q8_0.gguf",
-        "qwen3next/q8_0.gguf",
+        "qwen3next-mtp/q8_0.gguf", // qwen3next's model, with an MTP block the nodes never serve
         "qwen35moe-k/q4_k_m.gguf",
         "deepseek3/q8_0.gguf",
         "deepseek2-lite/q4_0.gguf",

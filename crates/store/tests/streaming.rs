@@ -33,6 +33,7 @@ const FILES: &[&str] = &[
     "mixtral/q4_1.gguf",
     "qwen3moe-k/q4_k_m.gguf",
     "qwen3next/q4_0.gguf",
+    "qwen3next-mtp/q8_0.gguf", // an MTP block after the main ones: indexed with the rest, never asked for
     "qwen35moe-k/mxfp4_moe.gguf",
     "deepseek3/q4_0.gguf",
     "gpt-oss/mxfp4_moe.gguf",
