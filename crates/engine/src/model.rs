@@ -1,6 +1,8 @@
 //! A loaded model and its forward pass: one layer is a short list of named steps, and those names are
 //! the trace points.
 
+mod mtp;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -24,6 +26,8 @@ use crate::weights::{
     Attention, BetaAlpha, DeltaNet, Latent, LatentQuery, Mat, Mixing, Moe, Residency, Stacked, Weights,
 };
 use crate::{vocab, EngineError, Result};
+
+pub use mtp::MtpState;
 
 pub struct Model {
     pub config: Config,
@@ -258,96 +262,22 @@ impl Model {
             p.mem.next = usize::MAX;
         }
         s.size_for(c, n);
-        let Scratch {
-            x,
-            h,
-            attn_out,
-            cos,
-            sin,
-            mixer,
-            acts,
-            route,
-            next,
-            moe,
-            logits,
-        } = s;
         // token_embd: one (dequantised) row per token.
         let embd = w.view(&w.token_embd);
-        for (row, &t) in x.chunks_exact_mut(d).zip(parts.iter().flat_map(|p| p.tokens)) {
+        for (row, &t) in s.x.chunks_exact_mut(d).zip(parts.iter().flat_map(|p| p.tokens)) {
             embd.dequantize_row(t as usize, row);
         }
+        self.angles(parts.iter().flat_map(|p| p.pos0..p.pos0 + p.tokens.len()), s);
 
-        // RoPE angles of each row's position, once for all layers.
-        let half = c.rope_dims / 2;
-        let positions = parts.iter().flat_map(|p| p.pos0..p.pos0 + p.tokens.len());
-        for ((cs, sn), pos) in cos
-            .chunks_exact_mut(half)
-            .zip(sin.chunks_exact_mut(half))
-            .zip(positions)
-        {
-            rope_angles(pos, c.rope_dims, c.rope_base, c.yarn.as_ref(), cs, sn);
-        }
-        let stats = &self.stats;
-
-        for (il, l) in w.layers.iter().enumerate() {
-            if let Some(t) = trace.as_deref_mut() {
-                t.tensor(Some(il), "layer_in", &[n, d], x);
-            }
-            stats.time(Phase::Attention, || -> Result<()> {
-                // attn_norm, then attention or linear attention into attn_out
-                rms_norm_into(x, &l.attn_norm, c.rms_eps, h);
-                match &l.mixing {
-                    Mixing::Attention(a) => self.attention(a, il, parts, h, (cos, sin), mixer, attn_out),
-                    Mixing::DeltaNet(dn) => self.linear_attention(dn, il, parts, h, mixer, attn_out),
-                    Mixing::Latent(a) => self.latent_attention(a, il, parts, h, (cos, sin), mixer, attn_out),
-                }
-            })?;
-            if let Some(t) = trace.as_deref_mut() {
-                t.tensor(Some(il), "attn_out", &[n, d], attn_out);
-            }
-            add(x, attn_out);
-
-            let Some(experts) = &l.moe else {
-                // ffn_norm, then a dense layer's feed-forward
-                stats.time(Phase::Experts, || -> Result<()> {
-                    rms_norm_into(x, &l.ffn_norm, c.rms_eps, &mut route.h);
-                    dense_ffn(
-                        w,
-                        l.shared.as_ref().expect("a dense layer has its feed-forward"),
-                        &route.h,
-                        d,
-                        moe,
-                    )
-                })?;
-                stats.add_bytes(self.layer_bytes(il, 0));
-                if let Some(t) = trace.as_deref_mut() {
-                    t.tensor(Some(il), "ffn_out", &[n, d], moe.out());
-                }
-                add(x, moe.out());
-                continue;
-            };
-            // ffn_norm, router, experts
-            stats.time(Phase::Router, || self.route_layer(il, experts, x, route))?;
-            self.hint_next(il, x, next)?;
-            let experts_run = stats.time(Phase::Experts, || {
-                moe_block(w, self.experts.as_ref(), c, il, &route.h, &route.routing, moe)
-            })?;
-            stats.add_bytes(self.layer_bytes(il, experts_run));
-            stats.add_experts(experts_run as u64);
-            let moe_out = moe.out();
-            if let Some(t) = trace.as_deref_mut() {
-                let (k, routing) = (route.routing.k, &route.routing);
-                t.tensor(Some(il), "router_logits", &[n, c.n_expert], &route.logits);
-                t.decision(Some(il), "topk_ids", &[n, k], &routing.ids);
-                t.tensor(Some(il), "topk_weights", &[n, k], &routing.weights);
-                t.tensor(Some(il), "moe_out", &[n, d], moe_out);
-            }
-            add(x, moe_out);
+        for il in 0..c.n_layer {
+            self.layer(il, parts, s, trace.as_deref_mut())?;
         }
 
         for p in parts.iter_mut() {
             p.mem.next = p.pos0 + p.tokens.len();
         }
+        let Scratch { x, h, acts, logits, .. } = s;
+        let stats = &self.stats;
 
         // output_norm and the LM head, for the requested rows only.
         h.clear();
@@ -378,6 +308,95 @@ impl Model {
         if let Some(t) = trace {
             t.tensor(None, "logits", &[rows, c.n_vocab], logits);
         }
+        Ok(())
+    }
+
+    /// RoPE angles of each row's position, once for all layers.
+    fn angles(&self, positions: impl Iterator<Item = usize>, s: &mut Scratch) {
+        let c = &self.config;
+        let half = c.rope_dims / 2;
+        for ((cs, sn), pos) in s
+            .cos
+            .chunks_exact_mut(half)
+            .zip(s.sin.chunks_exact_mut(half))
+            .zip(positions)
+        {
+            rope_angles(pos, c.rope_dims, c.rope_base, c.yarn.as_ref(), cs, sn);
+        }
+    }
+
+    /// Block `il` over the rows of `s.x` (the residual stream), in place: its token mixer, then its
+    /// feed-forward (dense, or the router and experts).
+    fn layer(&self, il: usize, parts: &mut [Part<'_>], s: &mut Scratch, mut trace: Option<&mut Trace>) -> Result<()> {
+        let (c, w, stats) = (&self.config, &self.weights, &self.stats);
+        let l = &w.layers[il];
+        let d = c.n_embd;
+        let n = s.x.len() / d;
+        let Scratch {
+            x,
+            h,
+            attn_out,
+            cos,
+            sin,
+            mixer,
+            route,
+            next,
+            moe,
+            ..
+        } = s;
+        if let Some(t) = trace.as_deref_mut() {
+            t.tensor(Some(il), "layer_in", &[n, d], x);
+        }
+        stats.time(Phase::Attention, || -> Result<()> {
+            // attn_norm, then attention or linear attention into attn_out
+            rms_norm_into(x, &l.attn_norm, c.rms_eps, h);
+            match &l.mixing {
+                Mixing::Attention(a) => self.attention(a, il, parts, h, (cos, sin), mixer, attn_out),
+                Mixing::DeltaNet(dn) => self.linear_attention(dn, il, parts, h, mixer, attn_out),
+                Mixing::Latent(a) => self.latent_attention(a, il, parts, h, (cos, sin), mixer, attn_out),
+            }
+        })?;
+        if let Some(t) = trace.as_deref_mut() {
+            t.tensor(Some(il), "attn_out", &[n, d], attn_out);
+        }
+        add(x, attn_out);
+
+        let Some(experts) = &l.moe else {
+            // ffn_norm, then a dense layer's feed-forward
+            stats.time(Phase::Experts, || -> Result<()> {
+                rms_norm_into(x, &l.ffn_norm, c.rms_eps, &mut route.h);
+                dense_ffn(
+                    w,
+                    l.shared.as_ref().expect("a dense layer has its feed-forward"),
+                    &route.h,
+                    d,
+                    moe,
+                )
+            })?;
+            stats.add_bytes(self.layer_bytes(il, 0));
+            if let Some(t) = trace.as_deref_mut() {
+                t.tensor(Some(il), "ffn_out", &[n, d], moe.out());
+            }
+            add(x, moe.out());
+            return Ok(());
+        };
+        // ffn_norm, router, experts
+        stats.time(Phase::Router, || self.route_layer(il, experts, x, route))?;
+        self.hint_next(il, x, next)?;
+        let experts_run = stats.time(Phase::Experts, || {
+            moe_block(w, self.experts.as_ref(), c, il, &route.h, &route.routing, moe)
+        })?;
+        stats.add_bytes(self.layer_bytes(il, experts_run));
+        stats.add_experts(experts_run as u64);
+        let moe_out = moe.out();
+        if let Some(t) = trace {
+            let (k, routing) = (route.routing.k, &route.routing);
+            t.tensor(Some(il), "router_logits", &[n, c.n_expert], &route.logits);
+            t.decision(Some(il), "topk_ids", &[n, k], &routing.ids);
+            t.tensor(Some(il), "topk_weights", &[n, k], &routing.weights);
+            t.tensor(Some(il), "moe_out", &[n, d], moe_out);
+        }
+        add(x, moe_out);
         Ok(())
     }
 
@@ -421,7 +440,9 @@ impl Model {
     /// computed for a source that would not use it (the f32 router kernel of both passes is 3.4% of a
     /// steady-state profile of Qwen3-30B-A3B on the 2-core Zen 3 EPYC).
     fn hint_next(&self, il: usize, x: &[f32], r: &mut Route) -> Result<()> {
-        let Some(Some(next)) = self.weights.layers.get(il + 1).map(|l| l.moe.as_ref()) else {
+        // Not into an MTP block: the main pass never runs it.
+        let main = il + 1 < self.config.n_layer;
+        let Some(Some(next)) = self.weights.layers.get(il + 1).filter(|_| main).map(|l| l.moe.as_ref()) else {
             return Ok(());
         };
         if !self.experts.wants_hints(il + 1) {
@@ -534,7 +555,11 @@ impl Model {
             }
         }
         // attention of each span over its own cache
-        let window = if c.sliding[il] { c.sliding_window } else { 0 };
+        let window = if c.sliding.get(il) == Some(&true) {
+            c.sliding_window
+        } else {
+            0
+        };
         let shape = AttnShape {
             n_head: c.n_head,
             n_head_kv: c.n_head_kv,

@@ -249,7 +249,51 @@ pub struct Weights {
     pub output_norm: Vec<f32>,
     /// The LM head; `token_embd` itself when the model ties them.
     pub output: Mat,
+    /// The main blocks, then the MTP block where the model has one ([`Weights::mtp`]).
     pub layers: Vec<Layer>,
+    /// The multi-token-prediction head around the block at `layers[n_layer]`.
+    pub mtp: Option<MtpHead>,
+}
+
+/// What a multi-token-prediction (`nextn`) block adds to a transformer block: it predicts the token after
+/// next from the main model's final state at one position and the token at the next (Qwen3-Next, Qwen3.5/3.6:
+/// `eh_proj` of [enorm(embedding) ‖ hnorm(state)], the block, `shared_head_norm`, the LM head).
+pub struct MtpHead {
+    /// 2·n_embd → n_embd.
+    pub eh_proj: Mat,
+    pub enorm: Vec<f32>,
+    pub hnorm: Vec<f32>,
+    pub head_norm: Vec<f32>,
+    /// Its own LM head and embedding where the file has them, else the model's.
+    pub head: Mat,
+    pub embd: Mat,
+}
+
+impl MtpHead {
+    /// The head of the file's first MTP block, where TITAN runs the model's kind of it (the Qwen3-Next and
+    /// Qwen3.5/3.6 MoE block: gated full attention and the layers' experts); `None` otherwise, the block then
+    /// left unread.
+    fn load(l: &Loader, c: &Config, token_embd: &Mat, output: &Mat) -> Result<Option<MtpHead>> {
+        if c.n_nextn == 0 || !matches!(c.arch, crate::Arch::Qwen3Next | crate::Arch::Qwen35Moe) {
+            return Ok(None);
+        }
+        let n = |s: &str| format!("blk.{}.nextn.{s}", c.n_layer);
+        let e = c.n_embd;
+        let own = |name: &str, default: &Mat| -> Result<Mat> {
+            match l.f.tensor(&n(name)) {
+                Some(_) => l.mat(&n(name), e, c.n_vocab),
+                None => Ok(*default),
+            }
+        };
+        Ok(Some(MtpHead {
+            eh_proj: l.mat(&n("eh_proj.weight"), 2 * e, e)?,
+            enorm: l.vec(&n("enorm.weight"), e)?,
+            hnorm: l.vec(&n("hnorm.weight"), e)?,
+            head_norm: l.vec(&n("shared_head_norm.weight"), e)?,
+            head: own("shared_head_head.weight", output)?,
+            embd: own("embed_tokens.weight", token_embd)?,
+        }))
+    }
 }
 
 impl Weights {
@@ -263,60 +307,13 @@ impl Weights {
             token_embd
         };
         let output_norm = l.vec("output_norm.weight", e)?;
-        let mut layers = Vec::with_capacity(c.n_layer);
-        for i in 0..c.n_layer {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            let dense = i < c.dense_lead;
-            let ffn = |ff: usize, gate_inp: Option<Vec<f32>>, suffix: &str| -> Result<SharedExpert> {
-                Ok(SharedExpert {
-                    gate: l.mat(&n(&format!("ffn_gate{suffix}.weight")), e, ff)?,
-                    up: l.mat(&n(&format!("ffn_up{suffix}.weight")), e, ff)?,
-                    down: l.mat(&n(&format!("ffn_down{suffix}.weight")), ff, e)?,
-                    gate_inp,
-                })
-            };
-            let shared = if dense {
-                Some(ffn(c.dense_ff, None, "")?)
-            } else if c.shared_ff > 0 {
-                let gate_inp = if c.shared_gated {
-                    Some(l.vec_or_row(&n("ffn_gate_inp_shexp.weight"), e)?)
-                } else {
-                    None
-                };
-                Some(ffn(c.shared_ff, gate_inp, "_shexp")?)
-            } else {
-                None
-            };
-            let moe = if dense {
-                None
-            } else {
-                Some(Moe {
-                    router: l.mat(&n("ffn_gate_inp.weight"), e, c.n_expert)?,
-                    choice_bias: l.vec_if_present(&n("exp_probs_b.bias"), c.n_expert)?,
-                    router_bias: l.vec_if_present(&n("ffn_gate_inp.bias"), c.n_expert)?,
-                    gate: l.stacked(&weight_name(i, Part::Gate), e, c.expert_ff, c.n_expert)?,
-                    up: l.stacked(&weight_name(i, Part::Up), e, c.expert_ff, c.n_expert)?,
-                    down: l.stacked(&weight_name(i, Part::Down), c.expert_ff, e, c.n_expert)?,
-                })
-            };
-            let mixing = match (c.mixers[i], c.mla) {
-                (Mixer::Attention, None) => Mixing::Attention(l.attention(c, i)?),
-                (Mixer::Attention, Some(_)) => Mixing::Latent(l.latent(c, i)?),
-                (Mixer::DeltaNet, _) => Mixing::DeltaNet(l.delta_net(c, i)?),
-            };
-            let post_norm = c.attn_gate || c.arch == crate::Arch::GptOss;
-            let ffn_norm = if post_norm {
-                "post_attention_norm.weight"
-            } else {
-                "ffn_norm.weight"
-            };
-            layers.push(Layer {
-                attn_norm: l.vec(&n("attn_norm.weight"), e)?,
-                mixing,
-                ffn_norm: l.vec(&n(ffn_norm), e)?,
-                moe,
-                shared,
-            });
+        let mut layers = (0..c.n_layer)
+            .map(|i| l.layer(c, i, c.mixers[i]))
+            .collect::<Result<Vec<Layer>>>()?;
+        let mtp = MtpHead::load(&l, c, &token_embd, &output)?;
+        if mtp.is_some() {
+            // After the main blocks, where the expert sources find it by its index.
+            layers.push(l.layer(c, c.n_layer, Mixer::Attention)?);
         }
         let extras = std::sync::Arc::new(ExpertExtras::load(&file, c)?);
         Ok(Weights {
@@ -328,6 +325,7 @@ impl Weights {
             output_norm,
             output,
             layers,
+            mtp,
         })
     }
 
@@ -369,7 +367,20 @@ impl Weights {
             Residency::Dense => !is_expert_tensor(name),
             Residency::Experts => is_expert_tensor(name),
         };
-        let mut tensors: Vec<_> = self.file.tensors.iter().filter(|t| wanted(&t.name)).collect();
+        // An MTP block this engine does not run is left in the mapping, never paged in.
+        let blocks = self.layers.len();
+        let run = |name: &str| {
+            let block = name
+                .strip_prefix("blk.")
+                .and_then(|r| r.split_once('.')?.0.parse::<usize>().ok());
+            block.is_none_or(|b| b < blocks)
+        };
+        let mut tensors: Vec<_> = self
+            .file
+            .tensors
+            .iter()
+            .filter(|t| wanted(&t.name) && run(&t.name))
+            .collect();
         tensors.sort_by_key(|t| t.offset);
         let mut copies = Copies::default();
         for t in tensors {
@@ -512,6 +523,63 @@ impl Loader<'_> {
                 start: (self.f.data_offset + t.offset) as usize,
             },
             n,
+        })
+    }
+
+    /// Block `i`: its token mixer (`mixer`), norms and feed-forward.
+    fn layer(&self, c: &Config, i: usize, mixer: Mixer) -> Result<Layer> {
+        let e = c.n_embd;
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let dense = i < c.dense_lead;
+        let ffn = |ff: usize, gate_inp: Option<Vec<f32>>, suffix: &str| -> Result<SharedExpert> {
+            Ok(SharedExpert {
+                gate: self.mat(&n(&format!("ffn_gate{suffix}.weight")), e, ff)?,
+                up: self.mat(&n(&format!("ffn_up{suffix}.weight")), e, ff)?,
+                down: self.mat(&n(&format!("ffn_down{suffix}.weight")), ff, e)?,
+                gate_inp,
+            })
+        };
+        let shared = if dense {
+            Some(ffn(c.dense_ff, None, "")?)
+        } else if c.shared_ff > 0 {
+            let gate_inp = if c.shared_gated {
+                Some(self.vec_or_row(&n("ffn_gate_inp_shexp.weight"), e)?)
+            } else {
+                None
+            };
+            Some(ffn(c.shared_ff, gate_inp, "_shexp")?)
+        } else {
+            None
+        };
+        let moe = if dense {
+            None
+        } else {
+            Some(Moe {
+                router: self.mat(&n("ffn_gate_inp.weight"), e, c.n_expert)?,
+                choice_bias: self.vec_if_present(&n("exp_probs_b.bias"), c.n_expert)?,
+                router_bias: self.vec_if_present(&n("ffn_gate_inp.bias"), c.n_expert)?,
+                gate: self.stacked(&weight_name(i, Part::Gate), e, c.expert_ff, c.n_expert)?,
+                up: self.stacked(&weight_name(i, Part::Up), e, c.expert_ff, c.n_expert)?,
+                down: self.stacked(&weight_name(i, Part::Down), c.expert_ff, e, c.n_expert)?,
+            })
+        };
+        let mixing = match (mixer, c.mla) {
+            (Mixer::Attention, None) => Mixing::Attention(self.attention(c, i)?),
+            (Mixer::Attention, Some(_)) => Mixing::Latent(self.latent(c, i)?),
+            (Mixer::DeltaNet, _) => Mixing::DeltaNet(self.delta_net(c, i)?),
+        };
+        let post_norm = c.attn_gate || c.arch == crate::Arch::GptOss;
+        let ffn_norm = if post_norm {
+            "post_attention_norm.weight"
+        } else {
+            "ffn_norm.weight"
+        };
+        Ok(Layer {
+            attn_norm: self.vec(&n("attn_norm.weight"), e)?,
+            mixing,
+            ffn_norm: self.vec(&n(ffn_norm), e)?,
+            moe,
+            shared,
         })
     }
 
