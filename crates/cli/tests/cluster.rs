@@ -1130,3 +1130,59 @@ fn speculation_on_a_cluster_and_streamed_gives_the_plain_trace() {
         assert!(requests_served(&w.log()) > 0, "{}", w.log());
     }
 }
+
+/// Drafts from the model's own MTP block (`--spec mtp`, a file that kept it): on 2 workers (which hold
+/// the main blocks' experts; the backbone computes the MTP block's) and streamed through a budget of one
+/// expert per layer, greedy and sampled, the trace is the plain run's.
+#[test]
+fn mtp_drafts_on_a_cluster_and_streamed_give_the_plain_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("qwen3next-mtp/q8_0.gguf");
+    let store = dir.path().join("store");
+    let o = titan().arg("convert").arg(&m).arg("-o").arg(&store).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let workers: Vec<Worker> = (0..2)
+        .map(|i| Worker::start(&m, dir.path(), &format!("w{i}"), "127.0.0.1:0"))
+        .collect();
+    let nodes = format!("{},{}", workers[0].addr, workers[1].addr);
+    let token = token_file(dir.path());
+    let cluster = ["--nodes", nodes.as_str(), "--token-file", token.to_str().unwrap()];
+    let streamed = ["--store", store.to_str().unwrap(), "--expert-budget", "1"];
+    let run = |out: &Path, sampling: &[&str], extra: &[&str]| {
+        let o = titan()
+            .args([
+                "trace",
+                "-p",
+                "one two three four, one two",
+                "-n",
+                "16",
+                "--threads",
+                "2",
+                "-m",
+            ])
+            .arg(&m)
+            .arg("-o")
+            .arg(out)
+            .args(sampling)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        stderr(&o)
+    };
+    let mtp = ["--spec", "mtp", "--draft-min", "3", "--draft-max", "3"];
+    for sampling in [&["--temp", "0"][..], &["--temp", "0.9", "--seed", "5"][..]] {
+        let plain = dir.path().join("plain.trace");
+        run(&plain, sampling, &["--spec", "off"]);
+        for (name, place) in [("cluster", &cluster[..]), ("streamed", &streamed[..])] {
+            let out = dir.path().join("mtp.trace");
+            let log = run(&out, sampling, &[place, &mtp[..]].concat());
+            assert!(log.contains("speculation:"), "{name}: {log}");
+            let verdict = trace_diff(&plain, &out);
+            assert!(verdict.starts_with("IDENTICAL"), "{name}, {sampling:?}: {verdict}");
+        }
+    }
+    for w in &workers {
+        assert!(requests_served(&w.log()) > 0, "{}", w.log());
+    }
+}

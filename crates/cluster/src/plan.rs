@@ -143,8 +143,12 @@ impl Plan {
         }
     }
 
-    /// The nodes holding `expert` of `layer`, primary first.
+    /// The nodes holding `expert` of `layer`, primary first. None for a layer past the plan's (the MTP block
+    /// after the main ones): the backbone computes those.
     pub fn owners(&self, layer: usize, expert: usize) -> &[usize] {
+        if layer >= self.n_layer {
+            return &[];
+        }
         &self.owners[layer * self.n_expert + expert]
     }
 

@@ -4,10 +4,12 @@
 //! its bytes (docs/speculative.md).
 
 mod model;
+mod mtp;
 mod ngram;
 mod replay;
 
 pub use model::ModelDrafter;
+pub use mtp::MtpDrafter;
 pub use ngram::NgramDrafter;
 pub use replay::ReplayDrafter;
 
@@ -18,6 +20,26 @@ pub trait Drafter {
     /// Up to `max` tokens that may follow `history` (the prompt and every token chosen so far), into `out`
     /// (cleared first). Fewer, or none, when the drafter has no good guess.
     fn draft(&mut self, history: &[u32], max: usize, out: &mut Vec<u32>) -> Result<()>;
+
+    /// Whether [`Drafter::observe`] wants to see each step (computing its states costs a norm per row).
+    fn wants_states(&self) -> bool {
+        false
+    }
+
+    /// The rows the last forward step made final, before [`Drafter::draft`] is asked for the next step's
+    /// drafts (only where [`Drafter::wants_states`]).
+    fn observe(&mut self, _rows: &StepRows<'_>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The rows of a forward step that are final: the tokens at positions pos0.. that the step ran and the
+/// history keeps (not the rejected drafts after them), with the main model's normalised final state of each
+/// (`Model::final_states`).
+pub struct StepRows<'a> {
+    pub tokens: &'a [u32],
+    pub pos0: usize,
+    pub states: &'a [f32],
 }
 
 /// How many tokens to draft next: the number that makes the most tokens per second, given the recent

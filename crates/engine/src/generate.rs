@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::draft::{DraftLength, Drafter, SpecStats};
+use crate::draft::{DraftLength, Drafter, SpecStats, StepRows};
 use crate::model::{Model, Outputs};
 use crate::sampler::{Sampler, SamplerOptions};
 use crate::trace::Trace;
@@ -91,6 +91,8 @@ impl Model {
         let mut stats = SpecStats::default();
         // A decode step's records, before they are written one step per kept row.
         let mut rows_trace = Trace::default();
+        // The main model's final states of a step's kept rows, for a drafter that learns from them.
+        let mut states = Vec::new();
 
         // Each step feeds `fed` at positions pos0..: tokens chosen but not yet in the cache, then `drafts`.
         let (mut fed, mut pos0, mut drafts) = (prompt.to_vec(), 0, Vec::new());
@@ -148,6 +150,18 @@ impl Model {
             }
             rows_trace.records.clear();
             length.update(fed.len(), drafts.len(), accepted, step_seconds);
+            if let Some(s) = spec.as_mut().filter(|s| s.drafter.wants_states()) {
+                // The rows up to the first rejected draft, whose tokens the history keeps.
+                let kept = fed.len().min(history.len() - 1 - pos0);
+                states.clear();
+                self.final_states(&seq, 0..kept, &mut states);
+                let rows = StepRows {
+                    tokens: &fed[..kept],
+                    pos0,
+                    states: &states,
+                };
+                s.drafter.observe(&rows)?;
+            }
 
             // Cut the rows of rejected drafts: keep every chosen token but the last, which the next step
             // feeds (a recurrent state goes back to its copy, and the next step feeds again what follows it).

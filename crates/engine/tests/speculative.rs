@@ -1,14 +1,15 @@
 //! Speculative decoding changes no byte: for every architecture, greedy and sampled, a generation that
-//! verifies drafts — prompt lookup, a draft model, or drafts right at a chosen rate — gives the plain
+//! verifies drafts — prompt lookup, a draft model, the model's own MTP block, or drafts right at a chosen
+//! rate — gives the plain
 //! generation's tokens and the plain generation's trace, record for record, while drafts are both kept
 //! and thrown away (so that the cache's rollback, and a recurrent state's, are exercised).
 
 mod common;
 
 use common::*;
-use titan_engine::draft::{Drafter, ModelDrafter, NgramDrafter, ReplayDrafter};
+use titan_engine::draft::{Drafter, ModelDrafter, MtpDrafter, NgramDrafter, ReplayDrafter, StepRows};
 use titan_engine::trace::{diff, Trace};
-use titan_engine::{GenerateOptions, Generation, Model, SamplerOptions, Speculation};
+use titan_engine::{GenerateOptions, Generation, Model, Outputs, SamplerOptions, Speculation};
 
 fn options(temperature: f32) -> GenerateOptions {
     GenerateOptions {
@@ -96,6 +97,83 @@ fn drafts_change_no_byte_of_the_output_or_the_trace() {
                     assert!(0 < g.spec.accepted && g.spec.accepted < g.spec.drafted, "{what}");
                     assert!(g.spec.steps < plain.spec.steps, "{what}");
                 }
+            }
+        }
+    }
+}
+
+/// Records what an MTP drafter was asked and what it drafted; with `truth` (the plain generation's text), it
+/// then proposes that text's next tokens instead, so that steps keep several rows.
+struct Recorder<'m> {
+    inner: MtpDrafter<'m>,
+    seen: Vec<(Vec<u32>, usize, Vec<u32>)>,
+    truth: Option<Vec<u32>>,
+}
+
+impl Drafter for Recorder<'_> {
+    fn draft(&mut self, history: &[u32], max: usize, out: &mut Vec<u32>) -> titan_engine::Result<()> {
+        self.inner.draft(history, max, out)?;
+        self.seen.push((history.to_vec(), max, out.clone()));
+        if let Some(text) = &self.truth {
+            out.clear();
+            out.extend(text.iter().skip(history.len()).take(max));
+        }
+        Ok(())
+    }
+
+    fn wants_states(&self) -> bool {
+        self.inner.wants_states()
+    }
+
+    fn observe(&mut self, rows: &StepRows<'_>) -> titan_engine::Result<()> {
+        self.inner.observe(rows)
+    }
+}
+
+/// Drafts from the model's own MTP block (a file that kept it) change no byte either; and at every step
+/// they are the drafts that the block gives for the same history computed at once — so its catch-up after
+/// each step (rows kept, drafts rejected, a recurrent state gone back and fed again) kept its cache exact.
+#[test]
+fn mtp_drafts_change_no_byte_and_are_those_of_the_history_at_once() {
+    let model = Model::load(fixtures().join("qwen3next-mtp/q8_0.gguf")).unwrap();
+    let prompt = model.tokenizer.encode("one two three four five, one two", true, false);
+    for temperature in [0.0, 0.9] {
+        let opts = options(temperature);
+        let (plain, plain_trace) = run(&model, &prompt, &opts, None);
+        let text: Vec<u32> = prompt.iter().chain(&plain.tokens).copied().collect();
+        for truth in [None, Some(text)] {
+            let mut rec = Recorder {
+                inner: MtpDrafter::new(&model, opts.n_ctx).unwrap(),
+                seen: Vec::new(),
+                truth,
+            };
+            let replaced = rec.truth.is_some();
+            let (g, t) = run(&model, &prompt, &opts, Some(&mut rec));
+            let what = format!("temperature {temperature}, true drafts {replaced}: {:?}", g.spec);
+            assert_eq!(g.tokens, plain.tokens, "{what}");
+            let rep = diff(&plain_trace, &t, None);
+            assert!(rep.identical(), "{what}: {rep:?}");
+            assert!(g.spec.drafted > 0 && rec.seen.len() > 4, "{what}");
+            if replaced {
+                assert!(g.spec.accepted > 8, "{what}");
+            }
+            for (history, max, drafted) in &rec.seen {
+                let n = history.len() - 1;
+                let mut seq = model.new_sequence(opts.n_ctx);
+                model.forward(&history[..n], 0, &mut seq, Outputs::Last).unwrap();
+                let mut states = Vec::new();
+                model.final_states(&seq, 0..n, &mut states);
+                let mut fresh = MtpDrafter::new(&model, opts.n_ctx).unwrap();
+                fresh
+                    .observe(&StepRows {
+                        tokens: &history[..n],
+                        pos0: 0,
+                        states: &states,
+                    })
+                    .unwrap();
+                let mut again = Vec::new();
+                fresh.draft(history, *max, &mut again).unwrap();
+                assert_eq!(&again, drafted, "{what}: after {n} positions");
             }
         }
     }

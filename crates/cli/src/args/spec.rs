@@ -4,13 +4,15 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use titan_engine::draft::{Drafter, ModelDrafter, NgramDrafter};
+use titan_engine::draft::{Drafter, ModelDrafter, MtpDrafter, NgramDrafter};
 use titan_engine::{Model, Speculation};
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SpecKind {
     /// Prompt lookup: the tokens that followed the text's last few tokens where they occurred before.
     Ngram,
+    /// The model's own multi-token-prediction block (Qwen3-Next and Qwen3.5/3.6 MoE files that kept it).
+    Mtp,
     /// A smaller model with the same vocabulary (--draft).
     Draft,
     /// One token per step.
@@ -39,6 +41,7 @@ pub struct SpecArgs {
 pub enum Drafts {
     Off,
     Ngram(NgramDrafter),
+    Mtp,
     Model(Box<Model>),
 }
 
@@ -56,6 +59,7 @@ impl SpecArgs {
         Ok(match self.kind() {
             SpecKind::Off => Drafts::Off,
             SpecKind::Ngram => Drafts::Ngram(NgramDrafter::default()),
+            SpecKind::Mtp => Drafts::Mtp,
             SpecKind::Draft => {
                 let path = self
                     .draft
@@ -71,10 +75,11 @@ impl SpecArgs {
 
 impl Drafts {
     /// The drafter for one generation of `model` over `n_ctx` positions, or none.
-    pub fn drafter<'d>(&'d mut self, model: &Model, n_ctx: usize) -> Result<Option<Box<dyn Drafter + 'd>>> {
+    pub fn drafter<'d>(&'d mut self, model: &'d Model, n_ctx: usize) -> Result<Option<Box<dyn Drafter + 'd>>> {
         Ok(match self {
             Drafts::Off => None,
             Drafts::Ngram(n) => Some(Box::new(n.clone())),
+            Drafts::Mtp => Some(Box::new(MtpDrafter::new(model, n_ctx).context("--spec mtp")?)),
             Drafts::Model(m) => Some(Box::new(ModelDrafter::new(m, model, n_ctx).context("--draft")?)),
         })
     }

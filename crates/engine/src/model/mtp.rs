@@ -28,6 +28,11 @@ pub struct MtpState {
 }
 
 impl MtpState {
+    /// Positions its cache holds.
+    pub fn n_ctx(&self) -> usize {
+        self.mem.kv.n_ctx()
+    }
+
     /// The normalised output of each row of the last [`Model::mtp_forward`]: a further draft's state.
     pub fn states(&self) -> &[f32] {
         &self.states
