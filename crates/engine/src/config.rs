@@ -23,6 +23,10 @@ pub enum Arch {
     /// gpt-oss: attention sinks, a sliding window on every other layer, biases everywhere, a softmax over
     /// the chosen experts' logits, and a clamped SwiGLU.
     GptOss,
+    /// GLM-4.5 / 4.6 / 4.7: partial RoPE, q/k/v biases, optional per-head q/k norms, dense first layers,
+    /// sigmoid scores with the choosing bias, an ungated shared expert, and MTP (`nextn`) layers after the
+    /// main ones that the forward pass skips.
+    Glm4Moe,
 }
 
 /// The experts' activation between their gate/up and down projections.
@@ -156,6 +160,9 @@ pub struct Config {
     pub expert_groups_used: usize,
     /// The chosen experts' weights are multiplied by this (DeepSeek's routed scaling factor; else 1).
     pub expert_weights_scale: f32,
+    /// Multi-token-prediction blocks the file holds after the `n_layer` main ones (GLM's `nextn` layers,
+    /// counted in `block_count`): not part of the forward pass, never loaded.
+    pub n_nextn: usize,
     /// The shared expert's output is scaled by a sigmoid gate (Qwen2-MoE, the hybrids), or added as it is.
     pub shared_gated: bool,
     /// YaRN context extension of RoPE.
@@ -266,20 +273,32 @@ impl Config {
             "qwen35" => Arch::Qwen35,
             "deepseek2" => Arch::DeepSeek2,
             "gpt-oss" => Arch::GptOss,
+            "glm4moe" => Arch::Glm4Moe,
             "llama" => return Err(bad("architecture llama without experts (a dense model) is not supported: TITAN runs mixture-of-experts models".into())),
             other => {
                 return Err(bad(format!(
-                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, qwen35, deepseek2, gpt-oss)"
+                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, qwen35, deepseek2, gpt-oss, glm4moe)"
                 )))
             }
         };
         let need = |key: &str| -> Result<usize> { Ok(f.u64_of(&k(key))? as usize) };
         let n_embd = need("embedding_length")?;
-        let n_layer = need("block_count")?;
+        // GLM counts its MTP blocks in block_count; llama.cpp's main graph runs the blocks before them.
+        let block_count = need("block_count")?;
+        let n_nextn = f.get_u64(&k("nextn_predict_layers"))?.unwrap_or(0) as usize;
+        let n_layer = block_count.checked_sub(n_nextn).ok_or_else(|| {
+            bad(format!(
+                "{} {n_nextn} exceeds {} {block_count}",
+                k("nextn_predict_layers"),
+                k("block_count")
+            ))
+        })?;
+        // A converter run with --no-mtp leaves the MTP blocks out of the tensors but may count them.
         let blocks = blocks_in(f);
-        if n_layer != blocks && (whole || n_layer < blocks) {
+        let holds = blocks == block_count || n_nextn > 0 && blocks == n_layer;
+        if !holds && (whole || block_count < blocks) {
             return Err(bad(format!(
-                "{} is {n_layer}, but the file holds tensors for {blocks} blocks",
+                "{} is {block_count}, but the file holds tensors for {blocks} blocks",
                 k("block_count")
             )));
         }
@@ -317,7 +336,7 @@ impl Config {
         };
         // DeepSeek writes a count of shared experts of the routed experts' size instead of a length.
         let shared_ff = match f.get_u64(&k("expert_shared_count"))? {
-            Some(n) if arch == Arch::DeepSeek2 => n as usize * expert_ff,
+            Some(n) if matches!(arch, Arch::DeepSeek2 | Arch::Glm4Moe) => n as usize * expert_ff,
             _ => f.get_u64(&k("expert_shared_feed_forward_length"))?.unwrap_or(0) as usize,
         };
         let dense_lead = if all_dense {
@@ -330,9 +349,10 @@ impl Config {
         } else {
             0
         };
-        // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid; absent means softmax.
+        // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid; absent means softmax, except for GLM.
         let sigmoid_scores = match f.get_u64(&k("expert_gating_func"))? {
-            None | Some(1) => false,
+            None => arch == Arch::Glm4Moe,
+            Some(1) => false,
             Some(2) => true,
             Some(g) => {
                 return Err(bad(format!(
@@ -405,6 +425,16 @@ impl Config {
             Arch::Qwen3Next | Arch::Qwen35Moe | Arch::Qwen35 => (RopeStyle::Halves, QkNorm::PerHead, false, true),
             Arch::DeepSeek2 => (RopeStyle::Adjacent, QkNorm::None, false, false),
             Arch::GptOss => (RopeStyle::Halves, QkNorm::None, true, false),
+            // GLM-4.5 has q/k norms, GLM-4.5-Air has none; both have q/k/v biases (attention_bias).
+            Arch::Glm4Moe => {
+                let has = |name: &str| f.tensor(&format!("blk.0.{name}")).is_some();
+                let qk_norm = if has("attn_q_norm.weight") {
+                    QkNorm::PerHead
+                } else {
+                    QkNorm::None
+                };
+                (RopeStyle::Halves, qk_norm, has("attn_q.bias"), false)
+            }
         };
         let gpt_oss = arch == Arch::GptOss;
         // llama.cpp's pattern for gpt-oss: layers 0, 2, 4, … slide, unless the file lists them.
@@ -476,7 +506,8 @@ impl Config {
             expert_groups,
             expert_groups_used,
             expert_weights_scale,
-            shared_gated: arch != Arch::DeepSeek2,
+            n_nextn,
+            shared_gated: !matches!(arch, Arch::DeepSeek2 | Arch::Glm4Moe),
             yarn,
             sliding,
             sliding_window,

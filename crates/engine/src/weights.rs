@@ -304,7 +304,7 @@ impl Weights {
                 (Mixer::Attention, Some(_)) => Mixing::Latent(l.latent(c, i)?),
                 (Mixer::DeltaNet, _) => Mixing::DeltaNet(l.delta_net(c, i)?),
             };
-            let post_norm = c.attn_gate || c.arch == crate::Arch::GptOss;
+            let post_norm = c.attn_gate || matches!(c.arch, crate::Arch::GptOss | crate::Arch::Glm4Moe);
             let ffn_norm = if post_norm {
                 "post_attention_norm.weight"
             } else {
