@@ -758,3 +758,75 @@ fn hybrid_layers(
     }
     Ok((mixers, Some(shape)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use titan_gguf::{GgufWriter, Value};
+    use titan_kernels::GgmlType;
+
+    /// The hyper-parameters of a glm4moe header as the converter writes it (3 main blocks, one dense; no
+    /// q/k norms or biases), with `block_count` blocks of which `nextn` are MTP ones, and tensors for the
+    /// first `held` blocks.
+    fn glm(dir: &Path, block_count: u32, nextn: Option<u32>, held: usize) -> Result<Config> {
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", Value::String("glm4moe".into()));
+        for (key, v) in [
+            ("block_count", block_count),
+            ("embedding_length", 64),
+            ("attention.head_count", 4),
+            ("attention.head_count_kv", 2),
+            ("attention.key_length", 32),
+            ("rope.dimension_count", 16),
+            ("feed_forward_length", 128),
+            ("expert_count", 8),
+            ("expert_used_count", 2),
+            ("expert_feed_forward_length", 32),
+            ("expert_shared_count", 1),
+            ("leading_dense_block_count", 1),
+        ] {
+            w.set(&format!("glm4moe.{key}"), Value::U32(v));
+        }
+        w.set("glm4moe.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+        if let Some(n) = nextn {
+            w.set("glm4moe.nextn_predict_layers", Value::U32(n));
+        }
+        w.add_tensor("token_embd.weight", &[64, 16], GgmlType::F32).unwrap();
+        for i in 0..held {
+            w.add_tensor(&format!("blk.{i}.attn_norm.weight"), &[64], GgmlType::F32)
+                .unwrap();
+        }
+        let data: Vec<Vec<u8>> = w.tensor_sizes().map(|(_, s)| vec![0u8; s as usize]).collect();
+        let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+        let path = dir.join(format!("glm-{block_count}-{nextn:?}-{held}.gguf"));
+        w.write_all(&refs, &mut std::fs::File::create(&path).unwrap()).unwrap();
+        Config::from_gguf(&GgufFile::open(&path).unwrap())
+    }
+
+    /// GLM counts its MTP blocks in block_count: the forward pass has the others, whether the file holds
+    /// the MTP blocks or the converter left them out; scores are sigmoid and the shared expert ungated
+    /// without any key saying so, as llama.cpp reads GLM.
+    #[test]
+    fn glm_mtp_blocks_are_counted_out_of_the_forward_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        for held in [4, 3] {
+            let c = glm(dir.path(), 4, Some(1), held).unwrap();
+            assert_eq!((c.n_layer, c.n_nextn, c.dense_lead), (3, 1, 1), "{held} blocks held");
+            assert!(c.sigmoid_scores && !c.shared_gated);
+            assert_eq!((c.shared_ff, c.rope_dims, c.rope_style), (32, 16, RopeStyle::Halves));
+            assert_eq!((c.qk_norm, c.qkv_bias), (QkNorm::None, false));
+        }
+        // Without nextn_predict_layers every block is a main one, and a missing one is an error.
+        let e = glm(dir.path(), 4, None, 3).unwrap_err().to_string();
+        assert!(
+            e.contains("block_count is 4, but the file holds tensors for 3 blocks"),
+            "{e}"
+        );
+        let e = glm(dir.path(), 2, Some(3), 2).unwrap_err().to_string();
+        assert!(
+            e.contains("glm4moe.nextn_predict_layers 3 exceeds glm4moe.block_count 2"),
+            "{e}"
+        );
+    }
+}
