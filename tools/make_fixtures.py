@@ -465,6 +465,30 @@ MODELS = [
             num_local_experts=8, num_experts_per_tok=2, swiglu_limit=7.0, tie_word_embeddings=False,
         ),
     },
+    # GLM-4.5/4.6/4.7 MoE (GGUF arch glm4moe), GLM-4.5-Air's structure scaled down: head_dim 32 with 4 query / 2 KV
+    # heads (q_dim 128 != hidden 64, as Air's 96 x 128 != 4096), partial rotary 0.5 (rotate_half on the first 16
+    # dimensions of each head: llama.cpp's NeoX rope over rope.dimension_count), q/k/v biases (attention_bias; no
+    # o_proj bias), per-head q/k RMS norms (use_qk_norm: GLM-4.5's; Air has none), layer 0 dense, 8 routed experts
+    # top-2 and 1 shared expert (ungated), sigmoid scores with a non-zero e_score_correction_bias that only chooses,
+    # n_group 1 (as all GLM-4.5 models; llama.cpp has no group limit for GLM), top-k normalised, routed_scaling_factor
+    # 2.5 (GLM-4.5's; Air has 1.0, which would hide a missing scale). One MTP (nextn) layer as the real checkpoints
+    # carry: transformers has no module for it, so add_glm_mtp puts random tensors for it into the checkpoint and
+    # the converter writes them as block 3; neither reference runs it (llama.cpp's main graph stops before it).
+    # GLM's vocab writer wants GLM's special tokens ([gMASK], <|user|>...): "gpt2_vocab" names the converter class
+    # whose vocab goes through the generic GPT-2 writer instead.
+    {
+        "name": "glm4moe", "arch": "glm4moe", "hf_class": "Glm4MoeForCausalLM", "tokenizer": "qwen", "seed": 13,
+        "types": ["f32", "f16", "q8_0", "q4_0"],
+        "gpt2_vocab": "glm.Glm4MoeModel", "mtp_layers": 1,
+        "config": dict(
+            hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, partial_rotary_factor=0.5, hidden_act="silu",
+            max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=1000000.0, attention_bias=True,
+            use_qk_norm=True, first_k_dense_replace=1, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
+            n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5, num_nextn_predict_layers=1,
+            tie_word_embeddings=False,
+        ),
+    },
 ]
 
 CONVERTER_TYPES = {"f32", "f16", "bf16"}
@@ -536,12 +560,15 @@ def build_hf_model(spec: dict, tok_info: dict, hf_dir: Path):
     hf_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(hf_dir, safe_serialization=True)
     if spec.get("mtp_layers"):
-        add_mtp_block(model, config, hf_dir, spec["mtp_layers"], torch.Generator().manual_seed(2000 + spec["seed"]))
+        if spec["hf_class"] == "Qwen3NextForCausalLM":
+            add_qwen3next_mtp(model, config, hf_dir, spec["mtp_layers"], torch.Generator().manual_seed(2000 + spec["seed"]))
+        else:
+            add_glm_mtp(hf_dir, config, spec["mtp_layers"], g)
     match_llama_cpp(model, config)
     return model, config
 
 
-def add_mtp_block(model, config, hf_dir: Path, n: int, g) -> None:
+def add_qwen3next_mtp(model, config, hf_dir: Path, n: int, g) -> None:
     """Add Qwen3-Next's multi-token-prediction weights to the saved checkpoint: `mtp.fc` (the 2H -> H projection of
     the normalised next-token embedding and hidden state), its two input norms and output norm, and `mtp.layers.K`:
     blocks shaped as the model's full-attention layer with its MoE, drawn afresh (matrices N(0, INIT_STD^2), norms
@@ -562,6 +589,34 @@ def add_mtp_block(model, config, hf_dir: Path, n: int, g) -> None:
                 fresh = (INIT_STD * torch.randn(t.shape, generator=g) if t.dim() > 1
                          else t + 0.1 * torch.randn(t.shape, generator=g))
                 tensors[f"mtp.layers.{k}.{name[len(prefix):]}"] = fresh.contiguous()
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def add_glm_mtp(hf_dir: Path, config, n: int, g: torch.Generator) -> None:
+    """GLM's checkpoints hold their MTP (nextn) layers after the main ones, as model.layers.L.*: a whole MoE decoder
+    layer plus eh_proj (the embedding and hidden state, concatenated, back to hidden), enorm, hnorm and
+    shared_head.norm. transformers' class has no module for them (it ignores them on load), so the tiny model has
+    none: add random ones to the saved checkpoint, drawn as build_hf_model draws the model's own, so that the converter
+    writes a file laid out as the real ones. The model in memory, the reference, is unchanged."""
+    from safetensors.torch import load_file, save_file
+
+    path = hf_dir / "model.safetensors"
+    tensors = load_file(path)
+    last, hidden = config.num_hidden_layers - 1, config.hidden_size
+    template = {k.split(f"model.layers.{last}.", 1)[1]: t for k, t in tensors.items()
+                if k.startswith(f"model.layers.{last}.")}
+    template.update({"eh_proj.weight": torch.empty(hidden, 2 * hidden), "enorm.weight": torch.empty(hidden),
+                     "hnorm.weight": torch.empty(hidden), "shared_head.norm.weight": torch.empty(hidden)})
+    for i in range(n):
+        for rest, t in sorted(template.items()):
+            r = torch.randn(t.shape, generator=g)
+            if "norm" in rest:
+                value = 1.0 + 0.1 * r
+            elif t.dim() == 1:  # biases, the selection bias
+                value = 0.1 * r
+            else:
+                value = INIT_STD * r
+            tensors[f"model.layers.{config.num_hidden_layers + i}.{rest}"] = value.to(t.dtype).contiguous()
     save_file(tensors, path, metadata={"format": "pt"})
 
 
@@ -741,16 +796,31 @@ def converter():
     return _converter
 
 
-def convert(hf_dir: Path, out: Path, outtype: str, pre: str | None, extra_args: list[str] = ()) -> None:
+def convert(hf_dir: Path, out: Path, outtype: str, pre: str | None, extra_args: list[str] = (),
+            gpt2_vocab: str | None = None) -> None:
+    """`gpt2_vocab`: "module.Class" of a converter class whose own vocab writer wants its family's tokenizer; the
+    generic GPT-2 writer writes ours instead, for this conversion."""
     mod = converter()
     if pre is not None:
         os.environ["TITAN_FIXTURE_PRE"] = pre
+    patched = None
+    if gpt2_vocab is not None:
+        module, name = gpt2_vocab.rsplit(".", 1)
+        cls = getattr(importlib.import_module(f"conversion.{module}"), name)
+        patched = (cls, cls.__dict__.get("set_vocab"))
+        cls.set_vocab = lambda self: self._set_vocab_gpt2()
     argv = sys.argv
     sys.argv = ["convert_hf_to_gguf.py", str(hf_dir), "--outfile", str(out), "--outtype", outtype, *extra_args]
     try:
         mod.main()
     finally:
         sys.argv = argv
+        if patched is not None:
+            cls, original = patched
+            if original is None:
+                del cls.set_vocab
+            else:
+                cls.set_vocab = original
     if not out.exists():
         raise RuntimeError(f"converter wrote no {out}")
 
@@ -951,7 +1021,7 @@ def make_model(spec: dict, tok_info: dict, tok_dir: Path) -> dict:
 
     # --- GGUF files
     f32_path = WORK / name / "f32.gguf"
-    convert(hf_dir, f32_path, "f32", pre, conv_args)
+    convert(hf_dir, f32_path, "f32", pre, conv_args, spec.get("gpt2_vocab"))
     paths: dict[str, Path] = {}
     gguf_files: list[tuple[str, str]] = []
     for t in spec["types"]:
@@ -959,7 +1029,7 @@ def make_model(spec: dict, tok_info: dict, tok_dir: Path) -> dict:
         if t == "f32":
             shutil.copy(f32_path, dst)
         elif t in CONVERTER_TYPES:
-            convert(hf_dir, dst, t, pre, conv_args)
+            convert(hf_dir, dst, t, pre, conv_args, spec.get("gpt2_vocab"))
         else:
             quantize(f32_path, dst, t)
         paths[t] = dst
@@ -1019,7 +1089,8 @@ def make_model(spec: dict, tok_info: dict, tok_dir: Path) -> dict:
     hf_tokens = llama_seqs[ref_type]
     hf_l = hf_logits(model, hf_tokens)
     np.save(fdir / "hf_logits.npy", hf_l.astype(np.float32))
-    if spec.get("mtp_layers"):
+    qwen3next_mtp = spec.get("mtp_layers") and spec["hf_class"] == "Qwen3NextForCausalLM"
+    if qwen3next_mtp:
         np.save(fdir / "hf_mtp_logits.npy", mtp_logits(model, config, hf_dir, hf_tokens).astype(np.float32))
     hf_g, hf_stopped = hf_greedy(model, prompt_ids, N_GREEDY, tok_info["eos_token_id"])
     routing = routing_stats(model, config, hf_tokens)
@@ -1070,7 +1141,7 @@ def make_model(spec: dict, tok_info: dict, tok_dir: Path) -> dict:
     entry.update({
         "hf": {"reference_file": ref_type, "reference_file_not_committed": ref_note, "tokens": hf_tokens,
                "logits": f"{name}/hf_logits.npy", "greedy": hf_g, "stopped_at_eos": hf_stopped,
-               **({"mtp_logits": f"{name}/hf_mtp_logits.npy"} if spec.get("mtp_layers") else {})},
+               **({"mtp_logits": f"{name}/hf_mtp_logits.npy"} if qwen3next_mtp else {})},
         "files": files,
         "tokenizer": tok_refs,
     })

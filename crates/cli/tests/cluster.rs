@@ -27,6 +27,7 @@ fn any_node_count_and_placement_gives_the_single_node_trace() {
         "mixtral/q4_1.gguf",
         "gpt-oss/mxfp4_moe.gguf",
         "qwen35/q8_0.gguf",
+        "glm4moe/q8_0.gguf",
     ] {
         let dir = tempfile::tempdir().unwrap();
         let m = fixture(model);
@@ -439,6 +440,7 @@ fn workers_serving_shards_give_the_single_node_trace() {
         "olmoe/q4_0.gguf",
         "qwen35moe/q4_0.gguf",
         "deepseek3/q4_0.gguf",
+        "glm4moe/q4_0.gguf",
     ] {
         let dir = tempfile::tempdir().unwrap();
         let m = fixture(model);

@@ -23,6 +23,10 @@ pub enum Arch {
     /// gpt-oss: attention sinks, a sliding window on every other layer, biases everywhere, a softmax over
     /// the chosen experts' logits, and a clamped SwiGLU.
     GptOss,
+    /// GLM-4.5 / 4.6 / 4.7: partial RoPE, q/k/v biases, optional per-head q/k norms, dense first layers,
+    /// sigmoid scores with the choosing bias, an ungated shared expert, and MTP (`nextn`) layers after the
+    /// main ones that the forward pass skips.
+    Glm4Moe,
 }
 
 /// The experts' activation between their gate/up and down projections.
@@ -121,7 +125,8 @@ pub struct Config {
     pub n_embd: usize,
     /// Blocks of the main pass (the file's `block_count` less its MTP blocks).
     pub n_layer: usize,
-    /// Multi-token-prediction (`nextn`) blocks the file holds after the main ones: the main pass never runs them.
+    /// Multi-token-prediction (`nextn`) blocks counted after the main ones in `block_count` (the file may hold
+    /// them or not): the main pass never runs them (`weights::MtpHead` loads the first where TITAN runs it).
     pub n_nextn: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
@@ -269,33 +274,36 @@ impl Config {
             "qwen35" => Arch::Qwen35,
             "deepseek2" => Arch::DeepSeek2,
             "gpt-oss" => Arch::GptOss,
+            "glm4moe" => Arch::Glm4Moe,
             "llama" => return Err(bad("architecture llama without experts (a dense model) is not supported: TITAN runs mixture-of-experts models".into())),
             other => {
                 return Err(bad(format!(
-                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, qwen35, deepseek2, gpt-oss)"
+                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, qwen35, deepseek2, gpt-oss, glm4moe)"
                 )))
             }
         };
         let need = |key: &str| -> Result<usize> { Ok(f.u64_of(&k(key))? as usize) };
         let n_embd = need("embedding_length")?;
+        // The converter counts MTP blocks in block_count and writes them after the main ones (Qwen3-Next,
+        // Qwen3.5/3.6, GLM, DeepSeek V3): running them as main layers would give other logits without a word.
         let block_count = need("block_count")?;
+        let n_nextn = f.get_u64(&k("nextn_predict_layers"))?.unwrap_or(0) as usize;
+        let n_layer = block_count.checked_sub(n_nextn).ok_or_else(|| {
+            bad(format!(
+                "{} {n_nextn} exceeds {} {block_count}",
+                k("nextn_predict_layers"),
+                k("block_count")
+            ))
+        })?;
+        // A converter run with --no-mtp leaves the MTP blocks out of the tensors but may count them.
         let blocks = blocks_in(f);
-        if block_count != blocks && (whole || block_count < blocks) {
+        let holds = blocks == block_count || n_nextn > 0 && blocks == n_layer;
+        if !holds && (whole || block_count < blocks) {
             return Err(bad(format!(
                 "{} is {block_count}, but the file holds tensors for {blocks} blocks",
                 k("block_count")
             )));
         }
-        // The converter counts MTP blocks in block_count and writes them after the main ones (Qwen3-Next,
-        // Qwen3.5/3.6, GLM, DeepSeek V3): running them as main layers would give wrong logits without a word.
-        let n_nextn = f.get_u64(&k("nextn_predict_layers"))?.unwrap_or(0) as usize;
-        if n_nextn >= block_count {
-            return Err(bad(format!(
-                "{} is {n_nextn}, which leaves none of the {block_count} blocks to the main pass",
-                k("nextn_predict_layers")
-            )));
-        }
-        let n_layer = block_count - n_nextn;
         let n_head = need("attention.head_count")?;
         let n_head_kv = f
             .get_u64(&k("attention.head_count_kv"))?
@@ -330,7 +338,7 @@ impl Config {
         };
         // DeepSeek writes a count of shared experts of the routed experts' size instead of a length.
         let shared_ff = match f.get_u64(&k("expert_shared_count"))? {
-            Some(n) if arch == Arch::DeepSeek2 => n as usize * expert_ff,
+            Some(n) if matches!(arch, Arch::DeepSeek2 | Arch::Glm4Moe) => n as usize * expert_ff,
             _ => f.get_u64(&k("expert_shared_feed_forward_length"))?.unwrap_or(0) as usize,
         };
         let dense_lead = if all_dense {
@@ -343,9 +351,10 @@ impl Config {
         } else {
             0
         };
-        // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid; absent means softmax.
+        // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid; absent means softmax, except for GLM.
         let sigmoid_scores = match f.get_u64(&k("expert_gating_func"))? {
-            None | Some(1) => false,
+            None => arch == Arch::Glm4Moe,
+            Some(1) => false,
             Some(2) => true,
             Some(g) => {
                 return Err(bad(format!(
@@ -418,6 +427,16 @@ impl Config {
             Arch::Qwen3Next | Arch::Qwen35Moe | Arch::Qwen35 => (RopeStyle::Halves, QkNorm::PerHead, false, true),
             Arch::DeepSeek2 => (RopeStyle::Adjacent, QkNorm::None, false, false),
             Arch::GptOss => (RopeStyle::Halves, QkNorm::None, true, false),
+            // GLM-4.5 has q/k norms, GLM-4.5-Air has none; both have q/k/v biases (attention_bias).
+            Arch::Glm4Moe => {
+                let has = |name: &str| f.tensor(&format!("blk.0.{name}")).is_some();
+                let qk_norm = if has("attn_q_norm.weight") {
+                    QkNorm::PerHead
+                } else {
+                    QkNorm::None
+                };
+                (RopeStyle::Halves, qk_norm, has("attn_q.bias"), false)
+            }
         };
         let gpt_oss = arch == Arch::GptOss;
         // llama.cpp's pattern for gpt-oss: layers 0, 2, 4, … slide, unless the file lists them.
@@ -490,7 +509,7 @@ impl Config {
             expert_groups,
             expert_groups_used,
             expert_weights_scale,
-            shared_gated: arch != Arch::DeepSeek2,
+            shared_gated: !matches!(arch, Arch::DeepSeek2 | Arch::Glm4Moe),
             yarn,
             sliding,
             sliding_window,
@@ -740,4 +759,76 @@ fn hybrid_layers(
         ));
     }
     Ok((mixers, Some(shape)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use titan_gguf::{GgufWriter, Value};
+    use titan_kernels::GgmlType;
+
+    /// The hyper-parameters of a glm4moe header as the converter writes it (3 main blocks, one dense; no
+    /// q/k norms or biases), with `block_count` blocks of which `nextn` are MTP ones, and tensors for the
+    /// first `held` blocks.
+    fn glm(dir: &Path, block_count: u32, nextn: Option<u32>, held: usize) -> Result<Config> {
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", Value::String("glm4moe".into()));
+        for (key, v) in [
+            ("block_count", block_count),
+            ("embedding_length", 64),
+            ("attention.head_count", 4),
+            ("attention.head_count_kv", 2),
+            ("attention.key_length", 32),
+            ("rope.dimension_count", 16),
+            ("feed_forward_length", 128),
+            ("expert_count", 8),
+            ("expert_used_count", 2),
+            ("expert_feed_forward_length", 32),
+            ("expert_shared_count", 1),
+            ("leading_dense_block_count", 1),
+        ] {
+            w.set(&format!("glm4moe.{key}"), Value::U32(v));
+        }
+        w.set("glm4moe.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+        if let Some(n) = nextn {
+            w.set("glm4moe.nextn_predict_layers", Value::U32(n));
+        }
+        w.add_tensor("token_embd.weight", &[64, 16], GgmlType::F32).unwrap();
+        for i in 0..held {
+            w.add_tensor(&format!("blk.{i}.attn_norm.weight"), &[64], GgmlType::F32)
+                .unwrap();
+        }
+        let data: Vec<Vec<u8>> = w.tensor_sizes().map(|(_, s)| vec![0u8; s as usize]).collect();
+        let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+        let path = dir.join(format!("glm-{block_count}-{nextn:?}-{held}.gguf"));
+        w.write_all(&refs, &mut std::fs::File::create(&path).unwrap()).unwrap();
+        Config::from_gguf(&GgufFile::open(&path).unwrap())
+    }
+
+    /// GLM counts its MTP blocks in block_count: the forward pass has the others, whether the file holds
+    /// the MTP blocks or the converter left them out; scores are sigmoid and the shared expert ungated
+    /// without any key saying so, as llama.cpp reads GLM.
+    #[test]
+    fn glm_mtp_blocks_are_counted_out_of_the_forward_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        for held in [4, 3] {
+            let c = glm(dir.path(), 4, Some(1), held).unwrap();
+            assert_eq!((c.n_layer, c.n_nextn, c.dense_lead), (3, 1, 1), "{held} blocks held");
+            assert!(c.sigmoid_scores && !c.shared_gated);
+            assert_eq!((c.shared_ff, c.rope_dims, c.rope_style), (32, 16, RopeStyle::Halves));
+            assert_eq!((c.qk_norm, c.qkv_bias), (QkNorm::None, false));
+        }
+        // Without nextn_predict_layers every block is a main one, and a missing one is an error.
+        let e = glm(dir.path(), 4, None, 3).unwrap_err().to_string();
+        assert!(
+            e.contains("block_count is 4, but the file holds tensors for 3 blocks"),
+            "{e}"
+        );
+        let e = glm(dir.path(), 2, Some(3), 2).unwrap_err().to_string();
+        assert!(
+            e.contains("glm4moe.nextn_predict_layers 3 exceeds glm4moe.block_count 2"),
+            "{e}"
+        );
+    }
 }

@@ -274,10 +274,12 @@ impl MtpHead {
     /// Qwen3.5/3.6 MoE block: gated full attention and the layers' experts); `None` otherwise, the block then
     /// left unread.
     fn load(l: &Loader, c: &Config, token_embd: &Mat, output: &Mat) -> Result<Option<MtpHead>> {
-        if c.n_nextn == 0 || !matches!(c.arch, crate::Arch::Qwen3Next | crate::Arch::Qwen35Moe) {
+        let n = |s: &str| format!("blk.{}.nextn.{s}", c.n_layer);
+        // A file converted with --no-mtp may count the block without holding it.
+        let held = l.f.tensor(&n("eh_proj.weight")).is_some();
+        if c.n_nextn == 0 || !held || !matches!(c.arch, crate::Arch::Qwen3Next | crate::Arch::Qwen35Moe) {
             return Ok(None);
         }
-        let n = |s: &str| format!("blk.{}.nextn.{s}", c.n_layer);
         let e = c.n_embd;
         let own = |name: &str, default: &Mat| -> Result<Mat> {
             match l.f.tensor(&n(name)) {
@@ -568,7 +570,7 @@ impl Loader<'_> {
             (Mixer::Attention, Some(_)) => Mixing::Latent(self.latent(c, i)?),
             (Mixer::DeltaNet, _) => Mixing::DeltaNet(self.delta_net(c, i)?),
         };
-        let post_norm = c.attn_gate || c.arch == crate::Arch::GptOss;
+        let post_norm = c.attn_gate || matches!(c.arch, crate::Arch::GptOss | crate::Arch::Glm4Moe);
         let ffn_norm = if post_norm {
             "post_attention_norm.weight"
         } else {

@@ -65,6 +65,7 @@ const FILES: &[&str] = &[
     "qwen35moe/q8_0.gguf",
     "deepseek3/q8_0.gguf",
     "gpt-oss/q8_0.gguf",
+    "glm4moe/q8_0.gguf",
 ];
 
 /// (allocations, bytes) of each of `steps` greedily decoded tokens after `prompt`.

@@ -118,7 +118,8 @@ impl Calibration {
     pub(crate) fn scale(&self, p: &Preset, role: Role) -> Scale {
         let fan = |n: usize| 1.0 / (n as f32).sqrt();
         let e = p.n_embd;
-        let has_qk_norm = matches!(p.arch, Arch::Qwen3Moe | Arch::Olmoe | Arch::Qwen35Moe);
+        let has_qk_norm =
+            matches!(p.arch, Arch::Qwen3Moe | Arch::Olmoe | Arch::Qwen35Moe) || p.glm.is_some_and(|g| g.qk_norm);
         // The hybrids gate attention's output by a sigmoid of about 0.5; their attention layers make up
         // for it. Their linear-attention output is silu(z) (z about N(0, 1)) times a normalised vector.
         let attn_gate = if p.hybrid.is_some() { 2.0 } else { 1.0 };
@@ -134,7 +135,7 @@ impl Calibration {
         let (mean, sigma) = match role {
             Role::TokenEmbd => (0.0, self.embd_rms),
             Role::Output => (0.0, self.head_logit(p) / e as f32),
-            Role::AttnNorm | Role::FfnNorm | Role::OutputNorm | Role::SsmNorm => (1.0, 0.05),
+            Role::AttnNorm | Role::FfnNorm | Role::OutputNorm | Role::SsmNorm | Role::NextnNorm => (1.0, 0.05),
             Role::QNorm | Role::KNorm => (qk, 0.05 * qk),
             Role::Wq | Role::Wk if has_qk_norm => (0.0, fan(e)),
             // The latent vector is normalised, so this matters only for the key's RoPE part.
@@ -149,6 +150,10 @@ impl Calibration {
             Role::Bq | Role::Bk | Role::Bv => (0.0, self.qkv_bias),
             Role::Router => (0.0, self.router * fan(e)),
             Role::RouterBias => (0.0, self.bias * self.router),
+            // Sigmoid scores spread about router / 4 (the sigmoid's slope at 0): a tenth of that, as
+            // `bias` scales the other biases, nudges choices without deciding them.
+            Role::ChoiceBias => (0.0, self.bias * self.router / 4.0),
+            Role::EhProj => (0.0, fan(2 * e)),
             Role::GateExps | Role::UpExps | Role::GateShexp | Role::UpShexp | Role::DenseGate | Role::DenseUp => {
                 (0.0, self.ffn_in * fan(e))
             }
@@ -158,9 +163,13 @@ impl Calibration {
             // A dense layer's feed-forward gets what a layer's experts get.
             Role::DenseDown => (0.0, self.moe_out * per_layer * fan(p.n_ff) / act),
             // The shared expert gets as much as the routed ones: twice that where a sigmoid gate of about
-            // 0.5 scales it; DeepSeek's shared experts have no gate.
+            // 0.5 scales it; DeepSeek's and GLM's shared experts have no gate.
             Role::DownShexp => {
-                let gate = if p.arch == Arch::DeepSeek2 { 1.0 } else { 2.0 };
+                let gate = if matches!(p.arch, Arch::DeepSeek2 | Arch::Glm4Moe) {
+                    1.0
+                } else {
+                    2.0
+                };
                 (0.0, gate * self.moe_out * per_layer * fan(p.shared_ff) / act)
             }
             Role::ShexpGate => (0.0, fan(e)),
@@ -197,12 +206,18 @@ impl Calibration {
 }
 
 /// Root of the expected sum of squared routing weights of the chosen experts, by simulation of
-/// N(0, router²) logits (fixed seed): what scales one expert's output to the weighted sum's.
+/// N(0, router²) logits (fixed seed): what scales one expert's output to the weighted sum's. GLM scores
+/// by sigmoid (the choosing bias is small enough to leave out here), then renormalises and scales.
 fn topk_weight_rms(p: &Preset, router: f32) -> f32 {
     let (n, k) = (p.n_expert, p.n_expert_used);
     // llama.cpp always renormalises the hybrids' top-k weights; gpt-oss's softmax over the chosen logits
     // is the same as renormalising.
-    let norm = matches!(p.arch, Arch::Qwen3Moe | Arch::Llama | Arch::Qwen35Moe | Arch::GptOss);
+    let norm = matches!(
+        p.arch,
+        Arch::Qwen3Moe | Arch::Llama | Arch::Qwen35Moe | Arch::GptOss | Arch::Glm4Moe
+    );
+    let sigmoid = p.arch == Arch::Glm4Moe;
+    let scale_all = p.expert_weights_scale.unwrap_or(1.0);
     let mut rng = crate::blocks::Rng::new(0x5eed);
     let (trials, mut acc) = (2000, 0.0f64);
     let mut logits = vec![0f32; n];
@@ -210,10 +225,14 @@ fn topk_weight_rms(p: &Preset, router: f32) -> f32 {
         logits.iter_mut().for_each(|l| *l = router * rng.normal());
         let max = logits.iter().cloned().fold(f32::MIN, f32::max);
         let total: f32 = logits.iter().map(|l| (l - max).exp()).sum();
-        let mut probs: Vec<f32> = logits.iter().map(|l| (l - max).exp() / total).collect();
+        let mut probs: Vec<f32> = if sigmoid {
+            logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect()
+        } else {
+            logits.iter().map(|l| (l - max).exp() / total).collect()
+        };
         probs.sort_by(|a, b| b.total_cmp(a));
         let chosen = &probs[..k];
-        let scale = if norm { 1.0 / chosen.iter().sum::<f32>() } else { 1.0 };
+        let scale = scale_all * if norm { 1.0 / chosen.iter().sum::<f32>() } else { 1.0 };
         acc += chosen.iter().map(|w| ((w * scale) as f64).powi(2)).sum::<f64>();
     }
     ((acc / trials as f64).sqrt()) as f32

@@ -1,5 +1,5 @@
 //! Which tensors a file holds, in what shape and encoding: the names and shapes llama.cpp's loader
-//! expects for the architecture (`src/models/{olmoe,qwen2moe,qwen3moe,llama,qwen35moe,openai-moe,deepseek2}.cpp`), and the
+//! expects for the architecture (`src/models/{olmoe,qwen2moe,qwen3moe,llama,qwen35moe,openai-moe,deepseek2,glm4-moe}.cpp`), and the
 //! types llama-quantize would give them (`llama_tensor_get_type` in `src/llama-quant.cpp`).
 
 use titan_kernels::GgmlType;
@@ -73,6 +73,12 @@ pub(crate) enum Role {
     KB,
     /// `attn_v_b`: per head, the latent vector to the head's value.
     VB,
+    /// `exp_probs_b`: added to the expert scores to choose experts, not to weigh them (GLM).
+    ChoiceBias,
+    /// `nextn.eh_proj`: an MTP layer's projection of the embedding and the hidden state, concatenated.
+    EhProj,
+    /// `nextn.enorm`, `nextn.hnorm`, `nextn.shared_head_norm`: an MTP layer's RMS norms.
+    NextnNorm,
 }
 
 #[derive(Clone, Debug)]
@@ -110,7 +116,9 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
         });
     };
     push("token_embd.weight".into(), &[e, v], Role::TokenEmbd, None);
-    for i in 0..p.n_layer {
+    // GLM's MTP layers follow the main ones as whole MoE blocks with a few tensors of their own.
+    let nextn = p.glm.map_or(0, |g| g.nextn_layers);
+    for i in 0..p.n_layer + nextn {
         let n = |s: &str| format!("blk.{i}.{s}");
         let l = Some(i);
         push(n("attn_norm.weight"), &[e], Role::AttnNorm, l);
@@ -146,7 +154,7 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
                 push(n("attn_k.weight"), &[e, kv], Role::Wk, l);
                 push(n("attn_v.weight"), &[e, kv], Role::Wv, l);
                 push(n("attn_output.weight"), &[o, e], Role::Wo, l);
-                if matches!(p.arch, Arch::Qwen2Moe | Arch::GptOss) {
+                if matches!(p.arch, Arch::Qwen2Moe | Arch::GptOss | Arch::Glm4Moe) {
                     push(n("attn_q.bias"), &[q], Role::Bq, l);
                     push(n("attn_k.bias"), &[kv], Role::Bk, l);
                     push(n("attn_v.bias"), &[kv], Role::Bv, l);
@@ -164,13 +172,17 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
                         push(n("attn_q_norm.weight"), &[q], Role::QNorm, l);
                         push(n("attn_k_norm.weight"), &[kv], Role::KNorm, l);
                     }
-                    Arch::Qwen2Moe | Arch::Llama | Arch::GptOss | Arch::DeepSeek2 => {}
+                    Arch::Glm4Moe if p.glm.is_some_and(|g| g.qk_norm) => {
+                        push(n("attn_q_norm.weight"), &[p.head_dim as u64], Role::QNorm, l);
+                        push(n("attn_k_norm.weight"), &[p.head_dim as u64], Role::KNorm, l);
+                    }
+                    Arch::Qwen2Moe | Arch::Llama | Arch::GptOss | Arch::DeepSeek2 | Arch::Glm4Moe => {}
                 }
             }
         }
-        // The hybrids and gpt-oss name the norm before the experts after its place in the Hugging Face
-        // model.
-        let post = p.hybrid.is_some() || p.arch == Arch::GptOss;
+        // The hybrids, gpt-oss and GLM name the norm before the experts after its place in the Hugging
+        // Face model.
+        let post = p.hybrid.is_some() || matches!(p.arch, Arch::GptOss | Arch::Glm4Moe);
         let ffn_norm = if post {
             "post_attention_norm.weight"
         } else {
@@ -185,6 +197,9 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
             continue;
         }
         push(n("ffn_gate_inp.weight"), &[e, nx], Role::Router, l);
+        if p.arch == Arch::Glm4Moe {
+            push(n("exp_probs_b.bias"), &[nx], Role::ChoiceBias, l);
+        }
         push(weight_name(i, Part::Gate), &[e, ff, nx], Role::GateExps, l);
         push(weight_name(i, Part::Up), &[e, ff, nx], Role::UpExps, l);
         push(weight_name(i, Part::Down), &[ff, e, nx], Role::DownExps, l);
@@ -197,18 +212,24 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
         if p.shared_ff > 0 {
             let sf = p.shared_ff as u64;
             // The converter writes the gate as a one-row matrix; llama-quantize rewrites it as a vector.
-            // DeepSeek's shared experts have no gate.
+            // DeepSeek's and GLM's shared experts have no gate.
             let gate_dims: &[u64] = if matches!(ft, FileType::F16 | FileType::Mxfp4) {
                 &[e, 1]
             } else {
                 &[e]
             };
-            if p.arch != Arch::DeepSeek2 {
+            if !matches!(p.arch, Arch::DeepSeek2 | Arch::Glm4Moe) {
                 push(n("ffn_gate_inp_shexp.weight"), gate_dims, Role::ShexpGate, l);
             }
             push(n("ffn_gate_shexp.weight"), &[e, sf], Role::GateShexp, l);
             push(n("ffn_up_shexp.weight"), &[e, sf], Role::UpShexp, l);
             push(n("ffn_down_shexp.weight"), &[sf, e], Role::DownShexp, l);
+        }
+        if i >= p.n_layer {
+            push(n("nextn.eh_proj.weight"), &[2 * e, e], Role::EhProj, l);
+            push(n("nextn.enorm.weight"), &[e], Role::NextnNorm, l);
+            push(n("nextn.hnorm.weight"), &[e], Role::NextnNorm, l);
+            push(n("nextn.shared_head_norm.weight"), &[e], Role::NextnNorm, l);
         }
     }
     push("output_norm.weight".into(), &[e], Role::OutputNorm, None);

@@ -29,7 +29,7 @@ use rayon::prelude::*;
 use titan_gguf::{GgufWriter, Value, ValueType};
 
 pub use calibration::Calibration;
-pub use preset::{preset, presets, Arch, FileType, Hybrid, Latent, Preset, VocabKind, Yarn};
+pub use preset::{preset, presets, Arch, FileType, Glm, Hybrid, Latent, Preset, VocabKind, Yarn};
 pub use routing::{routing_report, LayerRouting, RoutingReport};
 
 use blocks::Rng;
@@ -224,6 +224,16 @@ fn validate(p: &Preset) -> Result<(), SynthError> {
             "deepseek2 needs latent attention and a whole number of shared experts of the routed experts' size".into(),
         );
     }
+    if let Some(g) = &p.glm {
+        if g.rope_dims == 0 || g.rope_dims > p.head_dim || !g.rope_dims.is_multiple_of(2) {
+            return bad("the rotated dimensions must be a positive even number that fits a head".into());
+        }
+    }
+    if p.arch == Arch::Glm4Moe && (p.glm.is_none() || !p.shared_ff.is_multiple_of(p.expert_ff)) {
+        return bad(
+            "glm4moe needs its partial RoPE and a whole number of shared experts of the routed experts' size".into(),
+        );
+    }
     if let Some(h) = &p.hybrid {
         if h.full_attention_interval == 0
             || h.conv_kernel == 0
@@ -272,7 +282,9 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
     if opts.ty != FileType::F16 {
         set("general.quantization_version".into(), Value::U32(2));
     }
-    set(format!("{a}.block_count"), u(p.n_layer));
+    // GLM counts its MTP layers in block_count.
+    let nextn = p.glm.map_or(0, |g| g.nextn_layers);
+    set(format!("{a}.block_count"), u(p.n_layer + nextn));
     set(format!("{a}.context_length"), u(p.n_ctx));
     set(format!("{a}.embedding_length"), u(p.n_embd));
     if p.n_ff > 0 {
@@ -328,6 +340,17 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
         set(format!("{a}.expert_group_count"), u(1));
         set(format!("{a}.expert_group_used_count"), u(1));
         set(format!("{a}.expert_gating_func"), u(1));
+    } else if let Some(g) = &p.glm {
+        // As the converter writes GLM: shared experts counted like DeepSeek's, sigmoid scores (gating
+        // 2) in one group, renormalised.
+        set(format!("{a}.leading_dense_block_count"), u(p.dense_lead));
+        set(format!("{a}.expert_shared_count"), u(p.shared_ff / p.expert_ff));
+        set(format!("{a}.expert_group_count"), u(1));
+        set(format!("{a}.expert_group_used_count"), u(1));
+        set(format!("{a}.expert_gating_func"), u(2));
+        set(format!("{a}.expert_weights_norm"), Value::Bool(true));
+        set(format!("{a}.rope.dimension_count"), u(g.rope_dims));
+        set(format!("{a}.nextn_predict_layers"), u(g.nextn_layers));
     } else if p.shared_ff > 0 {
         set(format!("{a}.expert_shared_feed_forward_length"), u(p.shared_ff));
     }

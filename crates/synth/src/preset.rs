@@ -25,6 +25,10 @@ pub enum Arch {
     /// `deepseek2` (DeepSeek-V2): multi-head latent attention (see [`Latent`]), dense first layers,
     /// routed experts plus ungated shared ones.
     DeepSeek2,
+    /// `glm4moe` (GLM-4.5 / 4.6 / 4.7): partial RoPE, q/k/v biases, optional per-head q/k norms, dense
+    /// first layers, sigmoid expert scores with a choosing bias, an ungated shared expert, and MTP
+    /// (`nextn`) layers after the main ones (see [`Glm`]).
+    Glm4Moe,
 }
 
 impl Arch {
@@ -37,6 +41,7 @@ impl Arch {
             Arch::Qwen35Moe => "qwen35moe",
             Arch::GptOss => "gpt-oss",
             Arch::DeepSeek2 => "deepseek2",
+            Arch::Glm4Moe => "glm4moe",
         }
     }
 }
@@ -57,6 +62,9 @@ pub enum VocabKind {
     Harmony,
     /// DeepSeek-V2's byte-level BPE, pre-tokenizer "deepseek-llm", BOS and EOS at 100000 and 100001.
     DeepSeek,
+    /// GLM-4.5's byte-level BPE, pre-tokenizer "glm4", control tokens from `<|endoftext|>` at 151329
+    /// (`[gMASK]`, BOS, at 151331; `<|user|>` at 151336).
+    Glm,
 }
 
 /// YaRN's extension of RoPE, as the converter writes it from the config's `rope_scaling`
@@ -83,6 +91,18 @@ pub struct Latent {
     pub rope: usize,
     /// `v_head_dim`.
     pub v_dim: usize,
+}
+
+/// What GLM-4.5 adds to a plain attention MoE (`glm4moe`), as the converter writes it from the config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Glm {
+    /// Rotated dimensions of a head: `partial_rotary_factor` (0.5) × `head_dim`, `rope.dimension_count`.
+    pub rope_dims: usize,
+    /// Per-head q/k RMS norms (`use_qk_norm`: GLM-4.5 has them, GLM-4.5-Air not).
+    pub qk_norm: bool,
+    /// MTP blocks after the main ones (`num_nextn_predict_layers`), counted in `block_count`, each a
+    /// whole MoE block plus `nextn.{eh_proj,enorm,hnorm,shared_head_norm}`.
+    pub nextn_layers: usize,
 }
 
 /// The linear-attention side of a Gated DeltaNet hybrid (`qwen35moe`), as the converter writes it from
@@ -168,6 +188,8 @@ pub struct Preset {
     pub sliding_window: usize,
     /// Latent attention (DeepSeek-V2); `head_dim` is then a query head's size, `nope + rope`.
     pub latent: Option<Latent>,
+    /// GLM-4.5's partial RoPE, q/k norms and MTP layers; `None` for the other architectures.
+    pub glm: Option<Glm>,
 }
 
 impl Preset {
@@ -229,7 +251,7 @@ impl fmt::Display for Preset {
     }
 }
 
-static PRESETS: [Preset; 8] = [
+static PRESETS: [Preset; 9] = [
     Preset {
         name: "olmoe-1b-7b",
         source: "allenai/OLMoE-1B-7B-0924",
@@ -256,6 +278,7 @@ static PRESETS: [Preset; 8] = [
         expert_weights_scale: None,
         yarn: None,
         sliding_window: 0,
+        glm: None,
         latent: None,
     },
     Preset {
@@ -284,6 +307,7 @@ static PRESETS: [Preset; 8] = [
         expert_weights_scale: None,
         yarn: None,
         sliding_window: 0,
+        glm: None,
         latent: None,
     },
     Preset {
@@ -312,6 +336,7 @@ static PRESETS: [Preset; 8] = [
         expert_weights_scale: None,
         yarn: None,
         sliding_window: 0,
+        glm: None,
         latent: None,
     },
     Preset {
@@ -340,6 +365,7 @@ static PRESETS: [Preset; 8] = [
         expert_weights_scale: None,
         yarn: None,
         sliding_window: 0,
+        glm: None,
         latent: None,
     },
     // Qwen3.6-35B-A3B has Qwen3.5-35B-A3B's text architecture (`qwen3_5_moe_text`), so one shape serves
@@ -382,6 +408,7 @@ static PRESETS: [Preset; 8] = [
         expert_weights_scale: None,
         yarn: None,
         sliding_window: 0,
+        glm: None,
         latent: None,
     },
     // The same architecture, wider: 48 layers, hidden 3072, 32 heads / 2 KV of 256, Gated DeltaNet
@@ -420,6 +447,7 @@ static PRESETS: [Preset; 8] = [
         expert_weights_scale: None,
         yarn: None,
         sliding_window: 0,
+        glm: None,
         latent: None,
     },
     // gpt-oss-20b, from its config: 24 layers, hidden 2880, 64 query / 8 KV heads of 64 (so the query is
@@ -456,6 +484,7 @@ static PRESETS: [Preset; 8] = [
             mscale_all_dim: None,
         }),
         sliding_window: 128,
+        glm: None,
         latent: None,
     },
     // DeepSeek-V2-Lite, from its config: 27 layers, hidden 2048, 16 heads, no q-LoRA, kv_lora_rank 512,
@@ -493,12 +522,51 @@ static PRESETS: [Preset; 8] = [
             mscale_all_dim: Some(0.707),
         }),
         sliding_window: 0,
+        glm: None,
         latent: Some(Latent {
             kv_lora: 512,
             nope: 128,
             rope: 64,
             v_dim: 128,
         }),
+    },
+    // GLM-4.5-Air, from its config: 46 layers, hidden 4096, 96 query / 8 KV heads of 128 (the query
+    // 12288 wide), rotary over half of each head (64 dims), theta 1e6, q/k/v biases, no q/k norms;
+    // layer 0 dense with ffn 10944, then 128 routed experts top-8 of 1408 (sigmoid scores with the
+    // choosing bias, one group, renormalised, routed scale 1.0) and 1 shared expert of 1408; one MTP
+    // layer (block 46, counted in block_count: 47); vocabulary 151552; context 131072.
+    Preset {
+        name: "glm-4.5-air",
+        source: "zai-org/GLM-4.5-Air",
+        arch: Arch::Glm4Moe,
+        vocab: VocabKind::Glm,
+        n_vocab: 151552,
+        n_ctx: 131072,
+        n_embd: 4096,
+        n_layer: 46,
+        n_head: 96,
+        n_head_kv: 8,
+        head_dim: 128,
+        write_head_dim: true,
+        n_ff: 10944,
+        expert_ff: 1408,
+        write_expert_ff: true,
+        shared_ff: 1408,
+        n_expert: 128,
+        n_expert_used: 8,
+        rope_base: 1_000_000.0,
+        rms_eps: 1e-5,
+        hybrid: None,
+        dense_lead: 1,
+        expert_weights_scale: Some(1.0),
+        yarn: None,
+        sliding_window: 0,
+        glm: Some(Glm {
+            rope_dims: 64,
+            qk_norm: false,
+            nextn_layers: 1,
+        }),
+        latent: None,
     },
 ];
 

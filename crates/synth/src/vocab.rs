@@ -23,7 +23,12 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
     let mut kv = Vec::new();
     let mut set = |k: &str, v: Value| kv.push((format!("tokenizer.ggml.{k}"), v));
     match p.vocab {
-        VocabKind::Qwen2 | VocabKind::Qwen35 | VocabKind::Olmo | VocabKind::Harmony | VocabKind::DeepSeek => {
+        VocabKind::Qwen2
+        | VocabKind::Qwen35
+        | VocabKind::Olmo
+        | VocabKind::Harmony
+        | VocabKind::DeepSeek
+        | VocabKind::Glm => {
             // (control tokens by their offset from the first one's id, that real id): the ids between and
             // after them are the tokenizer's other added tokens, written as padding (or, for harmony, as
             // its reserved control tokens).
@@ -32,6 +37,7 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
                 VocabKind::Qwen35 => (&CHATML_TOKENS, 248_044),
                 VocabKind::Harmony => (&HARMONY_TOKENS, 199_998),
                 VocabKind::DeepSeek => (&DEEPSEEK_TOKENS, 100_000),
+                VocabKind::Glm => (&GLM_TOKENS, 151_329),
                 _ => (&[(0, "<|endoftext|>")], 50_279),
             };
             let span = specials.last().map_or(0, |s| s.0 + 1);
@@ -79,6 +85,7 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
                 VocabKind::Qwen35 => "qwen35",
                 VocabKind::Harmony => "gpt-4o",
                 VocabKind::DeepSeek => "deepseek-llm",
+                VocabKind::Glm => "glm4",
                 _ => "olmo",
             };
             set("pre", Value::String(pre.into()));
@@ -97,6 +104,8 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
                 // <|startoftext|>, <|return|>, <|endoftext|>
                 VocabKind::Harmony => (0, 4, 1, false),
                 VocabKind::DeepSeek => (0, 1, 1, true),
+                // [gMASK], <|endoftext|>, <|endoftext|>; GLM's chat template writes [gMASK] itself.
+                VocabKind::Glm => (2, 0, 0, false),
                 _ => (0, 0, 0, false),
             };
             set("bos_token_id", Value::U32(eot + bos));
@@ -107,6 +116,11 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
                 Value::U32(if p.vocab == VocabKind::Olmo { 1 } else { eot + pad }),
             );
             set("add_bos_token", Value::Bool(add_bos));
+            if p.vocab == VocabKind::Glm {
+                // The converter's GLM vocabulary: <|user|> ends a turn, <|observation|> a tool call.
+                set("eot_token_id", Value::U32(eot + 7));
+                set("eom_token_id", Value::U32(eot + 9));
+            }
             if matches!(p.vocab, VocabKind::Qwen2 | VocabKind::Qwen35) {
                 set("chat_template", Value::String(CHATML.into()));
             }
@@ -167,6 +181,20 @@ const HARMONY_TOKENS: [(usize, &str); 9] = [
 
 /// DeepSeek-V2's BOS and EOS at 100000 and 100001.
 const DEEPSEEK_TOKENS: [(usize, &str); 2] = [(0, "<｜begin▁of▁sentence｜>"), (1, "<｜end▁of▁sentence｜>")];
+
+/// GLM-4.5's control tokens from `<|endoftext|>` at 151329.
+const GLM_TOKENS: [(usize, &str); 10] = [
+    (0, "<|endoftext|>"),
+    (1, "[MASK]"),
+    (2, "[gMASK]"),
+    (3, "[sMASK]"),
+    (4, "<sop>"),
+    (5, "<eop>"),
+    (6, "<|system|>"),
+    (7, "<|user|>"),
+    (8, "<|assistant|>"),
+    (9, "<|observation|>"),
+];
 
 const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 

@@ -47,6 +47,10 @@ fn tiny(name: &str) -> Preset {
         };
         p.n_layer = h.full_attention_interval;
     }
+    if let Some(g) = &mut p.glm {
+        // partial_rotary_factor 0.5
+        g.rope_dims = p.head_dim / 2;
+    }
     p
 }
 
@@ -73,6 +77,7 @@ fn every_architecture_loads_and_runs_in_titan() {
         "qwen3.5-122b-a10b",
         "gpt-oss-20b",
         "deepseek-v2-lite",
+        "glm-4.5-air",
     ];
     for name in names {
         for ty in [
@@ -110,6 +115,14 @@ fn every_architecture_loads_and_runs_in_titan() {
                 "{name}"
             );
             assert_eq!(model.config.sliding_window, p.sliding_window, "{name}");
+            if let Some(g) = &p.glm {
+                // the MTP layers are in the file and counted, and not run
+                assert_eq!(
+                    (model.config.n_nextn, model.config.rope_dims),
+                    (g.nextn_layers, g.rope_dims)
+                );
+                assert!(model.config.sigmoid_scores && model.config.norm_topk, "{name}");
+            }
             let mut seq = model.new_sequence(8);
             let logits = model.forward(&[1, 300, 301, 1000], 0, &mut seq, Outputs::All).unwrap();
             assert_eq!(logits.len(), 4 * p.n_vocab);
@@ -369,13 +382,13 @@ fn hybrid_routing_is_realistic() {
     assert!(r.max_overlap() <= 0.6, "{r}");
 }
 
-/// gpt-oss (biases, sinks, a softmax over the chosen experts, the clamped SwiGLU, YaRN) and DeepSeek-V2
-/// (latent attention, a dense first layer, ungated shared experts, unnormalised weights) route as
-/// realistically as the others.
+/// gpt-oss (biases, sinks, a softmax over the chosen experts, the clamped SwiGLU, YaRN), DeepSeek-V2
+/// (latent attention, a dense first layer, ungated shared experts, unnormalised weights) and GLM-4.5
+/// (sigmoid scores with a choosing bias, a dense first layer) route as realistically as the others.
 #[test]
-fn gpt_oss_and_deepseek_routing_is_realistic() {
+fn gpt_oss_deepseek_and_glm_route_realistically() {
     let dir = tempfile::tempdir().unwrap();
-    for name in ["gpt-oss-20b", "deepseek-v2-lite"] {
+    for name in ["gpt-oss-20b", "deepseek-v2-lite", "glm-4.5-air"] {
         let mut p = tiny(name);
         p.n_embd = 512;
         p.n_expert = 32;
@@ -396,21 +409,29 @@ fn gpt_oss_and_deepseek_routing_is_realistic() {
     }
 }
 
-/// The keys and tensors llama.cpp's converter and quantiser write for gpt-oss and DeepSeek-V2-Lite, read
+/// The keys and tensors llama.cpp's converter and quantiser write for gpt-oss, DeepSeek-V2-Lite and GLM-4.5
+/// (its MTP layer included), read
 /// from the small real files in `tests/fixtures` (made by them from Hugging Face models): a synthetic file
 /// of the same depth has the same architecture keys, the same tensor names, and the same type for every
 /// tensor but the output (the fixtures' 64 columns are not whole Q6_K blocks; ours are).
 #[test]
-fn gpt_oss_and_deepseek_match_the_converters_files() {
+fn gpt_oss_deepseek_and_glm_match_the_converters_files() {
     let dir = tempfile::tempdir().unwrap();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
     for (name, fixture, ty, layers) in [
         ("gpt-oss-20b", "gpt-oss/mxfp4_moe.gguf", FileType::Mxfp4_Moe, 4),
         ("deepseek-v2-lite", "deepseek2-lite/q4_0.gguf", FileType::Q4_0, 26),
+        ("glm-4.5-air", "glm4moe/q4_0.gguf", FileType::Q4_0, 3),
     ] {
         let real = GgufFile::open(fixtures.join(fixture)).unwrap();
         let mut p = tiny(name);
         p.n_layer = layers;
+        if let Some(g) = &mut p.glm {
+            // the fixture has GLM-4.5's q/k norms, which Air has not, and 8 experts (llama-quantize keeps
+            // attn_k and attn_v in Q8_0 for 8-expert models)
+            g.qk_norm = true;
+            p.n_expert = 8;
+        }
         let ours = GgufFile::open(write(&p, ty, 2, dir.path(), &format!("{name}.gguf"))).unwrap();
         let arch = p.arch.gguf_name();
         let keys = |f: &GgufFile| {

@@ -27,6 +27,21 @@ pub fn run(a: Args) -> Result<()> {
     }
     println!("architecture:  {} ({:?})", c.arch_name, c.arch);
     println!("layers:        {}", c.n_layer);
+    if c.n_nextn > 0 {
+        let held = f
+            .tensors
+            .iter()
+            .any(|t| t.name.starts_with(&format!("blk.{}.", c.n_layer)));
+        println!(
+            "MTP layers:    {} after the main ones (nextn), {}; not run",
+            c.n_nextn,
+            if held {
+                "in the file"
+            } else {
+                "counted but not in the file"
+            }
+        );
+    }
     println!("embedding:     {}", c.n_embd);
     println!(
         "heads:         {} query, {} key/value, head size {}",
@@ -74,7 +89,9 @@ pub fn run(a: Args) -> Result<()> {
         .map(|(n, (count, bytes))| format!("{n} ×{count} ({})", human(*bytes)))
         .collect();
     println!("tensor types:  {}", types.join(", "));
-    match (c.n_layer - c.dense_lead) * c.n_expert {
+    // Every layer with experts in the file, MTP layers included, as the expert bytes count them.
+    let moe_layers = titan_layout::ExpertLayout::of(&f).map_or(0, |l| l.layers.len());
+    match moe_layers * c.n_expert {
         0 => println!("weights:       {} dense, no experts", human(dense)),
         n => println!(
             "weights:       {} dense, {} experts ({} per expert per layer)",

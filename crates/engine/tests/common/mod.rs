@@ -22,6 +22,7 @@ pub const ONE_PER_ARCHITECTURE: &[&str] = &[
     "deepseek2-lite/q4_0.gguf",
     "gpt-oss/mxfp4_moe.gguf",
     "qwen35/q4_0.gguf",
+    "glm4moe/q4_0.gguf",
 ];
 
 pub fn fixtures() -> PathBuf {
