@@ -729,36 +729,51 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
 
 
 def mtp_logits(model, config, hf_dir: Path, ids: list[int]) -> np.ndarray:
-    """The MTP block's logits at every position of `ids`, as llama.cpp's Qwen3-Next MTP graph defines them, from
-    transformers' own decoder layer and norms with the checkpoint's `mtp.*` weights: the row at position p takes
-    token p and the main model's final (normed) hidden state at p - 1 (zeros at 0), concatenates
-    [enorm(embedding), hnorm(hidden)], projects it with `mtp.fc`, runs the decoder layer (causal over the rows,
-    RoPE at p), and ends with `mtp.norm` and the shared LM head. Row p predicts token p + 1, as the main head's
-    row p does, but before the main model has run on token p: what makes it a draft."""
+    """The MTP block's logits at every position of `ids`, as llama.cpp's MTP graphs (Qwen3-Next's, GLM-4.5's)
+    define them, from transformers' own decoder layer and norms with the checkpoint's MTP weights: the row at
+    position p takes token p and the main model's final (normed) hidden state at p - 1 (zeros at 0),
+    concatenates [enorm(embedding), hnorm(hidden)], projects it (`eh_proj`), runs the decoder layer (causal over
+    the rows, RoPE at p), and ends with the head norm and the shared LM head. Row p predicts token p + 1, as the
+    main head's row p does, but before the main model has run on token p: what makes it a draft."""
     from safetensors.torch import load_file
-    from transformers.models.qwen3_next import modeling_qwen3_next as m
 
-    w = {k: v for k, v in load_file(hf_dir / "model.safetensors").items() if k.startswith("mtp.")}
-    full = next(i for i, t in enumerate(config.layer_types) if t == "full_attention")
-    layer = m.Qwen3NextDecoderLayer(config, full).eval()
-    layer.load_state_dict({k[len("mtp.layers.0."):]: v for k, v in w.items() if k.startswith("mtp.layers.0.")})
+    ckpt = load_file(hf_dir / "model.safetensors")
+    hidden, eps = config.hidden_size, config.rms_norm_eps
+    if type(model).__name__ == "Qwen3NextForCausalLM":
+        from transformers.models.qwen3_next import modeling_qwen3_next as m
+
+        w = {k[len("mtp."):]: v for k, v in ckpt.items() if k.startswith("mtp.")}
+        full = next(i for i, t in enumerate(config.layer_types) if t == "full_attention")
+        layer, prefix = m.Qwen3NextDecoderLayer(config, full), "layers.0."
+        norms = {"e": "pre_fc_norm_embedding", "h": "pre_fc_norm_hidden", "out": "norm"}
+        proj, norm_cls = "fc", m.Qwen3NextRMSNorm
+    else:  # GLM-4.5: the block after the main ones, as model.layers.N.*
+        from transformers.models.glm4_moe import modeling_glm4_moe as m
+
+        n = config.num_hidden_layers
+        w = {k[len(f"model.layers.{n}."):]: v for k, v in ckpt.items() if k.startswith(f"model.layers.{n}.")}
+        layer, prefix = m.Glm4MoeDecoderLayer(config, n), ""
+        norms = {"e": "enorm", "h": "hnorm", "out": "shared_head.norm"}
+        proj, norm_cls = "eh_proj", m.Glm4MoeRMSNorm
+    head_parts = {f"{v}.weight" for v in norms.values()} | {f"{proj}.weight"}
+    layer.load_state_dict({k[len(prefix):]: v for k, v in w.items() if k.startswith(prefix) and k not in head_parts})
+    layer.eval()
     norm = {}
-    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        norm[name] = m.Qwen3NextRMSNorm(config.hidden_size, eps=config.rms_norm_eps).eval()
-        norm[name].load_state_dict({"weight": w[f"mtp.{name}.weight"]})
-    fc = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
-    fc.load_state_dict({"weight": w["mtp.fc.weight"]})
+    for key, name in norms.items():
+        norm[key] = norm_cls(hidden, eps=eps).eval()
+        norm[key].load_state_dict({"weight": w[f"{name}.weight"]})
+    fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
+    fc.load_state_dict({"weight": w[f"{proj}.weight"]})
     with torch.no_grad():
         t = torch.tensor([ids], dtype=torch.long)
-        hidden = model.model(t, use_cache=False).last_hidden_state
-        prev = torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], dim=1)
-        emb = model.model.embed_tokens(t)
-        x = fc(torch.cat([norm["pre_fc_norm_embedding"](emb), norm["pre_fc_norm_hidden"](prev)], dim=-1))
+        states = model.model(t, use_cache=False).last_hidden_state
+        prev = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)
+        x = fc(torch.cat([norm["e"](model.model.embed_tokens(t)), norm["h"](prev)], dim=-1))
         pos = torch.arange(len(ids))[None]
         mask = torch.full((len(ids), len(ids)), float("-inf")).triu(1)[None, None]
         out = layer(x, position_embeddings=model.model.rotary_emb(x, pos), attention_mask=mask, position_ids=pos)
         out = out[0] if isinstance(out, tuple) else out
-        return model.lm_head(norm["norm"](out))[0].to(torch.float32).numpy()
+        return model.lm_head(norm["out"](out))[0].to(torch.float32).numpy()
 
 
 def hf_greedy(model, ids: list[int], n: int, eos: int | None) -> tuple[list[int], bool]:
@@ -1089,8 +1104,7 @@ def make_model(spec: dict, tok_info: dict, tok_dir: Path) -> dict:
     hf_tokens = llama_seqs[ref_type]
     hf_l = hf_logits(model, hf_tokens)
     np.save(fdir / "hf_logits.npy", hf_l.astype(np.float32))
-    qwen3next_mtp = spec.get("mtp_layers") and spec["hf_class"] == "Qwen3NextForCausalLM"
-    if qwen3next_mtp:
+    if spec.get("mtp_layers"):
         np.save(fdir / "hf_mtp_logits.npy", mtp_logits(model, config, hf_dir, hf_tokens).astype(np.float32))
     hf_g, hf_stopped = hf_greedy(model, prompt_ids, N_GREEDY, tok_info["eos_token_id"])
     routing = routing_stats(model, config, hf_tokens)
@@ -1141,7 +1155,7 @@ def make_model(spec: dict, tok_info: dict, tok_dir: Path) -> dict:
     entry.update({
         "hf": {"reference_file": ref_type, "reference_file_not_committed": ref_note, "tokens": hf_tokens,
                "logits": f"{name}/hf_logits.npy", "greedy": hf_g, "stopped_at_eos": hf_stopped,
-               **({"mtp_logits": f"{name}/hf_mtp_logits.npy"} if qwen3next_mtp else {})},
+               **({"mtp_logits": f"{name}/hf_mtp_logits.npy"} if spec.get("mtp_layers") else {})},
         "files": files,
         "tokenizer": tok_refs,
     })

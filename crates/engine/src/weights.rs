@@ -256,8 +256,8 @@ pub struct Weights {
 }
 
 /// What a multi-token-prediction (`nextn`) block adds to a transformer block: it predicts the token after
-/// next from the main model's final state at one position and the token at the next (Qwen3-Next, Qwen3.5/3.6:
-/// `eh_proj` of [enorm(embedding) ‖ hnorm(state)], the block, `shared_head_norm`, the LM head).
+/// next from the main model's final state at one position and the token at the next (Qwen3-Next, Qwen3.5/3.6,
+/// GLM-4.5: `eh_proj` of [enorm(embedding) ‖ hnorm(state)], the block, `shared_head_norm`, the LM head).
 pub struct MtpHead {
     /// 2·n_embd → n_embd.
     pub eh_proj: Mat,
@@ -271,13 +271,19 @@ pub struct MtpHead {
 
 impl MtpHead {
     /// The head of the file's first MTP block, where TITAN runs the model's kind of it (the Qwen3-Next and
-    /// Qwen3.5/3.6 MoE block: gated full attention and the layers' experts); `None` otherwise, the block then
-    /// left unread.
-    fn load(l: &Loader, c: &Config, token_embd: &Mat, output: &Mat) -> Result<Option<MtpHead>> {
+    /// Qwen3.5/3.6 MoE block: gated full attention and the layers' experts; GLM-4.5's: its attention and experts);
+    /// `None` otherwise, the block then left unread. What the file lacks of the head is the model's own
+    /// (embedding, `output_norm`, LM head), as llama.cpp takes it.
+    fn load(l: &Loader, c: &Config, model: (&Mat, &Mat, &[f32])) -> Result<Option<MtpHead>> {
+        let (token_embd, output, output_norm) = model;
         let n = |s: &str| format!("blk.{}.nextn.{s}", c.n_layer);
         // A file converted with --no-mtp may count the block without holding it.
         let held = l.f.tensor(&n("eh_proj.weight")).is_some();
-        if c.n_nextn == 0 || !held || !matches!(c.arch, crate::Arch::Qwen3Next | crate::Arch::Qwen35Moe) {
+        let runs = matches!(
+            c.arch,
+            crate::Arch::Qwen3Next | crate::Arch::Qwen35Moe | crate::Arch::Glm4Moe
+        );
+        if c.n_nextn == 0 || !held || !runs {
             return Ok(None);
         }
         let e = c.n_embd;
@@ -291,7 +297,9 @@ impl MtpHead {
             eh_proj: l.mat(&n("eh_proj.weight"), 2 * e, e)?,
             enorm: l.vec(&n("enorm.weight"), e)?,
             hnorm: l.vec(&n("hnorm.weight"), e)?,
-            head_norm: l.vec(&n("shared_head_norm.weight"), e)?,
+            head_norm: l
+                .vec_if_present(&n("shared_head_norm.weight"), e)?
+                .unwrap_or_else(|| output_norm.to_vec()),
             head: own("shared_head_head.weight", output)?,
             embd: own("embed_tokens.weight", token_embd)?,
         }))
@@ -312,7 +320,7 @@ impl Weights {
         let mut layers = (0..c.n_layer)
             .map(|i| l.layer(c, i, c.mixers[i]))
             .collect::<Result<Vec<Layer>>>()?;
-        let mtp = MtpHead::load(&l, c, &token_embd, &output)?;
+        let mtp = MtpHead::load(&l, c, (&token_embd, &output, &output_norm))?;
         if mtp.is_some() {
             // After the main blocks, where the expert sources find it by its index.
             layers.push(l.layer(c, c.n_layer, Mixer::Attention)?);

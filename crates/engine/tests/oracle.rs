@@ -321,51 +321,56 @@ fn an_mtp_block_leaves_the_main_logits_unchanged() {
 }
 
 /// The MTP block's logits at every position of transformers' sequence equal the reference's (transformers' own
-/// decoder layer and norms with the checkpoint's `mtp.*` weights, composed as llama.cpp's Qwen3-Next MTP graph
-/// composes them: tools/make_fixtures.py `mtp_logits`), and computing the positions one at a time gives the
-/// batch's bits (what drafting does).
+/// decoder layer and norms with the checkpoint's MTP weights, composed as llama.cpp's MTP graphs compose them:
+/// tools/make_fixtures.py `mtp_logits`) on each model with one, and computing the positions one at a time gives
+/// the batch's bits (what drafting does), on every file.
 #[test]
 fn mtp_logits_match_the_reference() {
     let m = manifest();
-    let entry = m["models"]
+    let mut models = 0;
+    for entry in m["models"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|e| e["name"] == "qwen3next-mtp")
-        .unwrap();
-    let tokens = ids(&entry["hf"]["tokens"]);
-    let (_, reference) = read_npy(entry["hf"]["mtp_logits"].as_str().unwrap());
-    for file_type in ["f32", "q8_0"] {
-        let model = Model::load(fixtures().join(format!("qwen3next-mtp/{file_type}.gguf"))).unwrap();
-        let (n, d, v) = (tokens.len(), model.config.n_embd, model.config.n_vocab);
-        let mut seq = model.new_sequence(n);
-        model.forward(&tokens, 0, &mut seq, Outputs::Last).unwrap();
-        // Position p takes the main model's state at p - 1: zeros before the first.
-        let mut states = vec![0.0; d];
-        model.final_states(&seq, 0..n - 1, &mut states);
-        let mut st = model.mtp_state(n).unwrap();
-        let ours = model.mtp_forward(&mut st, &tokens, &states, 0).unwrap().to_vec();
-        let mut st = model.mtp_state(n).unwrap();
-        for p in 0..n {
-            let row = model
-                .mtp_forward(&mut st, &tokens[p..p + 1], &states[p * d..(p + 1) * d], p)
-                .unwrap();
-            assert!(
-                row.iter()
-                    .zip(&ours[p * v..(p + 1) * v])
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{file_type}: position {p} alone differs from the batch"
+        .filter(|e| e["hf"]["mtp_logits"].is_string())
+    {
+        models += 1;
+        let name = entry["name"].as_str().unwrap();
+        let tokens = ids(&entry["hf"]["tokens"]);
+        let (_, reference) = read_npy(entry["hf"]["mtp_logits"].as_str().unwrap());
+        for file_type in entry["files"].as_object().unwrap().keys() {
+            let model = Model::load(fixtures().join(format!("{name}/{file_type}.gguf"))).unwrap();
+            let (n, d, v) = (tokens.len(), model.config.n_embd, model.config.n_vocab);
+            let mut seq = model.new_sequence(n);
+            model.forward(&tokens, 0, &mut seq, Outputs::Last).unwrap();
+            // Position p takes the main model's state at p - 1: zeros before the first.
+            let mut states = vec![0.0; d];
+            model.final_states(&seq, 0..n - 1, &mut states);
+            let mut st = model.mtp_state(n).unwrap();
+            let ours = model.mtp_forward(&mut st, &tokens, &states, 0).unwrap().to_vec();
+            let mut st = model.mtp_state(n).unwrap();
+            for p in 0..n {
+                let row = model
+                    .mtp_forward(&mut st, &tokens[p..p + 1], &states[p * d..(p + 1) * d], p)
+                    .unwrap();
+                assert!(
+                    row.iter()
+                        .zip(&ours[p * v..(p + 1) * v])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{name} {file_type}: position {p} alone differs from the batch"
+                );
+            }
+            let diff = max_abs_diff(&ours, &reference);
+            println!(
+                "{name:<14} {file_type:<5} MTP logits: max|Δ| vs the reference {diff:.3e} (rms {:.3e})",
+                rms_diff(&ours, &reference)
             );
-        }
-        let diff = max_abs_diff(&ours, &reference);
-        println!(
-            "qwen3next-mtp {file_type:<5} MTP logits: max|Δ| vs the reference {diff:.3e} (rms {:.3e})",
-            rms_diff(&ours, &reference)
-        );
-        if file_type == "f32" {
-            assert!(diff <= 1e-4, "f32 MTP logits {diff} from the reference");
+            if file_type == "f32" {
+                assert!(diff <= 1e-4, "{name} f32 MTP logits {diff} from the reference");
+            }
         }
     }
+    assert!(models >= 2, "the fixtures' MTP references");
 }
 
 /// TITAN's greedy continuation equals llama.cpp's: entirely on float files; on quantised files up to the

@@ -135,9 +135,12 @@ impl Drafter for Recorder<'_> {
 /// each step (rows kept, drafts rejected, a recurrent state gone back and fed again) kept its cache exact.
 #[test]
 fn mtp_drafts_change_no_byte_and_are_those_of_the_history_at_once() {
-    let model = Model::load(fixtures().join("qwen3next-mtp/q8_0.gguf")).unwrap();
-    let prompt = model.tokenizer.encode("one two three four five, one two", true, false);
-    for temperature in [0.0, 0.9] {
+    for (file, temperature) in ["qwen3next-mtp/q8_0.gguf", "glm4moe/q4_0.gguf"]
+        .into_iter()
+        .flat_map(|f| [(f, 0.0), (f, 0.9)])
+    {
+        let model = Model::load(fixtures().join(file)).unwrap();
+        let prompt = model.tokenizer.encode("one two three four five, one two", true, false);
         let opts = options(temperature);
         let (plain, plain_trace) = run(&model, &prompt, &opts, None);
         let text: Vec<u32> = prompt.iter().chain(&plain.tokens).copied().collect();
@@ -149,7 +152,10 @@ fn mtp_drafts_change_no_byte_and_are_those_of_the_history_at_once() {
             };
             let replaced = rec.truth.is_some();
             let (g, t) = run(&model, &prompt, &opts, Some(&mut rec));
-            let what = format!("temperature {temperature}, true drafts {replaced}: {:?}", g.spec);
+            let what = format!(
+                "{file}, temperature {temperature}, true drafts {replaced}: {:?}",
+                g.spec
+            );
             assert_eq!(g.tokens, plain.tokens, "{what}");
             let rep = diff(&plain_trace, &t, None);
             assert!(rep.identical(), "{what}: {rep:?}");

@@ -49,9 +49,15 @@ impl Model {
     pub fn mtp_state(&self, n_ctx: usize) -> Result<MtpState> {
         let c = &self.config;
         if !self.has_mtp() {
+            let held = self
+                .weights
+                .file
+                .tensor(&format!("blk.{}.nextn.eh_proj.weight", c.n_layer))
+                .is_some();
             let what = match c.n_nextn {
                 0 => "this model file has no multi-token-prediction block (converted with --no-mtp, or the model has none)".to_string(),
-                n => format!("this file's {n} multi-token-prediction block(s) are of a kind TITAN does not run yet ({}; it runs those of qwen3next and qwen35moe)", c.arch_name),
+                n if !held => format!("this model file counts {n} multi-token-prediction block(s) but does not hold them (converted with --no-mtp)"),
+                n => format!("this file's {n} multi-token-prediction block(s) are of a kind TITAN does not run yet ({}; it runs those of qwen3next, qwen35moe and glm4moe)", c.arch_name),
             };
             return Err(EngineError::Request(what));
         }
