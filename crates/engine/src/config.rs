@@ -528,6 +528,12 @@ impl Config {
         Ok(c)
     }
 
+    /// Whether TITAN runs this architecture's multi-token-prediction block (to draft with it), where a file
+    /// holds one: Qwen3-Next's, Qwen3.5/3.6 MoE's and GLM-4.5's, which llama.cpp's MTP graphs compose alike.
+    pub fn runs_mtp(&self) -> bool {
+        matches!(self.arch, Arch::Qwen3Next | Arch::Qwen35Moe | Arch::Glm4Moe)
+    }
+
     fn validate(&self) -> std::result::Result<(), String> {
         let positive = [
             ("embedding_length", self.n_embd),

@@ -279,11 +279,7 @@ impl MtpHead {
         let n = |s: &str| format!("blk.{}.nextn.{s}", c.n_layer);
         // A file converted with --no-mtp may count the block without holding it.
         let held = l.f.tensor(&n("eh_proj.weight")).is_some();
-        let runs = matches!(
-            c.arch,
-            crate::Arch::Qwen3Next | crate::Arch::Qwen35Moe | crate::Arch::Glm4Moe
-        );
-        if c.n_nextn == 0 || !held || !runs {
+        if c.n_nextn == 0 || !held || !c.runs_mtp() {
             return Ok(None);
         }
         let e = c.n_embd;

@@ -32,15 +32,12 @@ pub fn run(a: Args) -> Result<()> {
             .tensors
             .iter()
             .any(|t| t.name.starts_with(&format!("blk.{}.", c.n_layer)));
-        println!(
-            "MTP layers:    {} after the main ones (nextn), {}; not run",
-            c.n_nextn,
-            if held {
-                "in the file"
-            } else {
-                "counted but not in the file"
-            }
-        );
+        let what = match (held, c.runs_mtp()) {
+            (true, true) => "in the file; drafts with --spec mtp",
+            (true, false) => "in the file; not run",
+            (false, _) => "counted but not in the file",
+        };
+        println!("MTP layers:    {} after the main ones (nextn), {what}", c.n_nextn);
     }
     println!("embedding:     {}", c.n_embd);
     println!(
