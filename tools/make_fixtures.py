@@ -232,6 +232,18 @@ def train_spm(out_dir: Path) -> dict:
 # Models
 # --------------------------------------------------------------------------------------------------------------------
 
+# The qwen3next fixture's model (also qwen3next-mtp's, with an MTP block added).
+QWEN3NEXT = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=32, hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000000.0,
+    partial_rotary_factor=0.25, attention_bias=False,
+    layer_types=["linear_attention", "full_attention"] * 2, full_attention_interval=2,
+    linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+    linear_num_value_heads=4, decoder_sparse_step=1, moe_intermediate_size=32,
+    shared_expert_intermediate_size=64, num_experts_per_tok=4, num_experts=8, norm_topk_prob=True,
+    mlp_only_layers=[], tie_word_embeddings=False,
+)
+
 MODELS = [
     {
         "name": "qwen3moe", "arch": "qwen3moe", "hf_class": "Qwen3MoeForCausalLM", "tokenizer": "qwen", "seed": 1,
@@ -294,16 +306,7 @@ MODELS = [
         "name": "qwen3next", "arch": "qwen3next", "hf_class": "Qwen3NextForCausalLM", "tokenizer": "qwen", "seed": 6,
         "types": ["f32", "f16", "bf16", "q8_0", "q4_0"],
         "convert_args": ["--no-mtp"],
-        "config": dict(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=32, hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000000.0,
-            partial_rotary_factor=0.25, attention_bias=False,
-            layer_types=["linear_attention", "full_attention"] * 2, full_attention_interval=2,
-            linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
-            linear_num_value_heads=4, decoder_sparse_step=1, moe_intermediate_size=32,
-            shared_expert_intermediate_size=64, num_experts_per_tok=4, num_experts=8, norm_topk_prob=True,
-            mlp_only_layers=[], tie_word_embeddings=False,
-        ),
+        "config": QWEN3NEXT,
     },
     # qwen3next with one multi-token-prediction block (`mtp.*`, which transformers' class neither builds nor runs;
     # random weights added to the checkpoint, converted without --no-mtp): the same seed, so the same main weights,
@@ -313,16 +316,7 @@ MODELS = [
         "seed": 6,
         "types": ["f32", "q8_0"],
         "mtp_layers": 1,
-        "config": dict(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=32, hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000000.0,
-            partial_rotary_factor=0.25, attention_bias=False,
-            layer_types=["linear_attention", "full_attention"] * 2, full_attention_interval=2,
-            linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
-            linear_num_value_heads=4, decoder_sparse_step=1, moe_intermediate_size=32,
-            shared_expert_intermediate_size=64, num_experts_per_tok=4, num_experts=8, norm_topk_prob=True,
-            mlp_only_layers=[], tie_word_embeddings=False,
-        ),
+        "config": QWEN3NEXT,
     },
     # A Qwen3-Next shape a new user would try first (three linear-attention layers then one full-attention layer, as
     # the real model's interval of 4, at hidden 128) in f16: the shape on which TITAN's f16 logits were once further

@@ -1057,8 +1057,34 @@ fn shards_of_dense_layers_are_refused() {
 /// the architecture), drafts both kept and thrown away.
 #[test]
 fn speculation_on_a_cluster_and_streamed_gives_the_plain_trace() {
+    let draft = fixture("qwen3moe/q8_0.gguf");
+    let draft_args = ["--spec", "draft", "--draft", draft.to_str().unwrap()];
+    // Sampled from the two likeliest tokens, the text still repeats itself enough for prompt lookup.
+    let sampled = ["--temp", "0.5", "--top-k", "2", "--seed", "5"];
+    speculation_gives_the_plain_trace(
+        "qwen3moe/q4_0.gguf",
+        &[&draft_args, &["--spec", "ngram"]],
+        &sampled,
+        true,
+    );
+}
+
+/// Drafts from the model's own MTP block (`--spec mtp`, a file that kept it): on 2 workers (which hold
+/// the main blocks' experts; the backbone computes the MTP block's) and streamed through a budget of one
+/// expert per layer, greedy and sampled, the trace is the plain run's. (The fixture's block has random
+/// weights: its drafts are thrown away; the engine's tests cover kept ones.)
+#[test]
+fn mtp_drafts_on_a_cluster_and_streamed_give_the_plain_trace() {
+    let sampled = ["--temp", "0.9", "--seed", "5"];
+    speculation_gives_the_plain_trace("qwen3next-mtp/q8_0.gguf", &[&["--spec", "mtp"]], &sampled, false);
+}
+
+/// `model`'s trace with each of `specs` (3 drafts a step), on 2 workers and streamed through a budget of one
+/// expert per layer, greedy and `sampled`, against its plain single-node trace; with `must_keep`, some
+/// drafts kept and some thrown away.
+fn speculation_gives_the_plain_trace(model: &str, specs: &[&[&str]], sampled: &[&str], must_keep: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let (m, draft) = (fixture("qwen3moe/q4_0.gguf"), fixture("qwen3moe/q8_0.gguf"));
+    let m = fixture(model);
     let store = dir.path().join("store");
     let o = titan().arg("convert").arg(&m).arg("-o").arg(&store).output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
@@ -1089,99 +1115,34 @@ fn speculation_on_a_cluster_and_streamed_gives_the_plain_trace() {
         assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
         stderr(&o)
     };
-    let draft_args = [
-        "--spec",
-        "draft",
-        "--draft",
-        draft.to_str().unwrap(),
-        "--draft-min",
-        "3",
-        "--draft-max",
-        "3",
-    ];
-    let ngram_args = ["--spec", "ngram", "--draft-min", "3", "--draft-max", "3"];
-    // Sampled from the two likeliest tokens, the text still repeats itself enough for prompt lookup.
-    let sampled = ["--temp", "0.5", "--top-k", "2", "--seed", "5"];
-    for sampling in [&["--temp", "0"][..], &sampled[..]] {
+    let three = ["--draft-min", "3", "--draft-max", "3"];
+    for sampling in [&["--temp", "0"][..], sampled] {
         let plain = dir.path().join("plain.trace");
         run(&plain, sampling, &["--spec", "off"]);
         for (name, place) in [("cluster", &cluster[..]), ("streamed", &streamed[..])] {
-            for spec in [&draft_args[..], &ngram_args[..]] {
+            for spec in specs {
                 let out = dir.path().join("spec.trace");
-                let log = run(&out, sampling, &[place, spec].concat());
+                let log = run(&out, sampling, &[place, spec, &three[..]].concat());
                 if name == "cluster" {
                     assert!(log.contains("cluster plan"), "{log}");
                 }
-                // Drafts verified, some kept, some not: "speculation: 1.71 tokens per step, 9 of 36 drafts accepted".
+                // Drafts verified: "speculation: 1.71 tokens per step, 9 of 36 drafts accepted".
                 let line = log
                     .lines()
                     .find(|l| l.starts_with("speculation:"))
                     .unwrap_or_else(|| panic!("{log}"));
                 let words: Vec<&str> = line.split_whitespace().collect();
                 let (kept, drafted): (u32, u32) = (words[5].parse().unwrap(), words[7].parse().unwrap());
-                assert!(0 < kept && kept < drafted, "{name}, {sampling:?}, {spec:?}: {line}");
+                assert!(drafted > 0, "{name}, {sampling:?}, {spec:?}: {line}");
+                if must_keep {
+                    assert!(0 < kept && kept < drafted, "{name}, {sampling:?}, {spec:?}: {line}");
+                }
                 let verdict = trace_diff(&plain, &out);
                 assert!(
                     verdict.starts_with("IDENTICAL"),
                     "{name}, {sampling:?}, {spec:?}: {verdict}"
                 );
             }
-        }
-    }
-    for w in &workers {
-        assert!(requests_served(&w.log()) > 0, "{}", w.log());
-    }
-}
-
-/// Drafts from the model's own MTP block (`--spec mtp`, a file that kept it): on 2 workers (which hold
-/// the main blocks' experts; the backbone computes the MTP block's) and streamed through a budget of one
-/// expert per layer, greedy and sampled, the trace is the plain run's.
-#[test]
-fn mtp_drafts_on_a_cluster_and_streamed_give_the_plain_trace() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = fixture("qwen3next-mtp/q8_0.gguf");
-    let store = dir.path().join("store");
-    let o = titan().arg("convert").arg(&m).arg("-o").arg(&store).output().unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let workers: Vec<Worker> = (0..2)
-        .map(|i| Worker::start(&m, dir.path(), &format!("w{i}"), "127.0.0.1:0"))
-        .collect();
-    let nodes = format!("{},{}", workers[0].addr, workers[1].addr);
-    let token = token_file(dir.path());
-    let cluster = ["--nodes", nodes.as_str(), "--token-file", token.to_str().unwrap()];
-    let streamed = ["--store", store.to_str().unwrap(), "--expert-budget", "1"];
-    let run = |out: &Path, sampling: &[&str], extra: &[&str]| {
-        let o = titan()
-            .args([
-                "trace",
-                "-p",
-                "one two three four, one two",
-                "-n",
-                "16",
-                "--threads",
-                "2",
-                "-m",
-            ])
-            .arg(&m)
-            .arg("-o")
-            .arg(out)
-            .args(sampling)
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
-        stderr(&o)
-    };
-    let mtp = ["--spec", "mtp", "--draft-min", "3", "--draft-max", "3"];
-    for sampling in [&["--temp", "0"][..], &["--temp", "0.9", "--seed", "5"][..]] {
-        let plain = dir.path().join("plain.trace");
-        run(&plain, sampling, &["--spec", "off"]);
-        for (name, place) in [("cluster", &cluster[..]), ("streamed", &streamed[..])] {
-            let out = dir.path().join("mtp.trace");
-            let log = run(&out, sampling, &[place, &mtp[..]].concat());
-            assert!(log.contains("speculation:"), "{name}: {log}");
-            let verdict = trace_diff(&plain, &out);
-            assert!(verdict.starts_with("IDENTICAL"), "{name}, {sampling:?}: {verdict}");
         }
     }
     for w in &workers {
