@@ -328,6 +328,13 @@ impl Model {
     /// Block `il` over the rows of `s.x` (the residual stream), in place: its token mixer, then its
     /// feed-forward (dense, or the router and experts).
     fn layer(&self, il: usize, parts: &mut [Part<'_>], s: &mut Scratch, mut trace: Option<&mut Trace>) -> Result<()> {
+        self.mix(il, parts, s, trace.as_deref_mut())?;
+        self.feed_forward(il, s, trace)
+    }
+
+    /// The token mixer of block `il` over the rows of `s.x`, added to them: attention (which writes the
+    /// rows' keys and values into each part's cache) or linear attention.
+    fn mix(&self, il: usize, parts: &mut [Part<'_>], s: &mut Scratch, mut trace: Option<&mut Trace>) -> Result<()> {
         let (c, w, stats) = (&self.config, &self.weights, &self.stats);
         let l = &w.layers[il];
         let d = c.n_embd;
@@ -339,9 +346,6 @@ impl Model {
             cos,
             sin,
             mixer,
-            route,
-            next,
-            moe,
             ..
         } = s;
         if let Some(t) = trace.as_deref_mut() {
@@ -356,11 +360,22 @@ impl Model {
                 Mixing::Latent(a) => self.latent_attention(a, il, parts, h, (cos, sin), mixer, attn_out),
             }
         })?;
-        if let Some(t) = trace.as_deref_mut() {
+        if let Some(t) = trace {
             t.tensor(Some(il), "attn_out", &[n, d], attn_out);
         }
         add(x, attn_out);
+        Ok(())
+    }
 
+    /// The feed-forward of block `il` over the rows of `s.x`, added to them.
+    fn feed_forward(&self, il: usize, s: &mut Scratch, mut trace: Option<&mut Trace>) -> Result<()> {
+        let (c, w, stats) = (&self.config, &self.weights, &self.stats);
+        let l = &w.layers[il];
+        let d = c.n_embd;
+        let n = s.x.len() / d;
+        let Scratch {
+            x, route, next, moe, ..
+        } = s;
         let Some(experts) = &l.moe else {
             // ffn_norm, then a dense layer's feed-forward
             stats.time(Phase::Experts, || -> Result<()> {

@@ -322,8 +322,8 @@ fn an_mtp_block_leaves_the_main_logits_unchanged() {
 
 /// The MTP block's logits at every position of transformers' sequence equal the reference's (transformers' own
 /// decoder layer and norms with the checkpoint's MTP weights, composed as llama.cpp's MTP graphs compose them:
-/// tools/make_fixtures.py `mtp_logits`) on each model with one, and computing the positions one at a time gives
-/// the batch's bits (what drafting does), on every file.
+/// tools/make_fixtures.py `mtp_logits`) on each model with one, and computing the positions one at a time, or the
+/// cache rows alone and then the last, gives the batch's bits (what drafting does), on every file.
 #[test]
 fn mtp_logits_match_the_reference() {
     let m = manifest();
@@ -360,6 +360,20 @@ fn mtp_logits_match_the_reference() {
                     "{name} {file_type}: position {p} alone differs from the batch"
                 );
             }
+            // The cache rows alone (a drafter's catch-up), then the last row: the batch's last row.
+            let mut st = model.mtp_state(n).unwrap();
+            model
+                .mtp_fill(&mut st, &tokens[..n - 1], &states[..(n - 1) * d], 0)
+                .unwrap();
+            let last = model
+                .mtp_forward(&mut st, &tokens[n - 1..], &states[(n - 1) * d..], n - 1)
+                .unwrap();
+            assert!(
+                last.iter()
+                    .zip(&ours[(n - 1) * v..])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name} {file_type}: the last row after the cache rows alone differs from the batch"
+            );
             let diff = max_abs_diff(&ours, &reference);
             println!(
                 "{name:<14} {file_type:<5} MTP logits: max|Δ| vs the reference {diff:.3e} (rms {:.3e})",

@@ -65,7 +65,7 @@ impl Drafter for MtpDrafter<'_> {
             let from = start.saturating_sub(1).max(pos0) - pos0;
             self.states.extend_from_slice(&rows.states[from * d..(n - 1) * d]);
             self.model
-                .mtp_forward(&mut self.st, &rows.tokens[start - pos0..], &self.states, start)?;
+                .mtp_fill(&mut self.st, &rows.tokens[start - pos0..], &self.states, start)?;
         }
         self.filled = pos0 + n;
         self.before.copy_from_slice(&rows.states[(n - 1) * d..n * d]);

@@ -84,6 +84,17 @@ impl Model {
         states: &[f32],
         pos0: usize,
     ) -> Result<&'s [f32]> {
+        self.mtp_rows(st, tokens, states, pos0, true)?;
+        Ok(&st.scratch.logits)
+    }
+
+    /// [`Model::mtp_forward`]'s cache rows alone: what a later row attends to is each row's keys and values,
+    /// so neither the block's feed-forward nor the head runs (a catch-up on positions already decided).
+    pub fn mtp_fill(&self, st: &mut MtpState, tokens: &[u32], states: &[f32], pos0: usize) -> Result<()> {
+        self.mtp_rows(st, tokens, states, pos0, false)
+    }
+
+    fn mtp_rows(&self, st: &mut MtpState, tokens: &[u32], states: &[f32], pos0: usize, whole: bool) -> Result<()> {
         let (c, w) = (&self.config, &self.weights);
         let head = w
             .mtp
@@ -134,6 +145,9 @@ impl Model {
             mem: &mut st.mem,
             outputs: Outputs::All,
         }];
+        if !whole {
+            return self.mix(c.n_layer, &mut part, s, None);
+        }
         self.layer(c.n_layer, &mut part, s, None)?;
         // shared_head_norm, then the LM head.
         st.states.clear();
@@ -142,7 +156,7 @@ impl Model {
         st.acts.quantize(head.head.ty.act_type(), &st.states, n, d)?;
         s.logits.resize(n * c.n_vocab, 0.0);
         matmul(&w.view(&head.head), &st.acts, &mut s.logits)?;
-        Ok(&s.logits)
+        Ok(())
     }
 
     /// The main model's normalised final state (`output_norm`, the LM head's input) of the last call's
