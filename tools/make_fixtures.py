@@ -497,8 +497,8 @@ MODELS = [
     # 3072), sigmoid scores with a non-zero e_score_correction_bias that only chooses, top-k normalised, no shared
     # expert. transformers' config class has no rotary_dim or scoring_func (its RoPE takes partial_rotary_factor, its
     # router is always sigmoid) but keeps them as extra keys in config.json, where the converter reads them: without
-    # scoring_func it writes no expert_gating_func. The real checkpoints carry no MTP weights (config num_mtp_modules
-    # 3, but no tensors) and llama.cpp's minimax-m2 has no MTP tensors, so neither has this one.
+    # scoring_func it writes no expert_gating_func. The real config counts 3 MTP modules, but llama.cpp's
+    # converter maps no MTP tensor for minimax-m2 (it would refuse a checkpoint holding one), so this one has none.
     {
         "name": "minimax-m2", "arch": "minimax-m2", "hf_class": "MiniMaxM2ForCausalLM", "tokenizer": "qwen",
         "seed": 14, "venv": ".venv-tf5",
