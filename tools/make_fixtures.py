@@ -483,6 +483,28 @@ MODELS = [
             tie_word_embeddings=False,
         ),
     },
+    # MiniMax-M2 (GGUF arch minimax-m2; only transformers 5.x has MiniMaxM2ForCausalLM, so it is built in .venv-tf5),
+    # the real model's structure scaled down: head_dim 32 with 4 query / 2 KV heads (q 128 wide != hidden 64, as the
+    # real 48 x 128 != 3072), RoPE on the first half of each head (rotary_dim 16 of 32, as 64 of 128; rotate_half,
+    # llama.cpp's NeoX rope over rope.dimension_count), q/k RMS norms over all heads together (one weight of q_dim and
+    # one of kv_dim, not per head), no biases, every layer MoE: 8 experts top-2 of ffn 32 (half of hidden, as 1536 of
+    # 3072), sigmoid scores with a non-zero e_score_correction_bias that only chooses, top-k normalised, no shared
+    # expert. transformers' config class has no rotary_dim or scoring_func (its RoPE takes partial_rotary_factor, its
+    # router is always sigmoid) but keeps them as extra keys in config.json, where the converter reads them: without
+    # scoring_func it writes no expert_gating_func. The real config counts 3 MTP modules, but llama.cpp's
+    # converter maps no MTP tensor for minimax-m2 (it would refuse a checkpoint holding one), so this one has none.
+    {
+        "name": "minimax-m2", "arch": "minimax-m2", "hf_class": "MiniMaxM2ForCausalLM", "tokenizer": "qwen",
+        "seed": 14, "venv": ".venv-tf5",
+        "types": ["f32", "f16", "q8_0", "q4_0"],
+        "config": dict(
+            hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=32, hidden_act="silu", max_position_embeddings=196608, rms_norm_eps=1e-6,
+            rope_parameters=dict(rope_type="default", rope_theta=5000000.0, partial_rotary_factor=0.5),
+            rotary_dim=16, scoring_func="sigmoid", use_routing_bias=True, use_qk_norm=True, qk_norm_type="per_layer",
+            num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False,
+        ),
+    },
 ]
 
 CONVERTER_TYPES = {"f32", "f16", "bf16"}

@@ -28,6 +28,7 @@ fn any_node_count_and_placement_gives_the_single_node_trace() {
         "gpt-oss/mxfp4_moe.gguf",
         "qwen35/q8_0.gguf",
         "glm4moe/q8_0.gguf",
+        "minimax-m2/q4_0.gguf",
     ] {
         let dir = tempfile::tempdir().unwrap();
         let m = fixture(model);
@@ -441,6 +442,7 @@ fn workers_serving_shards_give_the_single_node_trace() {
         "qwen35moe/q4_0.gguf",
         "deepseek3/q4_0.gguf",
         "glm4moe/q4_0.gguf",
+        "minimax-m2/q8_0.gguf",
     ] {
         let dir = tempfile::tempdir().unwrap();
         let m = fixture(model);

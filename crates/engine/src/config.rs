@@ -27,6 +27,9 @@ pub enum Arch {
     /// sigmoid scores with the choosing bias, an ungated shared expert, and MTP (`nextn`) layers after the
     /// main ones that the forward pass skips.
     Glm4Moe,
+    /// MiniMax-M2: partial RoPE, q/k RMS norms over all heads together, sigmoid scores with the choosing
+    /// bias, top-k renormalisation, no shared expert.
+    MiniMaxM2,
 }
 
 /// The experts' activation between their gate/up and down projections.
@@ -113,7 +116,7 @@ pub enum QkNorm {
     None,
     /// One weight of head_dim, applied to each head (Qwen3).
     PerHead,
-    /// One weight over all heads together (OLMoE).
+    /// One weight over all heads together (OLMoE, MiniMax-M2).
     Whole,
 }
 
@@ -275,10 +278,11 @@ impl Config {
             "deepseek2" => Arch::DeepSeek2,
             "gpt-oss" => Arch::GptOss,
             "glm4moe" => Arch::Glm4Moe,
+            "minimax-m2" => Arch::MiniMaxM2,
             "llama" => return Err(bad("architecture llama without experts (a dense model) is not supported: TITAN runs mixture-of-experts models".into())),
             other => {
                 return Err(bad(format!(
-                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, qwen35, deepseek2, gpt-oss, glm4moe)"
+                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, qwen35, deepseek2, gpt-oss, glm4moe, minimax-m2)"
                 )))
             }
         };
@@ -351,9 +355,11 @@ impl Config {
         } else {
             0
         };
-        // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid; absent means softmax, except for GLM.
+        // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid; absent means softmax, except for GLM and
+        // MiniMax-M2, whose routers know only sigmoid (transformers' MiniMax-M2 router has no other; llama.cpp
+        // has no default for it and stops at the missing key).
         let sigmoid_scores = match f.get_u64(&k("expert_gating_func"))? {
-            None => arch == Arch::Glm4Moe,
+            None => matches!(arch, Arch::Glm4Moe | Arch::MiniMaxM2),
             Some(1) => false,
             Some(2) => true,
             Some(g) => {
@@ -437,6 +443,8 @@ impl Config {
                 };
                 (RopeStyle::Halves, qk_norm, has("attn_q.bias"), false)
             }
+            // Its q/k norms span all heads: one weight of q_dim and one of kv_dim.
+            Arch::MiniMaxM2 => (RopeStyle::Halves, QkNorm::Whole, false, true),
         };
         let gpt_oss = arch == Arch::GptOss;
         // llama.cpp's pattern for gpt-oss: layers 0, 2, 4, … slide, unless the file lists them.
@@ -453,8 +461,9 @@ impl Config {
             )));
         }
         let hybrid = matches!(arch, Arch::Qwen3Next | Arch::Qwen35Moe | Arch::Qwen35);
-        // llama.cpp always renormalises the hybrids' top-k weights, whatever the metadata says.
-        let norm_topk = hybrid || f.get_bool(&k("expert_weights_norm"))?.unwrap_or(default_norm);
+        // llama.cpp always renormalises the hybrids' and MiniMax-M2's top-k weights, whatever the metadata says.
+        let norm_topk =
+            hybrid || arch == Arch::MiniMaxM2 || f.get_bool(&k("expert_weights_norm"))?.unwrap_or(default_norm);
         let (mixers, delta_net) = if hybrid {
             hybrid_layers(f, &k, n_layer, arch != Arch::Qwen3Next).map_err(bad)?
         } else {
@@ -778,28 +787,43 @@ mod tests {
     /// q/k norms or biases), with `block_count` blocks of which `nextn` are MTP ones, and tensors for the
     /// first `held` blocks.
     fn glm(dir: &Path, block_count: u32, nextn: Option<u32>, held: usize) -> Result<Config> {
-        let mut w = GgufWriter::new();
-        w.set("general.architecture", Value::String("glm4moe".into()));
-        for (key, v) in [
+        let mut keys = vec![
             ("block_count", block_count),
+            ("feed_forward_length", 128),
+            ("expert_shared_count", 1),
+            ("leading_dense_block_count", 1),
+        ];
+        keys.extend(nextn.map(|n| ("nextn_predict_layers", n)));
+        let name = format!("glm-{block_count}-{nextn:?}-{held}.gguf");
+        header(&dir.join(name), "glm4moe", &keys, held, |_| {})
+    }
+
+    /// A header of `arch` with the attention and expert shapes of the fixtures (hidden 64, 4 query and 2 KV
+    /// heads of 32, RoPE on 16 dims, 8 experts top-2 of 32), `keys` besides, and tensors for `held` blocks.
+    fn header(
+        path: &Path,
+        arch: &str,
+        keys: &[(&str, u32)],
+        held: usize,
+        extra: impl FnOnce(&mut GgufWriter),
+    ) -> Result<Config> {
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", Value::String(arch.into()));
+        let shapes = [
             ("embedding_length", 64),
             ("attention.head_count", 4),
             ("attention.head_count_kv", 2),
             ("attention.key_length", 32),
             ("rope.dimension_count", 16),
-            ("feed_forward_length", 128),
             ("expert_count", 8),
             ("expert_used_count", 2),
             ("expert_feed_forward_length", 32),
-            ("expert_shared_count", 1),
-            ("leading_dense_block_count", 1),
-        ] {
-            w.set(&format!("glm4moe.{key}"), Value::U32(v));
+        ];
+        for &(key, v) in shapes.iter().chain(keys) {
+            w.set(&format!("{arch}.{key}"), Value::U32(v));
         }
-        w.set("glm4moe.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
-        if let Some(n) = nextn {
-            w.set("glm4moe.nextn_predict_layers", Value::U32(n));
-        }
+        w.set(&format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+        extra(&mut w);
         w.add_tensor("token_embd.weight", &[64, 16], GgmlType::F32).unwrap();
         for i in 0..held {
             w.add_tensor(&format!("blk.{i}.attn_norm.weight"), &[64], GgmlType::F32)
@@ -807,9 +831,28 @@ mod tests {
         }
         let data: Vec<Vec<u8>> = w.tensor_sizes().map(|(_, s)| vec![0u8; s as usize]).collect();
         let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-        let path = dir.join(format!("glm-{block_count}-{nextn:?}-{held}.gguf"));
-        w.write_all(&refs, &mut std::fs::File::create(&path).unwrap()).unwrap();
-        Config::from_gguf(&GgufFile::open(&path).unwrap())
+        w.write_all(&refs, &mut std::fs::File::create(path).unwrap()).unwrap();
+        Config::from_gguf(&GgufFile::open(path).unwrap())
+    }
+
+    /// MiniMax-M2 as llama.cpp reads it: q/k norms over all heads, RoPE on rope.dimension_count, the top-k
+    /// weights renormalised even where expert_weights_norm says no, sigmoid scores without a key saying so
+    /// (the converter writes one from scoring_func) and softmax only where the key asks for it.
+    #[test]
+    fn minimax_m2_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        let c = header(&path("plain.gguf"), "minimax-m2", &[("block_count", 2)], 2, |_| {}).unwrap();
+        assert_eq!((c.arch, c.n_layer, c.n_nextn), (Arch::MiniMaxM2, 2, 0));
+        assert_eq!((c.qk_norm, c.qkv_bias, c.shared_ff), (QkNorm::Whole, false, 0));
+        assert_eq!((c.rope_dims, c.rope_style), (16, RopeStyle::Halves));
+        assert!(c.sigmoid_scores && c.norm_topk);
+        let keys = [("block_count", 2), ("expert_gating_func", 1)];
+        let c = header(&path("softmax.gguf"), "minimax-m2", &keys, 2, |w| {
+            w.set("minimax-m2.expert_weights_norm", Value::Bool(false));
+        })
+        .unwrap();
+        assert!(!c.sigmoid_scores && c.norm_topk);
     }
 
     /// GLM counts its MTP blocks in block_count: the forward pass has the others, whether the file holds

@@ -114,6 +114,12 @@ const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
     ("glm4moe", "f16", 5e-3),  // 3.011e-3
     ("glm4moe", "q8_0", 1e-1), // 5.419e-2
     ("glm4moe", "q4_0", 8e-7), // 4.768e-7
+    // MiniMax-M2 (RoPE on half of each head, q/k norms over all heads, sigmoid routing with the choosing bias,
+    // no shared expert): the quantised files agree to f32 rounding at every position.
+    ("minimax-m2", "f32", 2.5e-6), // 1.550e-6
+    ("minimax-m2", "f16", 4e-3),   // 2.129e-3
+    ("minimax-m2", "q8_0", 8e-7),  // 4.768e-7
+    ("minimax-m2", "q4_0", 8e-7),  // 4.768e-7
 ];
 
 fn llama_tolerance(model: &str, file_type: &str) -> f32 {

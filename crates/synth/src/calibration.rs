@@ -118,8 +118,8 @@ impl Calibration {
     pub(crate) fn scale(&self, p: &Preset, role: Role) -> Scale {
         let fan = |n: usize| 1.0 / (n as f32).sqrt();
         let e = p.n_embd;
-        let has_qk_norm =
-            matches!(p.arch, Arch::Qwen3Moe | Arch::Olmoe | Arch::Qwen35Moe) || p.glm.is_some_and(|g| g.qk_norm);
+        let has_qk_norm = matches!(p.arch, Arch::Qwen3Moe | Arch::Olmoe | Arch::Qwen35Moe | Arch::MiniMaxM2)
+            || p.glm.is_some_and(|g| g.qk_norm);
         // The hybrids gate attention's output by a sigmoid of about 0.5; their attention layers make up
         // for it. Their linear-attention output is silu(z) (z about N(0, 1)) times a normalised vector.
         let attn_gate = if p.hybrid.is_some() { 2.0 } else { 1.0 };
@@ -206,17 +206,17 @@ impl Calibration {
 }
 
 /// Root of the expected sum of squared routing weights of the chosen experts, by simulation of
-/// N(0, router²) logits (fixed seed): what scales one expert's output to the weighted sum's. GLM scores
-/// by sigmoid (the choosing bias is small enough to leave out here), then renormalises and scales.
+/// N(0, router²) logits (fixed seed): what scales one expert's output to the weighted sum's. GLM and
+/// MiniMax-M2 score by sigmoid (the choosing bias is small enough to leave out here), then renormalises and scales.
 fn topk_weight_rms(p: &Preset, router: f32) -> f32 {
     let (n, k) = (p.n_expert, p.n_expert_used);
     // llama.cpp always renormalises the hybrids' top-k weights; gpt-oss's softmax over the chosen logits
     // is the same as renormalising.
     let norm = matches!(
         p.arch,
-        Arch::Qwen3Moe | Arch::Llama | Arch::Qwen35Moe | Arch::GptOss | Arch::Glm4Moe
+        Arch::Qwen3Moe | Arch::Llama | Arch::Qwen35Moe | Arch::GptOss | Arch::Glm4Moe | Arch::MiniMaxM2
     );
-    let sigmoid = p.arch == Arch::Glm4Moe;
+    let sigmoid = matches!(p.arch, Arch::Glm4Moe | Arch::MiniMaxM2);
     let scale_all = p.expert_weights_scale.unwrap_or(1.0);
     let mut rng = crate::blocks::Rng::new(0x5eed);
     let (trials, mut acc) = (2000, 0.0f64);

@@ -168,7 +168,7 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
                         push(n("attn_q_norm.weight"), &[p.head_dim as u64], Role::QNorm, l);
                         push(n("attn_k_norm.weight"), &[p.head_dim as u64], Role::KNorm, l);
                     }
-                    Arch::Olmoe => {
+                    Arch::Olmoe | Arch::MiniMaxM2 => {
                         push(n("attn_q_norm.weight"), &[q], Role::QNorm, l);
                         push(n("attn_k_norm.weight"), &[kv], Role::KNorm, l);
                     }
@@ -197,7 +197,7 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
             continue;
         }
         push(n("ffn_gate_inp.weight"), &[e, nx], Role::Router, l);
-        if p.arch == Arch::Glm4Moe {
+        if matches!(p.arch, Arch::Glm4Moe | Arch::MiniMaxM2) {
             push(n("exp_probs_b.bias"), &[nx], Role::ChoiceBias, l);
         }
         push(weight_name(i, Part::Gate), &[e, ff, nx], Role::GateExps, l);

@@ -224,12 +224,16 @@ fn validate(p: &Preset) -> Result<(), SynthError> {
             "deepseek2 needs latent attention and a whole number of shared experts of the routed experts' size".into(),
         );
     }
-    if let Some(g) = &p.glm {
-        if g.rope_dims == 0 || g.rope_dims > p.head_dim || !g.rope_dims.is_multiple_of(2) {
+    if let Some(r) = p.rope_dims {
+        if r == 0 || r > p.head_dim || !r.is_multiple_of(2) {
             return bad("the rotated dimensions must be a positive even number that fits a head".into());
         }
     }
-    if p.arch == Arch::Glm4Moe && (p.glm.is_none() || !p.shared_ff.is_multiple_of(p.expert_ff)) {
+    if p.arch == Arch::MiniMaxM2 && (p.rope_dims.is_none() || p.shared_ff > 0 || p.dense_lead > 0) {
+        return bad("minimax-m2 needs its partial RoPE and has no shared expert or dense layer".into());
+    }
+    if p.arch == Arch::Glm4Moe && (p.glm.is_none() || p.rope_dims.is_none() || !p.shared_ff.is_multiple_of(p.expert_ff))
+    {
         return bad(
             "glm4moe needs its partial RoPE and a whole number of shared experts of the routed experts' size".into(),
         );
@@ -349,10 +353,15 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
         set(format!("{a}.expert_group_used_count"), u(1));
         set(format!("{a}.expert_gating_func"), u(2));
         set(format!("{a}.expert_weights_norm"), Value::Bool(true));
-        set(format!("{a}.rope.dimension_count"), u(g.rope_dims));
         set(format!("{a}.nextn_predict_layers"), u(g.nextn_layers));
+    } else if p.arch == Arch::MiniMaxM2 {
+        // Its scoring_func, sigmoid (gating 2); no key says renormalise, which llama.cpp always does.
+        set(format!("{a}.expert_gating_func"), u(2));
     } else if p.shared_ff > 0 {
         set(format!("{a}.expert_shared_feed_forward_length"), u(p.shared_ff));
+    }
+    if let Some(r) = p.rope_dims {
+        set(format!("{a}.rope.dimension_count"), u(r));
     }
     if let Some(s) = p.expert_weights_scale {
         set(format!("{a}.expert_weights_scale"), Value::F32(s));

@@ -29,6 +29,9 @@ pub enum Arch {
     /// first layers, sigmoid expert scores with a choosing bias, an ungated shared expert, and MTP
     /// (`nextn`) layers after the main ones (see [`Glm`]).
     Glm4Moe,
+    /// `minimax-m2` (MiniMax-M2): partial RoPE, q/k RMS norms over all heads together, sigmoid expert
+    /// scores with a choosing bias, renormalised; no shared expert, no dense layer.
+    MiniMaxM2,
 }
 
 impl Arch {
@@ -42,6 +45,7 @@ impl Arch {
             Arch::GptOss => "gpt-oss",
             Arch::DeepSeek2 => "deepseek2",
             Arch::Glm4Moe => "glm4moe",
+            Arch::MiniMaxM2 => "minimax-m2",
         }
     }
 }
@@ -65,6 +69,9 @@ pub enum VocabKind {
     /// GLM-4.5's byte-level BPE, pre-tokenizer "glm4", control tokens from `<|endoftext|>` at 151329
     /// (`[gMASK]`, BOS, at 151331; `<|user|>` at 151336).
     Glm,
+    /// MiniMax-M2's byte-level BPE, pre-tokenizer "minimax-m2", its added tokens from 200000: `]~b]`
+    /// (a turn's start) at 200019, `[e~[` (EOS) at 200020, `]~!b[` (BOS) at 200034.
+    MiniMax,
 }
 
 /// YaRN's extension of RoPE, as the converter writes it from the config's `rope_scaling`
@@ -93,11 +100,10 @@ pub struct Latent {
     pub v_dim: usize,
 }
 
-/// What GLM-4.5 adds to a plain attention MoE (`glm4moe`), as the converter writes it from the config.
+/// What GLM-4.5 adds to a plain attention MoE (`glm4moe`) besides its partial RoPE
+/// ([`Preset::rope_dims`]), as the converter writes it from the config.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Glm {
-    /// Rotated dimensions of a head: `partial_rotary_factor` (0.5) × `head_dim`, `rope.dimension_count`.
-    pub rope_dims: usize,
     /// Per-head q/k RMS norms (`use_qk_norm`: GLM-4.5 has them, GLM-4.5-Air not).
     pub qk_norm: bool,
     /// MTP blocks after the main ones (`num_nextn_predict_layers`), counted in `block_count`, each a
@@ -188,7 +194,11 @@ pub struct Preset {
     pub sliding_window: usize,
     /// Latent attention (DeepSeek-V2); `head_dim` is then a query head's size, `nope + rope`.
     pub latent: Option<Latent>,
-    /// GLM-4.5's partial RoPE, q/k norms and MTP layers; `None` for the other architectures.
+    /// Rotated dimensions of a head where RoPE covers part of it, written as `rope.dimension_count`
+    /// (GLM's `partial_rotary_factor` × `head_dim`, MiniMax-M2's `rotary_dim`); `None` rotates the whole
+    /// head (a hybrid's are in [`Hybrid`]).
+    pub rope_dims: Option<usize>,
+    /// GLM-4.5's q/k norms and MTP layers; `None` for the other architectures.
     pub glm: Option<Glm>,
 }
 
@@ -251,7 +261,7 @@ impl fmt::Display for Preset {
     }
 }
 
-static PRESETS: [Preset; 9] = [
+static PRESETS: [Preset; 10] = [
     Preset {
         name: "olmoe-1b-7b",
         source: "allenai/OLMoE-1B-7B-0924",
@@ -278,6 +288,7 @@ static PRESETS: [Preset; 9] = [
         expert_weights_scale: None,
         yarn: None,
         sliding_window: 0,
+        rope_dims: None,
         glm: None,
         latent: None,
     },
@@ -307,6 +318,7 @@ static PRESETS: [Preset; 9] = [
         expert_weights_scale: None,
         yarn: None,
         sliding_window: 0,
+        rope_dims: None,
         glm: None,
         latent: None,
     },
@@ -336,6 +348,7 @@ static PRESETS: [Preset; 9] = [
         expert_weights_scale: None,
         yarn: None,
         sliding_window: 0,
+        rope_dims: None,
         glm: None,
         latent: None,
     },
@@ -365,6 +378,7 @@ static PRESETS: [Preset; 9] = [
         expert_weights_scale: None,
         yarn: None,
         sliding_window: 0,
+        rope_dims: None,
         glm: None,
         latent: None,
     },
@@ -408,6 +422,7 @@ static PRESETS: [Preset; 9] = [
         expert_weights_scale: None,
         yarn: None,
         sliding_window: 0,
+        rope_dims: None,
         glm: None,
         latent: None,
     },
@@ -447,6 +462,7 @@ static PRESETS: [Preset; 9] = [
         expert_weights_scale: None,
         yarn: None,
         sliding_window: 0,
+        rope_dims: None,
         glm: None,
         latent: None,
     },
@@ -484,6 +500,7 @@ static PRESETS: [Preset; 9] = [
             mscale_all_dim: None,
         }),
         sliding_window: 128,
+        rope_dims: None,
         glm: None,
         latent: None,
     },
@@ -522,6 +539,7 @@ static PRESETS: [Preset; 9] = [
             mscale_all_dim: Some(0.707),
         }),
         sliding_window: 0,
+        rope_dims: None,
         glm: None,
         latent: Some(Latent {
             kv_lora: 512,
@@ -561,11 +579,48 @@ static PRESETS: [Preset; 9] = [
         expert_weights_scale: Some(1.0),
         yarn: None,
         sliding_window: 0,
+        rope_dims: Some(64),
         glm: Some(Glm {
-            rope_dims: 64,
             qk_norm: false,
             nextn_layers: 1,
         }),
+        latent: None,
+    },
+    // MiniMax-M2, from its config: 62 layers, hidden 3072, 48 query / 8 KV heads of 128 (the query 6144
+    // wide), RoPE on 64 of 128 dims (rotary_dim), theta 5e6, q/k norms over all heads (use_qk_norm,
+    // qk_norm_type per_layer), no biases; every layer 256 experts top-8 of 1536 (sigmoid scores with the
+    // choosing bias, renormalised), no shared expert (shared_intermediate_size 0); vocabulary 200064;
+    // context 196608. Its config has num_mtp_modules 3, but the checkpoints hold no MTP weights and the
+    // converter writes none.
+    Preset {
+        name: "minimax-m2",
+        source: "MiniMaxAI/MiniMax-M2",
+        arch: Arch::MiniMaxM2,
+        vocab: VocabKind::MiniMax,
+        n_vocab: 200064,
+        n_ctx: 196608,
+        n_embd: 3072,
+        n_layer: 62,
+        n_head: 48,
+        n_head_kv: 8,
+        head_dim: 128,
+        write_head_dim: true,
+        // The converter writes intermediate_size as both lengths.
+        n_ff: 1536,
+        expert_ff: 1536,
+        write_expert_ff: true,
+        shared_ff: 0,
+        n_expert: 256,
+        n_expert_used: 8,
+        rope_base: 5_000_000.0,
+        rms_eps: 1e-6,
+        hybrid: None,
+        dense_lead: 0,
+        expert_weights_scale: None,
+        yarn: None,
+        sliding_window: 0,
+        rope_dims: Some(64),
+        glm: None,
         latent: None,
     },
 ];

@@ -28,7 +28,8 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
         | VocabKind::Olmo
         | VocabKind::Harmony
         | VocabKind::DeepSeek
-        | VocabKind::Glm => {
+        | VocabKind::Glm
+        | VocabKind::MiniMax => {
             // (control tokens by their offset from the first one's id, that real id): the ids between and
             // after them are the tokenizer's other added tokens, written as padding (or, for harmony, as
             // its reserved control tokens).
@@ -38,6 +39,7 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
                 VocabKind::Harmony => (&HARMONY_TOKENS, 199_998),
                 VocabKind::DeepSeek => (&DEEPSEEK_TOKENS, 100_000),
                 VocabKind::Glm => (&GLM_TOKENS, 151_329),
+                VocabKind::MiniMax => (&MINIMAX_TOKENS, 200_000),
                 _ => (&[(0, "<|endoftext|>")], 50_279),
             };
             let span = specials.last().map_or(0, |s| s.0 + 1);
@@ -86,6 +88,7 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
                 VocabKind::Harmony => "gpt-4o",
                 VocabKind::DeepSeek => "deepseek-llm",
                 VocabKind::Glm => "glm4",
+                VocabKind::MiniMax => "minimax-m2",
                 _ => "olmo",
             };
             set("pre", Value::String(pre.into()));
@@ -106,6 +109,8 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
                 VocabKind::DeepSeek => (0, 1, 1, true),
                 // [gMASK], <|endoftext|>, <|endoftext|>; GLM's chat template writes [gMASK] itself.
                 VocabKind::Glm => (2, 0, 0, false),
+                // ]~!b[, [e~[, [e~[ (the tokenizer names no padding); its chat template writes ]~!b[.
+                VocabKind::MiniMax => (34, 20, 20, false),
                 _ => (0, 0, 0, false),
             };
             set("bos_token_id", Value::U32(eot + bos));
@@ -183,6 +188,9 @@ const HARMONY_TOKENS: [(usize, &str); 9] = [
 const DEEPSEEK_TOKENS: [(usize, &str); 2] = [(0, "<｜begin▁of▁sentence｜>"), (1, "<｜end▁of▁sentence｜>")];
 
 /// GLM-4.5's control tokens from `<|endoftext|>` at 151329.
+/// MiniMax-M2's control tokens among its added ones, by offset from 200000.
+const MINIMAX_TOKENS: [(usize, &str); 3] = [(19, "]~b]"), (20, "[e~["), (34, "]~!b[")];
+
 const GLM_TOKENS: [(usize, &str); 10] = [
     (0, "<|endoftext|>"),
     (1, "[MASK]"),

@@ -47,9 +47,9 @@ fn tiny(name: &str) -> Preset {
         };
         p.n_layer = h.full_attention_interval;
     }
-    if let Some(g) = &mut p.glm {
-        // partial_rotary_factor 0.5
-        g.rope_dims = p.head_dim / 2;
+    if let Some(r) = &mut p.rope_dims {
+        // GLM's partial_rotary_factor 0.5, MiniMax-M2's rotary_dim 64 of 128
+        *r = p.head_dim / 2;
     }
     p
 }
@@ -78,6 +78,7 @@ fn every_architecture_loads_and_runs_in_titan() {
         "gpt-oss-20b",
         "deepseek-v2-lite",
         "glm-4.5-air",
+        "minimax-m2",
     ];
     for name in names {
         for ty in [
@@ -115,12 +116,14 @@ fn every_architecture_loads_and_runs_in_titan() {
                 "{name}"
             );
             assert_eq!(model.config.sliding_window, p.sliding_window, "{name}");
+            if let Some(r) = p.rope_dims {
+                assert_eq!(model.config.rope_dims, r, "{name}");
+            }
             if let Some(g) = &p.glm {
                 // the MTP layers are in the file and counted, and not run
-                assert_eq!(
-                    (model.config.n_nextn, model.config.rope_dims),
-                    (g.nextn_layers, g.rope_dims)
-                );
+                assert_eq!(model.config.n_nextn, g.nextn_layers);
+            }
+            if p.glm.is_some() || p.arch == titan_synth::Arch::MiniMaxM2 {
                 assert!(model.config.sigmoid_scores && model.config.norm_topk, "{name}");
             }
             let mut seq = model.new_sequence(8);
@@ -383,12 +386,13 @@ fn hybrid_routing_is_realistic() {
 }
 
 /// gpt-oss (biases, sinks, a softmax over the chosen experts, the clamped SwiGLU, YaRN), DeepSeek-V2
-/// (latent attention, a dense first layer, ungated shared experts, unnormalised weights) and GLM-4.5
-/// (sigmoid scores with a choosing bias, a dense first layer) route as realistically as the others.
+/// (latent attention, a dense first layer, ungated shared experts, unnormalised weights), GLM-4.5
+/// (sigmoid scores with a choosing bias, a dense first layer) and MiniMax-M2 (sigmoid scores with a
+/// choosing bias, q/k norms over all heads, no shared expert) route as realistically as the others.
 #[test]
-fn gpt_oss_deepseek_and_glm_route_realistically() {
+fn gpt_oss_deepseek_glm_and_minimax_route_realistically() {
     let dir = tempfile::tempdir().unwrap();
-    for name in ["gpt-oss-20b", "deepseek-v2-lite", "glm-4.5-air"] {
+    for name in ["gpt-oss-20b", "deepseek-v2-lite", "glm-4.5-air", "minimax-m2"] {
         let mut p = tiny(name);
         p.n_embd = 512;
         p.n_expert = 32;
@@ -409,27 +413,30 @@ fn gpt_oss_deepseek_and_glm_route_realistically() {
     }
 }
 
-/// The keys and tensors llama.cpp's converter and quantiser write for gpt-oss, DeepSeek-V2-Lite and GLM-4.5
-/// (its MTP layer included), read
+/// The keys and tensors llama.cpp's converter and quantiser write for gpt-oss, DeepSeek-V2-Lite, GLM-4.5
+/// (its MTP layer included) and MiniMax-M2, read
 /// from the small real files in `tests/fixtures` (made by them from Hugging Face models): a synthetic file
 /// of the same depth has the same architecture keys, the same tensor names, and the same type for every
 /// tensor but the output (the fixtures' 64 columns are not whole Q6_K blocks; ours are).
 #[test]
-fn gpt_oss_deepseek_and_glm_match_the_converters_files() {
+fn gpt_oss_deepseek_glm_and_minimax_match_the_converters_files() {
     let dir = tempfile::tempdir().unwrap();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
     for (name, fixture, ty, layers) in [
         ("gpt-oss-20b", "gpt-oss/mxfp4_moe.gguf", FileType::Mxfp4_Moe, 4),
         ("deepseek-v2-lite", "deepseek2-lite/q4_0.gguf", FileType::Q4_0, 26),
         ("glm-4.5-air", "glm4moe/q4_0.gguf", FileType::Q4_0, 3),
+        ("minimax-m2", "minimax-m2/q4_0.gguf", FileType::Q4_0, 2),
     ] {
         let real = GgufFile::open(fixtures.join(fixture)).unwrap();
         let mut p = tiny(name);
         p.n_layer = layers;
         if let Some(g) = &mut p.glm {
-            // the fixture has GLM-4.5's q/k norms, which Air has not, and 8 experts (llama-quantize keeps
-            // attn_k and attn_v in Q8_0 for 8-expert models)
+            // the fixture has GLM-4.5's q/k norms, which Air has not
             g.qk_norm = true;
+        }
+        if p.glm.is_some() || p.arch == titan_synth::Arch::MiniMaxM2 {
+            // the fixtures have 8 experts (llama-quantize keeps attn_k and attn_v in Q8_0 for 8-expert models)
             p.n_expert = 8;
         }
         let ours = GgufFile::open(write(&p, ty, 2, dir.path(), &format!("{name}.gguf"))).unwrap();
