@@ -27,6 +27,28 @@ pub enum Arch {
     /// sigmoid scores with the choosing bias, an ungated shared expert, and MTP (`nextn`) layers after the
     /// main ones that the forward pass skips.
     Glm4Moe,
+    /// Llama 4 (Scout, Maverick): MoE layers every `interleave_moe_layer_step`-th, top-k by the router's
+    /// logits whose sigmoid scales each chosen expert's input, a shared expert, chunked attention on three
+    /// layers of four and no RoPE on the fourth (with the attention temperature tuning instead), weightless
+    /// q/k RMS norms after RoPE, and RoPE frequencies divided by the file's `rope_freqs`.
+    Llama4,
+}
+
+/// llama.cpp's constants for Llama 4 (`llama_model_llama4::load_arch_hparams`; the files carry no key for
+/// them): the attention chunk, the layer pattern (three chunked layers, then one full one without RoPE),
+/// and the NoPE layers' attention temperature `1 + scale · ln(1 + ⌊(pos + offset) / floor⌋)`.
+pub const LLAMA4_CHUNK: usize = 8192;
+const LLAMA4_PATTERN: usize = 4;
+const LLAMA4_TEMP_FLOOR: f64 = 8192.0;
+const LLAMA4_TEMP_SCALE: f32 = 0.1;
+const LLAMA4_TEMP_OFFSET: f32 = 1.0;
+
+/// Llama 4's attention temperature at position `pos` of a layer without RoPE: the query is multiplied by
+/// it (exactly 1 before position 8191). Rounded as llama.cpp's `llm_graph_input_attn_temp` rounds it: the
+/// position and its offset in f32, the logarithm in f64.
+pub fn llama4_attn_temp(pos: usize) -> f32 {
+    let floor = libm::floor(((pos as f32 + LLAMA4_TEMP_OFFSET) / LLAMA4_TEMP_FLOOR as f32) as f64);
+    (libm::log(floor + 1.0) * LLAMA4_TEMP_SCALE as f64 + 1.0) as f32
 }
 
 /// The experts' activation between their gate/up and down projections.
@@ -115,6 +137,9 @@ pub enum QkNorm {
     PerHead,
     /// One weight over all heads together (OLMoE).
     Whole,
+    /// No weight, per head, after RoPE and only on the layers with RoPE (Llama 4's L2 norm, which
+    /// llama.cpp computes as an RMS norm).
+    Unweighted,
 }
 
 #[derive(Clone, Debug)]
@@ -156,6 +181,9 @@ pub struct Config {
     /// How many layers at the start have a dense feed-forward of `dense_ff` instead of experts.
     pub dense_lead: usize,
     pub dense_ff: usize,
+    /// After those, every `moe_every`-th layer has experts and the others are dense (Llama 4's
+    /// `interleave_moe_layer_step`; 1 elsewhere).
+    pub moe_every: usize,
     /// Expert scores by sigmoid instead of softmax (DeepSeek-V3).
     pub sigmoid_scores: bool,
     /// Group-limited expert choice: experts in `expert_groups` groups, chosen from the best
@@ -171,6 +199,14 @@ pub struct Config {
     /// Layers whose attention only sees the last `sliding_window` positions (gpt-oss: every other one).
     pub sliding: Vec<bool>,
     pub sliding_window: usize,
+    /// Layers whose attention only sees its own chunk of `chunk` positions (Llama 4: [`LLAMA4_CHUNK`]).
+    pub chunked: Vec<bool>,
+    pub chunk: usize,
+    /// Layers without RoPE (Llama 4's every fourth), whose queries take the attention temperature
+    /// ([`llama4_attn_temp`]) instead.
+    pub nope: Vec<bool>,
+    /// The router's weight of a chosen expert scales the expert's input instead of its output (Llama 4).
+    pub weigh_input: bool,
     /// Experts are chosen by their raw logits and weighed by a softmax over the chosen ones (gpt-oss).
     pub softmax_chosen: bool,
     pub expert_act: Activation,
@@ -275,10 +311,11 @@ impl Config {
             "deepseek2" => Arch::DeepSeek2,
             "gpt-oss" => Arch::GptOss,
             "glm4moe" => Arch::Glm4Moe,
+            "llama4" => Arch::Llama4,
             "llama" => return Err(bad("architecture llama without experts (a dense model) is not supported: TITAN runs mixture-of-experts models".into())),
             other => {
                 return Err(bad(format!(
-                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, qwen35, deepseek2, gpt-oss, glm4moe)"
+                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, qwen35, deepseek2, gpt-oss, glm4moe, llama4)"
                 )))
             }
         };
@@ -336,23 +373,33 @@ impl Config {
             None if all_dense => 0,
             None => need("feed_forward_length")?,
         };
-        // DeepSeek writes a count of shared experts of the routed experts' size instead of a length.
+        // DeepSeek writes a count of shared experts of the routed experts' size instead of a length; Llama 4
+        // has one of that size and no key for it.
         let shared_ff = match f.get_u64(&k("expert_shared_count"))? {
+            _ if arch == Arch::Llama4 => expert_ff,
             Some(n) if matches!(arch, Arch::DeepSeek2 | Arch::Glm4Moe) => n as usize * expert_ff,
             _ => f.get_u64(&k("expert_shared_feed_forward_length"))?.unwrap_or(0) as usize,
+        };
+        let moe_every = match f.get_u64(&k("interleave_moe_layer_step"))? {
+            Some(0) => return Err(bad(format!("{} is 0", k("interleave_moe_layer_step")))),
+            Some(n) if arch == Arch::Llama4 => n as usize,
+            None if arch == Arch::Llama4 => return Err(bad(format!("missing {}", k("interleave_moe_layer_step")))),
+            _ => 1,
         };
         let dense_lead = if all_dense {
             n_layer
         } else {
             f.get_u64(&k("leading_dense_block_count"))?.unwrap_or(0) as usize
         };
-        let dense_ff = if dense_lead > 0 {
+        let dense_ff = if dense_lead > 0 || moe_every > 1 {
             need("feed_forward_length")?
         } else {
             0
         };
-        // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid; absent means softmax, except for GLM.
+        // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid; absent means softmax, except for GLM. Llama 4
+        // is sigmoid whatever the file says.
         let sigmoid_scores = match f.get_u64(&k("expert_gating_func"))? {
+            _ if arch == Arch::Llama4 => true,
             None => arch == Arch::Glm4Moe,
             Some(1) => false,
             Some(2) => true,
@@ -437,11 +484,23 @@ impl Config {
                 };
                 (RopeStyle::Halves, qk_norm, has("attn_q.bias"), false)
             }
+            // The converter keeps Llama 4's q/k in adjacent pairs; llama.cpp leaves the q/k norms out of
+            // models with 128 experts (Maverick), by its model-type check.
+            Arch::Llama4 => {
+                let qk_norm = if n_expert == 128 {
+                    QkNorm::None
+                } else {
+                    QkNorm::Unweighted
+                };
+                (RopeStyle::Adjacent, qk_norm, false, false)
+            }
         };
         let gpt_oss = arch == Arch::GptOss;
         // llama.cpp's pattern for gpt-oss: layers 0, 2, 4, … slide, unless the file lists them.
         let sliding_window = f.get_u64(&k("attention.sliding_window"))?.unwrap_or(0) as usize;
         let sliding: Vec<bool> = match f.get_array(&k("attention.sliding_window_pattern"))? {
+            // Llama 4's pattern lists chunked layers, not sliding ones (see `llama4_layers`).
+            Some(_) if arch == Arch::Llama4 => vec![false; n_layer],
             Some(a) => a.iter().take(n_layer).map(|v| v.as_bool().unwrap_or(false)).collect(),
             None if gpt_oss => (0..n_layer).map(|i| i % 2 == 0).collect(),
             None => vec![false; n_layer],
@@ -452,6 +511,11 @@ impl Config {
                 k("attention.sliding_window_pattern")
             )));
         }
+        let (chunked, nope) = if arch == Arch::Llama4 {
+            llama4_layers(f, &k, n_layer).map_err(bad)?
+        } else {
+            (vec![false; n_layer], vec![false; n_layer])
+        };
         let hybrid = matches!(arch, Arch::Qwen3Next | Arch::Qwen35Moe | Arch::Qwen35);
         // llama.cpp always renormalises the hybrids' top-k weights, whatever the metadata says.
         let norm_topk = hybrid || f.get_bool(&k("expert_weights_norm"))?.unwrap_or(default_norm);
@@ -505,14 +569,19 @@ impl Config {
             mla,
             dense_lead,
             dense_ff,
+            moe_every,
             sigmoid_scores,
             expert_groups,
             expert_groups_used,
             expert_weights_scale,
-            shared_gated: !matches!(arch, Arch::DeepSeek2 | Arch::Glm4Moe),
+            shared_gated: !matches!(arch, Arch::DeepSeek2 | Arch::Glm4Moe | Arch::Llama4),
             yarn,
             sliding,
             sliding_window,
+            chunked,
+            chunk: LLAMA4_CHUNK,
+            nope,
+            weigh_input: arch == Arch::Llama4,
             softmax_chosen: gpt_oss,
             // llama.cpp's constants for gpt-oss (the files carry no key for them)
             expert_act: if gpt_oss {
@@ -541,7 +610,7 @@ impl Config {
             ("vocabulary size", self.n_vocab),
         ];
         // A model without experts (the dense Qwen3.5) needs none of the expert keys.
-        let experts_needed = self.dense_lead < self.n_layer;
+        let experts_needed = (0..self.n_layer).any(|il| self.is_moe(il));
         for (name, v) in positive {
             if v == 0 && (experts_needed || !name.starts_with("expert")) {
                 return Err(format!("metadata {name} is 0"));
@@ -600,6 +669,11 @@ impl Config {
         Ok(())
     }
 
+    /// Whether layer `il` has experts (else a dense feed-forward of `dense_ff`).
+    pub fn is_moe(&self, il: usize) -> bool {
+        il >= self.dense_lead && (il + 1).is_multiple_of(self.moe_every)
+    }
+
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
     }
@@ -649,6 +723,45 @@ impl Config {
         let tensors = if self.mla.is_some() { 1 } else { 2 };
         tensors * 4 * self.n_attention_layers() as u128 * n_ctx as u128 * self.kv_dim() as u128 + recurrent as u128
     }
+}
+
+/// Llama 4's chunked layers (from `attention.sliding_window_pattern` where the file lists them, else
+/// llama.cpp's pattern: three of every four) and its layers without RoPE (every fourth, llama.cpp's
+/// `n_no_rope_layer_step`). A file whose `attention.sliding_window` is 0 has neither in llama.cpp, which
+/// then gives the last layer no RoPE and no temperature: not supported.
+fn llama4_layers(
+    f: &GgufFile,
+    k: &dyn Fn(&str) -> String,
+    n_layer: usize,
+) -> std::result::Result<(Vec<bool>, Vec<bool>), String> {
+    if f.get_u64(&k("attention.sliding_window")).map_err(|e| e.to_string())? == Some(0) {
+        return Err(format!(
+            "{} 0 (a Llama 4 without chunked attention) is not supported",
+            k("attention.sliding_window")
+        ));
+    }
+    let chunked = match f
+        .get_array(&k("attention.sliding_window_pattern"))
+        .map_err(|e| e.to_string())?
+    {
+        Some(a) => {
+            let flags: Option<Vec<bool>> = a.iter().take(n_layer).map(|v| v.as_bool()).collect();
+            match flags {
+                Some(flags) if flags.len() == n_layer => flags,
+                _ => {
+                    return Err(format!(
+                        "{} is not an array of {n_layer} booleans",
+                        k("attention.sliding_window_pattern")
+                    ))
+                }
+            }
+        }
+        None => (0..n_layer)
+            .map(|il| il % LLAMA4_PATTERN < LLAMA4_PATTERN - 1)
+            .collect(),
+    };
+    let nope = (0..n_layer).map(|il| (il + 1) % LLAMA4_PATTERN == 0).collect();
+    Ok((chunked, nope))
 }
 
 /// DeepSeek's latent-attention dimensions.
@@ -830,5 +943,17 @@ mod tests {
             e.contains("glm4moe.nextn_predict_layers 3 exceeds glm4moe.block_count 2"),
             "{e}"
         );
+    }
+
+    /// Llama 4's attention temperature, llama.cpp's log(⌊(pos + 1) / 8192⌋ + 1) · 0.1 + 1: exactly 1 up to
+    /// position 8190, then ln 2 · 0.1 + 1 from 8191 and ln 3 · 0.1 + 1 from 16383 (the values by hand).
+    #[test]
+    fn llama4_temperature_steps_every_8192_positions() {
+        for pos in [0, 1, 51, 4096, 8190] {
+            assert_eq!(llama4_attn_temp(pos), 1.0, "position {pos}");
+        }
+        for (pos, want) in [(8191, 1.069_314_7f32), (16382, 1.069_314_7), (16383, 1.109_861_2)] {
+            assert_eq!(llama4_attn_temp(pos), want, "position {pos}");
+        }
     }
 }
