@@ -66,6 +66,7 @@ const FILES: &[&str] = &[
     "deepseek3/q8_0.gguf",
     "gpt-oss/q8_0.gguf",
     "glm4moe/q8_0.gguf",
+    "llama4/q8_0.gguf",
 ];
 
 /// (allocations, bytes) of each of `steps` greedily decoded tokens after `prompt`.

@@ -38,6 +38,7 @@ const FILES: &[&str] = &[
     "deepseek3/q4_0.gguf",
     "gpt-oss/mxfp4_moe.gguf",
     "glm4moe/q4_0.gguf",
+    "llama4/q4_0.gguf",
 ];
 
 fn streamed(path: &std::path::Path, store: &std::path::Path, budget_bytes: u64, io: ReadMode, prefetch: bool) -> Model {

@@ -23,6 +23,7 @@ pub const ONE_PER_ARCHITECTURE: &[&str] = &[
     "gpt-oss/mxfp4_moe.gguf",
     "qwen35/q4_0.gguf",
     "glm4moe/q4_0.gguf",
+    "llama4/q4_0.gguf",
 ];
 
 pub fn fixtures() -> PathBuf {
