@@ -956,4 +956,69 @@ mod tests {
             assert_eq!(llama4_attn_temp(pos), want, "position {pos}");
         }
     }
+
+    /// A llama4 header as the converter writes it (8 blocks, `n_expert` experts), with `extra` keys.
+    fn llama4(dir: &Path, n_expert: u32, extra: &[(&str, u32)]) -> Result<Config> {
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", Value::String("llama4".into()));
+        for (key, v) in [
+            ("block_count", 8),
+            ("embedding_length", 64),
+            ("attention.head_count", 4),
+            ("attention.head_count_kv", 2),
+            ("attention.key_length", 32),
+            ("feed_forward_length", 128),
+            ("expert_count", n_expert),
+            ("expert_used_count", 1),
+            ("expert_feed_forward_length", 32),
+        ]
+        .iter()
+        .chain(extra)
+        {
+            w.set(&format!("llama4.{key}"), Value::U32(*v));
+        }
+        w.set("llama4.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+        w.add_tensor("token_embd.weight", &[64, 16], GgmlType::F32).unwrap();
+        for i in 0..8 {
+            w.add_tensor(&format!("blk.{i}.attn_norm.weight"), &[64], GgmlType::F32)
+                .unwrap();
+        }
+        let data: Vec<Vec<u8>> = w.tensor_sizes().map(|(_, s)| vec![0u8; s as usize]).collect();
+        let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+        let path = dir.join(format!("llama4-{n_expert}-{}.gguf", extra.len()));
+        w.write_all(&refs, &mut std::fs::File::create(&path).unwrap()).unwrap();
+        Config::from_gguf(&GgufFile::open(&path).unwrap())
+    }
+
+    /// Llama 4 as llama.cpp reads it: MoE on every interleave_moe_layer_step-th layer, chunked attention on
+    /// three layers of four and no RoPE on the fourth, sigmoid scores weighing the experts' input, an ungated
+    /// shared expert of the experts' size, weightless q/k norms unless the model has 128 experts; a missing
+    /// step, or a file without chunked attention, is an error that names the key.
+    #[test]
+    fn llama4_layers_and_routing_are_llama_cpps() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = llama4(dir.path(), 16, &[("interleave_moe_layer_step", 2)]).unwrap();
+        let moe: Vec<bool> = (0..8).map(|il| c.is_moe(il)).collect();
+        assert_eq!(moe, [false, true, false, true, false, true, false, true]);
+        assert_eq!(c.chunked, [true, true, true, false, true, true, true, false]);
+        assert_eq!(c.nope, [false, false, false, true, false, false, false, true]);
+        assert_eq!((c.chunk, c.dense_ff, c.shared_ff), (8192, 128, 32));
+        assert!(c.sigmoid_scores && c.weigh_input && !c.shared_gated && !c.norm_topk);
+        assert_eq!((c.qk_norm, c.rope_style), (QkNorm::Unweighted, RopeStyle::Adjacent));
+        let c = llama4(dir.path(), 128, &[("interleave_moe_layer_step", 1)]).unwrap();
+        assert!((0..8).all(|il| c.is_moe(il)));
+        assert_eq!(
+            c.qk_norm,
+            QkNorm::None,
+            "Maverick's 128 experts: no q/k norms in llama.cpp"
+        );
+        let e = llama4(dir.path(), 16, &[]).unwrap_err().to_string();
+        assert!(e.contains("missing llama4.interleave_moe_layer_step"), "{e}");
+        let no_chunks = [("interleave_moe_layer_step", 1), ("attention.sliding_window", 0)];
+        let e = llama4(dir.path(), 16, &no_chunks).unwrap_err().to_string();
+        assert!(
+            e.contains("llama4.attention.sliding_window 0 (a Llama 4 without chunked attention) is not supported"),
+            "{e}"
+        );
+    }
 }
