@@ -620,6 +620,34 @@ fn workers_fetching_gpt_oss_shards_give_the_single_node_trace() {
     }
 }
 
+/// Workers fetching their slices of Llama 4's interleaved layers get shards of its MoE layers only (the
+/// dense layers between split them), and the trace is the single node's.
+#[test]
+fn workers_fetching_interleaved_shards_give_the_single_node_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("llama4/q8_0.gguf");
+    let single = dir.path().join("single.trace");
+    trace(&m, &single, &[]);
+    let nodes = [free_addr(), free_addr()];
+    let caches: Vec<PathBuf> = (0..2).map(|i| dir.path().join(format!("cache{i}"))).collect();
+    let slices = free_addr();
+    let url = format!("http://{slices}");
+    let out = dir.path().join("fetched.trace");
+    let (_, workers) = trace_serving_slices(&m, &out, &nodes, &slices, dir.path(), || {
+        let mut w = fetching_workers(&url, &caches, &nodes, dir.path(), "w");
+        wait_listening(&mut w);
+        w
+    });
+    assert!(
+        trace_diff(&single, &out).starts_with("IDENTICAL"),
+        "{}",
+        trace_diff(&single, &out)
+    );
+    for (w, cache) in workers.iter().zip(&caches) {
+        assert!(downloaded(w) > 0 && downloaded(w) == dir_bytes(cache), "{}", w.log());
+    }
+}
+
 /// A flipped byte in an expert's bias row fails that expert's digest check, as a flipped matrix byte does.
 #[test]
 fn a_damaged_bias_is_refused_naming_the_expert() {
