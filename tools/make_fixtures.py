@@ -505,6 +505,32 @@ MODELS = [
             num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False,
         ),
     },
+    # Llama 4 (GGUF arch llama4), Scout/Maverick's text model scaled down: 4 layers so that every feature shows once.
+    # Maverick's alternation (interleave_moe_layer_step 2: layers 1 and 3 MoE, 0 and 2 dense of intermediate_size_mlp;
+    # Scout has step 1, all MoE); NoPE on layer 3 (every 4th: no RoPE, the attention temperature tuning instead) and
+    # chunked attention on layers 0-2 (chunk 8192: llama.cpp hard-codes the chunk, the 3:1 pattern, the NoPE step and
+    # the temperature constants, so the fixture keeps transformers' defaults for them; below position 8191 the
+    # chunk masks nothing and the temperature is exactly 1 in both references); L2 q/k norms after RoPE on the RoPE
+    # layers (use_qk_norm, Scout's; llama.cpp applies them unless the model has 128 experts); 8 experts top-1 with the
+    # sigmoid of the chosen logit scaling the expert's input, and a shared expert of the experts' size; RoPE in
+    # adjacent pairs (the converter does not permute llama4's q/k) with Scout's llama3 scaling (factor 16, low = high
+    # freq factor 1: a step from 1 to 16 in the converter's rope_freqs tensor), its original context scaled down to 64
+    # so that the step falls inside a 32-wide head (at 8192 it would divide only the slowest 7 of 16 pairs).
+    # The converter's llama4 vocab is the generic GPT-2 writer already.
+    {
+        "name": "llama4", "arch": "llama4", "hf_class": "Llama4ForCausalLM", "tokenizer": "qwen", "seed": 14,
+        "types": ["f32", "f16", "q8_0", "q4_0"],
+        "config": dict(
+            hidden_size=64, intermediate_size=32, intermediate_size_mlp=128, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, hidden_act="silu",
+            max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+            rope_scaling=dict(rope_type="llama3", factor=16.0, low_freq_factor=1.0, high_freq_factor=1.0,
+                              original_max_position_embeddings=64),
+            num_local_experts=8, num_experts_per_tok=1, interleave_moe_layer_step=2, use_qk_norm=True,
+            no_rope_layer_interval=4, attention_chunk_size=8192, attn_temperature_tuning=True, floor_scale=8192,
+            attn_scale=0.1, tie_word_embeddings=False,
+        ),
+    },
 ]
 
 CONVERTER_TYPES = {"f32", "f16", "bf16"}
@@ -682,8 +708,9 @@ def routing_stats(model, config, ids: list[int]) -> dict:
 
 def router_stats_generic(model, config, ids: list[int]) -> dict:
     """routing_stats for routers that return the chosen experts rather than logits (DeepSeek-V2/V3 gates, gpt-oss's
-    router) and whose first MoE layer may not be layer 0 (DeepSeek's first_k_dense_replace): the experts actually
-    chosen by the first MoE layer (with DeepSeek-V3's bias and group limit), and the std of its router logits."""
+    router) and whose first MoE layer may not be layer 0 (DeepSeek's first_k_dense_replace, Llama 4's interleaving):
+    the experts actually chosen by the first MoE layer (with DeepSeek-V3's bias and group limit; Llama 4's router
+    returns only scores, and chooses by the top-k logits), and the std of its router logits."""
     n_experts = getattr(config, "n_routed_experts", None) or getattr(config, "num_local_experts", -1)
     found = None
     for name, mod in model.named_modules():
@@ -699,7 +726,7 @@ def router_stats_generic(model, config, ids: list[int]) -> dict:
 
     def hook(_mod, inp, out):
         seen["x"] = inp[0].detach()
-        seen["idx"] = next(o for o in out if not o.is_floating_point()).detach()
+        seen["idx"] = next((o.detach() for o in out if not o.is_floating_point()), None)
 
     h = router.register_forward_hook(hook)
     with torch.no_grad():
@@ -708,6 +735,8 @@ def router_stats_generic(model, config, ids: list[int]) -> dict:
     with torch.no_grad():
         x = seen["x"].reshape(-1, config.hidden_size).float()
         logits = torch.nn.functional.linear(x, router.weight.float(), getattr(router, "bias", None))
+    if seen["idx"] is None:
+        seen["idx"] = torch.topk(logits, config.num_experts_per_tok, dim=-1).indices
     top = seen["idx"].reshape(len(ids), -1).sort(dim=-1).values
     return {"layer": int(name.split(".layers.")[1].split(".")[0]),
             "distinct_topk_sets": len({tuple(r.tolist()) for r in top}),

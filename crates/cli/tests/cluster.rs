@@ -29,6 +29,7 @@ fn any_node_count_and_placement_gives_the_single_node_trace() {
         "qwen35/q8_0.gguf",
         "glm4moe/q8_0.gguf",
         "minimax-m2/q4_0.gguf",
+        "llama4/q8_0.gguf",
     ] {
         let dir = tempfile::tempdir().unwrap();
         let m = fixture(model);
@@ -621,6 +622,34 @@ fn workers_fetching_gpt_oss_shards_give_the_single_node_trace() {
     }
 }
 
+/// Workers fetching their slices of Llama 4's interleaved layers get shards of its MoE layers only (the
+/// dense layers between split them), and the trace is the single node's.
+#[test]
+fn workers_fetching_interleaved_shards_give_the_single_node_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("llama4/q8_0.gguf");
+    let single = dir.path().join("single.trace");
+    trace(&m, &single, &[]);
+    let nodes = [free_addr(), free_addr()];
+    let caches: Vec<PathBuf> = (0..2).map(|i| dir.path().join(format!("cache{i}"))).collect();
+    let slices = free_addr();
+    let url = format!("http://{slices}");
+    let out = dir.path().join("fetched.trace");
+    let (_, workers) = trace_serving_slices(&m, &out, &nodes, &slices, dir.path(), || {
+        let mut w = fetching_workers(&url, &caches, &nodes, dir.path(), "w");
+        wait_listening(&mut w);
+        w
+    });
+    assert!(
+        trace_diff(&single, &out).starts_with("IDENTICAL"),
+        "{}",
+        trace_diff(&single, &out)
+    );
+    for (w, cache) in workers.iter().zip(&caches) {
+        assert!(downloaded(w) > 0 && downloaded(w) == dir_bytes(cache), "{}", w.log());
+    }
+}
+
 /// A flipped byte in an expert's bias row fails that expert's digest check, as a flipped matrix byte does.
 #[test]
 fn a_damaged_bias_is_refused_naming_the_expert() {
@@ -1051,6 +1080,53 @@ fn shards_of_dense_layers_are_refused() {
         stderr(&o).contains("the model's first 1 layers are dense and have no experts; start the layers at 1"),
         "{}",
         stderr(&o)
+    );
+}
+
+/// Llama 4's MoE layers alternate with dense ones (layers 1 and 3 of the fixture): a shard spanning a dense
+/// layer is refused naming it, and shards of one MoE layer each, cut along the experts, give the single-node trace.
+#[test]
+fn shards_of_an_interleaved_model_hold_one_moe_layer_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("llama4/q4_0.gguf");
+    let out = dir.path().join("shard.gguf");
+    let o = titan()
+        .arg("slice")
+        .arg(&m)
+        .args(["--layers", "1-3", "--experts", "0-7", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!o.status.success() && !out.exists());
+    assert!(
+        stderr(&o).contains("layers 1..=3: layer 2 is dense (one layer in 2 has experts)"),
+        "{}",
+        stderr(&o)
+    );
+    let single = dir.path().join("single.trace");
+    trace(&m, &single, &[]);
+    let token = token_file(dir.path());
+    let workers: Vec<Worker> = [("1", "0-7"), ("3", "0-3"), ("3", "4-7")]
+        .iter()
+        .enumerate()
+        .map(|(i, (l, e))| {
+            Worker::start_with(
+                "--shard",
+                &slice(&m, l, e, dir.path()),
+                dir.path(),
+                &format!("w{i}"),
+                "127.0.0.1:0",
+            )
+        })
+        .collect();
+    let nodes = workers.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
+    let out = dir.path().join("shards.trace");
+    trace(&m, &out, &["--nodes", &nodes, "--token-file", token.to_str().unwrap()]);
+    assert_eq!(
+        trace_diff(&single, &out).split(':').next(),
+        Some("IDENTICAL"),
+        "{}",
+        trace_diff(&single, &out)
     );
 }
 

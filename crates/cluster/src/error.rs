@@ -246,6 +246,13 @@ pub enum ShardError {
         layers: std::ops::RangeInclusive<usize>,
         dense: usize,
     },
+    /// Layers that include a dense layer of a model whose MoE layers are interleaved with dense ones.
+    #[error("layers {layers:?}: layer {layer} is dense (one layer in {every} has experts); a shard holds MoE layers only, so give each shard one MoE layer")]
+    InterleavedDense {
+        layers: std::ops::RangeInclusive<usize>,
+        layer: usize,
+        every: usize,
+    },
     /// A layer without expert tensors.
     #[error("layer {0} has no experts")]
     NoExperts(usize),

@@ -148,6 +148,14 @@ impl Shard {
                 dense: config.dense_lead,
             });
         }
+        // Llama 4's dense layers between its MoE ones: a shard's layers are one range, all with experts.
+        if let Some(layer) = spec.layers.clone().find(|&l| !config.is_moe(l)) {
+            return Err(ShardError::InterleavedDense {
+                layers: spec.layers.clone(),
+                layer,
+                every: config.moe_every,
+            });
+        }
         Ok(())
     }
 

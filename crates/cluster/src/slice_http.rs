@@ -152,6 +152,8 @@ struct Shared {
     n_layer: usize,
     /// Layers 0..dense have no experts.
     dense: usize,
+    /// Which layers have experts (Llama 4 interleaves dense layers between them too).
+    moe: Vec<bool>,
     n_expert: usize,
     opts: SliceServerOptions,
     keys: Keys,
@@ -195,6 +197,7 @@ impl SliceServer {
             digests: Digests::new(&model)?,
             n_layer: config.n_layer,
             dense: config.dense_lead,
+            moe: (0..config.n_layer).map(|l| config.is_moe(l)).collect(),
             n_expert: config.n_expert,
             model,
             keys: Keys::new(&opts.token),
@@ -289,9 +292,10 @@ fn node_index(s: &Shared, node: &str) -> Result<usize, Box<Response>> {
     })
 }
 
-/// The shards of node `i` under `plan`: the rectangles covering what it serves.
+/// The shards of node `i` under `plan`: the rectangles covering what it serves, in the layers that have
+/// experts (a shard holds no dense layer, so Llama 4's interleaved ones split them).
 fn assignment(s: &Shared, plan: &Plan, i: usize) -> Vec<SliceSpec> {
-    cover(s.n_layer, s.n_expert, |l, e| plan.owners(l, e).contains(&i))
+    cover(s.n_layer, s.n_expert, |l, e| s.moe[l] && plan.owners(l, e).contains(&i))
 }
 
 async fn join(

@@ -83,6 +83,9 @@ pub struct AttnShape<'a> {
     pub head_dim: usize,
     /// Only the last `window` positions are seen (0: all of them).
     pub window: usize,
+    /// Only the positions of the query's own chunk of `chunk` are seen, chunks starting at 0 (Llama 4's
+    /// chunked attention, llama.cpp's `LLAMA_SWA_TYPE_CHUNKED`; 0: no chunks).
+    pub chunk: usize,
     /// Per head, a logit that joins the softmax's denominator and attends to nothing (gpt-oss).
     pub sinks: Option<&'a [f32]>,
 }
@@ -164,22 +167,23 @@ impl Group {
         start..start + s.head_dim
     }
 
-    /// The positions row `i` sees: up to its own, from the window's start.
-    fn seen(&self, i: usize, window: usize) -> std::ops::Range<usize> {
+    /// The positions row `i` sees: up to its own, from the window's or its chunk's start.
+    fn seen(&self, i: usize, s: &AttnShape) -> std::ops::Range<usize> {
         let pos = self.pos0 + i;
-        let first = if window > 0 {
-            (pos + 1).saturating_sub(window)
+        let window = if s.window > 0 {
+            (pos + 1).saturating_sub(s.window)
         } else {
             0
         };
-        first..pos + 1
+        let chunk = pos.checked_div(s.chunk).map_or(0, |c| c * s.chunk);
+        window.max(chunk)..pos + 1
     }
 
     fn attend(&self, cache: &KvCache, layer: usize, s: &AttnShape, q: &[f32], o: &mut [f32], scores: &mut [f32]) {
         let kv_off = (self.head / (s.n_head / s.n_head_kv)) * s.head_dim;
         let (keys, values) = (&cache.k[layer], &cache.v[layer]);
         let n_ctx = cache.n_ctx;
-        let span = self.seen(self.rows.start, s.window).start..self.seen(self.rows.end - 1, s.window).end;
+        let span = self.seen(self.rows.start, s).start..self.seen(self.rows.end - 1, s).end;
         let tiles = || {
             (span.start..span.end)
                 .step_by(KEYS_PER_TILE)
@@ -187,7 +191,7 @@ impl Group {
         };
         for tile in tiles() {
             for (r, i) in self.rows.clone().enumerate() {
-                let seen = self.seen(i, s.window);
+                let seen = self.seen(i, s);
                 let (from, to) = (tile.start.max(seen.start), tile.end.min(seen.end));
                 if from < to {
                     let row_scores = &mut scores[r * n_ctx..][from..to];
@@ -197,7 +201,7 @@ impl Group {
             }
         }
         for (r, i) in self.rows.clone().enumerate() {
-            let row_scores = &mut scores[r * n_ctx..][self.seen(i, s.window)];
+            let row_scores = &mut scores[r * n_ctx..][self.seen(i, s)];
             match s.sinks {
                 Some(sinks) => softmax_with_sink(row_scores, sinks[self.head]),
                 None => softmax(row_scores),
@@ -206,7 +210,7 @@ impl Group {
         }
         for tile in tiles() {
             for (r, i) in self.rows.clone().enumerate() {
-                let seen = self.seen(i, s.window);
+                let seen = self.seen(i, s);
                 let (from, to) = (tile.start.max(seen.start), tile.end.min(seen.end));
                 if from < to {
                     let at = from * cache.kv_dim + kv_off;
@@ -266,12 +270,20 @@ mod tests {
         let q: Vec<f32> = (0..n * n_head * head_dim)
             .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
             .collect();
-        for (window, sinks) in [(0, None), (70, None), (0, Some(&sinks[..])), (100, Some(&sinks[..]))] {
+        let cases = [
+            (0, 0, None),
+            (70, 0, None),
+            (0, 0, Some(&sinks[..])),
+            (100, 0, Some(&sinks[..])),
+            (0, 48, None),
+        ];
+        for (window, chunk, sinks) in cases {
             let s = AttnShape {
                 n_head,
                 n_head_kv,
                 head_dim,
                 window,
+                chunk,
                 sinks,
             };
             let q_dim = n_head * head_dim;
@@ -292,9 +304,47 @@ mod tests {
                 assert_eq!(
                     differ,
                     None,
-                    "window {window}, sinks {}, {threads} threads",
+                    "window {window}, chunk {chunk}, sinks {}, {threads} threads",
                     sinks.is_some()
                 );
+            }
+        }
+    }
+
+    /// A chunked layer's query at position p sees positions ⌊p / chunk⌋ · chunk ..= p, as llama.cpp's
+    /// chunked mask: the bits of a window of p mod chunk + 1 positions. The chunk is llama.cpp's 8192 in a
+    /// model (`config::LLAMA4_CHUNK`); 16 here, so that a batch crosses several chunk boundaries.
+    #[test]
+    fn a_chunk_sees_the_positions_since_its_start() {
+        let (n_head, n_head_kv, head_dim, chunk) = (4, 2, 8, 16);
+        let (n_ctx, pos0, n) = (120, 5, 100);
+        let cache = filled(n_ctx, n_head_kv * head_dim);
+        let q: Vec<f32> = (0..n * n_head * head_dim)
+            .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let shape = |window, chunk| AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim,
+            window,
+            chunk,
+            sinks: None,
+        };
+        let q_dim = n_head * head_dim;
+        let mut chunked = vec![f32::NAN; n * q_dim];
+        let mut scores = Vec::new();
+        attend(&cache, 0, &shape(0, chunk), pos0, &q, &mut chunked, &mut scores);
+        let mut full = vec![f32::NAN; n * q_dim];
+        attend(&cache, 0, &shape(0, 0), pos0, &q, &mut full, &mut scores);
+        for i in 0..n {
+            let (pos, rows) = (pos0 + i, i * q_dim..(i + 1) * q_dim);
+            let mut windowed = vec![f32::NAN; q_dim];
+            let window = shape(pos % chunk + 1, 0);
+            attend(&cache, 0, &window, pos, &q[rows.clone()], &mut windowed, &mut scores);
+            assert_eq!(chunked[rows.clone()], windowed[..], "position {pos}");
+            // The first position of a chunk sees itself alone; the last sees the whole chunk.
+            if pos % chunk == 0 {
+                assert_ne!(chunked[rows.clone()], full[rows], "position {pos}");
             }
         }
     }

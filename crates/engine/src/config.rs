@@ -30,6 +30,28 @@ pub enum Arch {
     /// MiniMax-M2: partial RoPE, q/k RMS norms over all heads together, sigmoid scores with the choosing
     /// bias, top-k renormalisation, no shared expert.
     MiniMaxM2,
+    /// Llama 4 (Scout, Maverick): MoE layers every `interleave_moe_layer_step`-th, top-k by the router's
+    /// logits whose sigmoid scales each chosen expert's input, a shared expert, chunked attention on three
+    /// layers of four and no RoPE on the fourth (with the attention temperature tuning instead), weightless
+    /// q/k RMS norms after RoPE, and RoPE frequencies divided by the file's `rope_freqs`.
+    Llama4,
+}
+
+/// llama.cpp's constants for Llama 4 (`llama_model_llama4::load_arch_hparams`; the files carry no key for
+/// them): the attention chunk, the layer pattern (three chunked layers, then one full one without RoPE),
+/// and the NoPE layers' attention temperature `1 + scale · ln(1 + ⌊(pos + offset) / floor⌋)`.
+pub const LLAMA4_CHUNK: usize = 8192;
+const LLAMA4_PATTERN: usize = 4;
+const LLAMA4_TEMP_FLOOR: f64 = 8192.0;
+const LLAMA4_TEMP_SCALE: f32 = 0.1;
+const LLAMA4_TEMP_OFFSET: f32 = 1.0;
+
+/// Llama 4's attention temperature at position `pos` of a layer without RoPE: the query is multiplied by
+/// it (exactly 1 before position 8191). Rounded as llama.cpp's `llm_graph_input_attn_temp` rounds it: the
+/// position and its offset in f32, the logarithm in f64.
+pub fn llama4_attn_temp(pos: usize) -> f32 {
+    let floor = libm::floor(((pos as f32 + LLAMA4_TEMP_OFFSET) / LLAMA4_TEMP_FLOOR as f32) as f64);
+    (libm::log(floor + 1.0) * LLAMA4_TEMP_SCALE as f64 + 1.0) as f32
 }
 
 /// The experts' activation between their gate/up and down projections.
@@ -118,6 +140,9 @@ pub enum QkNorm {
     PerHead,
     /// One weight over all heads together (OLMoE, MiniMax-M2).
     Whole,
+    /// No weight, per head, after RoPE and only on the layers with RoPE (Llama 4's L2 norm, which
+    /// llama.cpp computes as an RMS norm).
+    Unweighted,
 }
 
 #[derive(Clone, Debug)]
@@ -159,6 +184,9 @@ pub struct Config {
     /// How many layers at the start have a dense feed-forward of `dense_ff` instead of experts.
     pub dense_lead: usize,
     pub dense_ff: usize,
+    /// After those, every `moe_every`-th layer has experts and the others are dense (Llama 4's
+    /// `interleave_moe_layer_step`; 1 elsewhere).
+    pub moe_every: usize,
     /// Expert scores by sigmoid instead of softmax (DeepSeek-V3).
     pub sigmoid_scores: bool,
     /// Group-limited expert choice: experts in `expert_groups` groups, chosen from the best
@@ -174,6 +202,14 @@ pub struct Config {
     /// Layers whose attention only sees the last `sliding_window` positions (gpt-oss: every other one).
     pub sliding: Vec<bool>,
     pub sliding_window: usize,
+    /// Layers whose attention only sees its own chunk of `chunk` positions (Llama 4: [`LLAMA4_CHUNK`]).
+    pub chunked: Vec<bool>,
+    pub chunk: usize,
+    /// Layers without RoPE (Llama 4's every fourth), whose queries take the attention temperature
+    /// ([`llama4_attn_temp`]) instead.
+    pub nope: Vec<bool>,
+    /// The router's weight of a chosen expert scales the expert's input instead of its output (Llama 4).
+    pub weigh_input: bool,
     /// Experts are chosen by their raw logits and weighed by a softmax over the chosen ones (gpt-oss).
     pub softmax_chosen: bool,
     pub expert_act: Activation,
@@ -279,10 +315,11 @@ impl Config {
             "gpt-oss" => Arch::GptOss,
             "glm4moe" => Arch::Glm4Moe,
             "minimax-m2" => Arch::MiniMaxM2,
+            "llama4" => Arch::Llama4,
             "llama" => return Err(bad("architecture llama without experts (a dense model) is not supported: TITAN runs mixture-of-experts models".into())),
             other => {
                 return Err(bad(format!(
-                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, qwen35, deepseek2, gpt-oss, glm4moe, minimax-m2)"
+                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, qwen35, deepseek2, gpt-oss, glm4moe, minimax-m2, llama4)"
                 )))
             }
         };
@@ -340,25 +377,34 @@ impl Config {
             None if all_dense => 0,
             None => need("feed_forward_length")?,
         };
-        // DeepSeek writes a count of shared experts of the routed experts' size instead of a length.
+        // DeepSeek writes a count of shared experts of the routed experts' size instead of a length; Llama 4
+        // has one of that size and no key for it.
         let shared_ff = match f.get_u64(&k("expert_shared_count"))? {
+            _ if arch == Arch::Llama4 => expert_ff,
             Some(n) if matches!(arch, Arch::DeepSeek2 | Arch::Glm4Moe) => n as usize * expert_ff,
             _ => f.get_u64(&k("expert_shared_feed_forward_length"))?.unwrap_or(0) as usize,
+        };
+        let moe_every = match f.get_u64(&k("interleave_moe_layer_step"))? {
+            Some(0) => return Err(bad(format!("{} is 0", k("interleave_moe_layer_step")))),
+            Some(n) if arch == Arch::Llama4 => n as usize,
+            None if arch == Arch::Llama4 => return Err(bad(format!("missing {}", k("interleave_moe_layer_step")))),
+            _ => 1,
         };
         let dense_lead = if all_dense {
             n_layer
         } else {
             f.get_u64(&k("leading_dense_block_count"))?.unwrap_or(0) as usize
         };
-        let dense_ff = if dense_lead > 0 {
+        let dense_ff = if dense_lead > 0 || moe_every > 1 {
             need("feed_forward_length")?
         } else {
             0
         };
         // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid; absent means softmax, except for GLM and
         // MiniMax-M2, whose routers know only sigmoid (transformers' MiniMax-M2 router has no other; llama.cpp
-        // has no default for it and stops at the missing key).
+        // has no default for it and stops at the missing key). Llama 4 is sigmoid whatever the file says.
         let sigmoid_scores = match f.get_u64(&k("expert_gating_func"))? {
+            _ if arch == Arch::Llama4 => true,
             None => matches!(arch, Arch::Glm4Moe | Arch::MiniMaxM2),
             Some(1) => false,
             Some(2) => true,
@@ -445,11 +491,23 @@ impl Config {
             }
             // Its q/k norms span all heads: one weight of q_dim and one of kv_dim.
             Arch::MiniMaxM2 => (RopeStyle::Halves, QkNorm::Whole, false, true),
+            // The converter keeps Llama 4's q/k in adjacent pairs; llama.cpp leaves the q/k norms out of
+            // models with 128 experts (Maverick), by its model-type check.
+            Arch::Llama4 => {
+                let qk_norm = if n_expert == 128 {
+                    QkNorm::None
+                } else {
+                    QkNorm::Unweighted
+                };
+                (RopeStyle::Adjacent, qk_norm, false, false)
+            }
         };
         let gpt_oss = arch == Arch::GptOss;
         // llama.cpp's pattern for gpt-oss: layers 0, 2, 4, … slide, unless the file lists them.
         let sliding_window = f.get_u64(&k("attention.sliding_window"))?.unwrap_or(0) as usize;
         let sliding: Vec<bool> = match f.get_array(&k("attention.sliding_window_pattern"))? {
+            // Llama 4's pattern lists chunked layers, not sliding ones (see `llama4_layers`).
+            Some(_) if arch == Arch::Llama4 => vec![false; n_layer],
             Some(a) => a.iter().take(n_layer).map(|v| v.as_bool().unwrap_or(false)).collect(),
             None if gpt_oss => (0..n_layer).map(|i| i % 2 == 0).collect(),
             None => vec![false; n_layer],
@@ -460,6 +518,11 @@ impl Config {
                 k("attention.sliding_window_pattern")
             )));
         }
+        let (chunked, nope) = if arch == Arch::Llama4 {
+            llama4_layers(f, &k, n_layer).map_err(bad)?
+        } else {
+            (vec![false; n_layer], vec![false; n_layer])
+        };
         let hybrid = matches!(arch, Arch::Qwen3Next | Arch::Qwen35Moe | Arch::Qwen35);
         // llama.cpp always renormalises the hybrids' and MiniMax-M2's top-k weights, whatever the metadata says.
         let norm_topk =
@@ -514,14 +577,19 @@ impl Config {
             mla,
             dense_lead,
             dense_ff,
+            moe_every,
             sigmoid_scores,
             expert_groups,
             expert_groups_used,
             expert_weights_scale,
-            shared_gated: !matches!(arch, Arch::DeepSeek2 | Arch::Glm4Moe),
+            shared_gated: !matches!(arch, Arch::DeepSeek2 | Arch::Glm4Moe | Arch::Llama4),
             yarn,
             sliding,
             sliding_window,
+            chunked,
+            chunk: LLAMA4_CHUNK,
+            nope,
+            weigh_input: arch == Arch::Llama4,
             softmax_chosen: gpt_oss,
             // llama.cpp's constants for gpt-oss (the files carry no key for them)
             expert_act: if gpt_oss {
@@ -556,7 +624,7 @@ impl Config {
             ("vocabulary size", self.n_vocab),
         ];
         // A model without experts (the dense Qwen3.5) needs none of the expert keys.
-        let experts_needed = self.dense_lead < self.n_layer;
+        let experts_needed = (0..self.n_layer).any(|il| self.is_moe(il));
         for (name, v) in positive {
             if v == 0 && (experts_needed || !name.starts_with("expert")) {
                 return Err(format!("metadata {name} is 0"));
@@ -615,6 +683,11 @@ impl Config {
         Ok(())
     }
 
+    /// Whether layer `il` has experts (else a dense feed-forward of `dense_ff`).
+    pub fn is_moe(&self, il: usize) -> bool {
+        il >= self.dense_lead && (il + 1).is_multiple_of(self.moe_every)
+    }
+
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
     }
@@ -664,6 +737,45 @@ impl Config {
         let tensors = if self.mla.is_some() { 1 } else { 2 };
         tensors * 4 * self.n_attention_layers() as u128 * n_ctx as u128 * self.kv_dim() as u128 + recurrent as u128
     }
+}
+
+/// Llama 4's chunked layers (from `attention.sliding_window_pattern` where the file lists them, else
+/// llama.cpp's pattern: three of every four) and its layers without RoPE (every fourth, llama.cpp's
+/// `n_no_rope_layer_step`). A file whose `attention.sliding_window` is 0 has neither in llama.cpp, which
+/// then gives the last layer no RoPE and no temperature: not supported.
+fn llama4_layers(
+    f: &GgufFile,
+    k: &dyn Fn(&str) -> String,
+    n_layer: usize,
+) -> std::result::Result<(Vec<bool>, Vec<bool>), String> {
+    if f.get_u64(&k("attention.sliding_window")).map_err(|e| e.to_string())? == Some(0) {
+        return Err(format!(
+            "{} 0 (a Llama 4 without chunked attention) is not supported",
+            k("attention.sliding_window")
+        ));
+    }
+    let chunked = match f
+        .get_array(&k("attention.sliding_window_pattern"))
+        .map_err(|e| e.to_string())?
+    {
+        Some(a) => {
+            let flags: Option<Vec<bool>> = a.iter().take(n_layer).map(|v| v.as_bool()).collect();
+            match flags {
+                Some(flags) if flags.len() == n_layer => flags,
+                _ => {
+                    return Err(format!(
+                        "{} is not an array of {n_layer} booleans",
+                        k("attention.sliding_window_pattern")
+                    ))
+                }
+            }
+        }
+        None => (0..n_layer)
+            .map(|il| il % LLAMA4_PATTERN < LLAMA4_PATTERN - 1)
+            .collect(),
+    };
+    let nope = (0..n_layer).map(|il| (il + 1) % LLAMA4_PATTERN == 0).collect();
+    Ok((chunked, nope))
 }
 
 /// DeepSeek's latent-attention dimensions.
@@ -877,6 +989,83 @@ mod tests {
         let e = glm(dir.path(), 2, Some(3), 2).unwrap_err().to_string();
         assert!(
             e.contains("glm4moe.nextn_predict_layers 3 exceeds glm4moe.block_count 2"),
+            "{e}"
+        );
+    }
+
+    /// Llama 4's attention temperature, llama.cpp's log(⌊(pos + 1) / 8192⌋ + 1) · 0.1 + 1: exactly 1 up to
+    /// position 8190, then ln 2 · 0.1 + 1 from 8191 and ln 3 · 0.1 + 1 from 16383 (the values by hand).
+    #[test]
+    fn llama4_temperature_steps_every_8192_positions() {
+        for pos in [0, 1, 51, 4096, 8190] {
+            assert_eq!(llama4_attn_temp(pos), 1.0, "position {pos}");
+        }
+        for (pos, want) in [(8191, 1.069_314_7f32), (16382, 1.069_314_7), (16383, 1.109_861_2)] {
+            assert_eq!(llama4_attn_temp(pos), want, "position {pos}");
+        }
+    }
+
+    /// A llama4 header as the converter writes it (8 blocks, `n_expert` experts), with `extra` keys.
+    fn llama4(dir: &Path, n_expert: u32, extra: &[(&str, u32)]) -> Result<Config> {
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", Value::String("llama4".into()));
+        for (key, v) in [
+            ("block_count", 8),
+            ("embedding_length", 64),
+            ("attention.head_count", 4),
+            ("attention.head_count_kv", 2),
+            ("attention.key_length", 32),
+            ("feed_forward_length", 128),
+            ("expert_count", n_expert),
+            ("expert_used_count", 1),
+            ("expert_feed_forward_length", 32),
+        ]
+        .iter()
+        .chain(extra)
+        {
+            w.set(&format!("llama4.{key}"), Value::U32(*v));
+        }
+        w.set("llama4.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+        w.add_tensor("token_embd.weight", &[64, 16], GgmlType::F32).unwrap();
+        for i in 0..8 {
+            w.add_tensor(&format!("blk.{i}.attn_norm.weight"), &[64], GgmlType::F32)
+                .unwrap();
+        }
+        let data: Vec<Vec<u8>> = w.tensor_sizes().map(|(_, s)| vec![0u8; s as usize]).collect();
+        let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+        let path = dir.join(format!("llama4-{n_expert}-{}.gguf", extra.len()));
+        w.write_all(&refs, &mut std::fs::File::create(&path).unwrap()).unwrap();
+        Config::from_gguf(&GgufFile::open(&path).unwrap())
+    }
+
+    /// Llama 4 as llama.cpp reads it: MoE on every interleave_moe_layer_step-th layer, chunked attention on
+    /// three layers of four and no RoPE on the fourth, sigmoid scores weighing the experts' input, an ungated
+    /// shared expert of the experts' size, weightless q/k norms unless the model has 128 experts; a missing
+    /// step, or a file without chunked attention, is an error that names the key.
+    #[test]
+    fn llama4_layers_and_routing_are_llama_cpps() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = llama4(dir.path(), 16, &[("interleave_moe_layer_step", 2)]).unwrap();
+        let moe: Vec<bool> = (0..8).map(|il| c.is_moe(il)).collect();
+        assert_eq!(moe, [false, true, false, true, false, true, false, true]);
+        assert_eq!(c.chunked, [true, true, true, false, true, true, true, false]);
+        assert_eq!(c.nope, [false, false, false, true, false, false, false, true]);
+        assert_eq!((c.chunk, c.dense_ff, c.shared_ff), (8192, 128, 32));
+        assert!(c.sigmoid_scores && c.weigh_input && !c.shared_gated && !c.norm_topk);
+        assert_eq!((c.qk_norm, c.rope_style), (QkNorm::Unweighted, RopeStyle::Adjacent));
+        let c = llama4(dir.path(), 128, &[("interleave_moe_layer_step", 1)]).unwrap();
+        assert!((0..8).all(|il| c.is_moe(il)));
+        assert_eq!(
+            c.qk_norm,
+            QkNorm::None,
+            "Maverick's 128 experts: no q/k norms in llama.cpp"
+        );
+        let e = llama4(dir.path(), 16, &[]).unwrap_err().to_string();
+        assert!(e.contains("missing llama4.interleave_moe_layer_step"), "{e}");
+        let no_chunks = [("interleave_moe_layer_step", 1), ("attention.sliding_window", 0)];
+        let e = llama4(dir.path(), 16, &no_chunks).unwrap_err().to_string();
+        assert!(
+            e.contains("llama4.attention.sliding_window 0 (a Llama 4 without chunked attention) is not supported"),
             "{e}"
         );
     }

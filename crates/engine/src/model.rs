@@ -11,13 +11,13 @@ use titan_kernels::{matmul, matmul_many, Activations, MatmulJob};
 use titan_tokenizer::Tokenizer;
 
 use crate::attention::{attend, AttnShape, KvCache};
-use crate::config::{Config, Mixer, RopeStyle};
+use crate::config::{llama4_attn_temp, Arch, Config, Mixer, QkNorm, RopeStyle};
 use crate::delta_net::{self, DeltaScratch, DeltaState};
 use crate::experts::{Experts, ResidentExperts};
 use crate::latent::attend_latent;
 use crate::memory::{Copy, Memory};
 use crate::moe::{dense_ffn, moe_block, MoeScratch, RouteRule, Routing};
-use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rope_angles, rope_head, sigmoid};
+use crate::ops::{add, add_bias, rms_norm, rms_norm_into, rms_norm_unweighted, rope_angles, rope_head, sigmoid};
 use crate::rows::{LocalRows, RowJob, Rows};
 use crate::scratch::{recycle, slots};
 use crate::stats::{Phase, Stats};
@@ -321,7 +321,8 @@ impl Model {
             .zip(s.sin.chunks_exact_mut(half))
             .zip(positions)
         {
-            rope_angles(pos, c.rope_dims, c.rope_base, c.yarn.as_ref(), cs, sn);
+            let scaling = (c.yarn.as_ref(), self.weights.rope_freqs.as_deref());
+            rope_angles(pos, c.rope_dims, c.rope_base, scaling, cs, sn);
         }
     }
 
@@ -431,6 +432,7 @@ impl Model {
             norm: c.norm_topk,
             scale: c.expert_weights_scale,
             softmax_chosen: c.softmax_chosen,
+            by_logits: c.softmax_chosen || c.weigh_input,
         }
     }
 
@@ -558,9 +560,11 @@ impl Model {
             rms_norm(q, qn, c.rms_eps);
             rms_norm(k, kn, c.rms_eps);
         }
-        // rope
+        // rope, except on Llama 4's NoPE layers
+        // (an MTP block, past the main layers, has RoPE)
+        let rope = c.nope.get(il) != Some(&true);
         let halves = c.rope_style == RopeStyle::Halves;
-        for i in 0..n {
+        for i in (0..n).filter(|_| rope) {
             let (cs, sn) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
             for head in q[i * q_dim..(i + 1) * q_dim].chunks_exact_mut(c.head_dim) {
                 rope_head(&mut head[..c.rope_dims], cs, sn, halves);
@@ -568,6 +572,11 @@ impl Model {
             for head in k[i * kv_dim..(i + 1) * kv_dim].chunks_exact_mut(c.head_dim) {
                 rope_head(&mut head[..c.rope_dims], cs, sn, halves);
             }
+        }
+        // Llama 4's q/k norms: after RoPE, without a weight, on the layers with RoPE only
+        if rope && c.qk_norm == QkNorm::Unweighted {
+            rms_norm_unweighted(q, c.head_dim, c.rms_eps);
+            rms_norm_unweighted(k, c.head_dim, c.rms_eps);
         }
         // attention of each span over its own cache
         let window = if c.sliding.get(il) == Some(&true) {
@@ -580,11 +589,21 @@ impl Model {
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
             window,
+            chunk: if c.chunked.get(il) == Some(&true) { c.chunk } else { 0 },
             sinks: a.sinks.as_deref(),
         };
+        // Llama 4's NoPE layers scale each query by the attention temperature of its position
+        let temperature = !rope && c.arch == Arch::Llama4;
         let mut row = 0;
         for p in parts.iter_mut() {
             let rows = row..row + p.tokens.len();
+            if temperature {
+                let span = q[rows.start * q_dim..rows.end * q_dim].chunks_exact_mut(q_dim);
+                for (pos, qr) in (p.pos0..).zip(span) {
+                    let t = llama4_attn_temp(pos);
+                    qr.iter_mut().for_each(|v| *v *= t);
+                }
+            }
             p.mem.kv.store(
                 il,
                 p.pos0,

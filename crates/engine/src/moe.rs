@@ -29,6 +29,9 @@ pub struct RouteRule<'a> {
     /// Choose by the raw logits and weigh by a softmax over the chosen ones (gpt-oss), instead of
     /// scoring all experts first.
     pub softmax_chosen: bool,
+    /// Choose by the raw logits rather than the scores (gpt-oss; Llama 4, whose sigmoid scores only weigh:
+    /// saturated sigmoids could tie where the logits do not).
+    pub by_logits: bool,
 }
 
 /// The routing decision for a batch: per row, `k` (expert id, weight) pairs in ascending expert-id order.
@@ -75,7 +78,7 @@ impl Routing {
                 crate::ops::softmax(probs);
             }
             choose.clear();
-            choose.extend_from_slice(probs);
+            choose.extend_from_slice(if rule.by_logits { row } else { probs });
             if let Some(b) = rule.bias {
                 choose.iter_mut().zip(b).for_each(|(c, &b)| *c += b);
             }
@@ -149,6 +152,8 @@ pub struct MoeScratch {
     rows: Vec<usize>,
     /// The layer's input, quantised once for the experts, and apart for the shared expert.
     input: Activations,
+    /// Each slot's input scaled by its weight, where the weights scale the experts' input (Llama 4).
+    weighted: Vec<f32>,
     shared_input: Activations,
     /// contributions[slot] = the expert's output for (row, slot).
     contributions: Vec<f32>,
@@ -187,6 +192,7 @@ pub fn moe_block(
         runs,
         rows: slot_rows,
         input,
+        weighted,
         shared_input,
         contributions,
         delivered,
@@ -209,10 +215,20 @@ pub fn moe_block(
     }
     runs.push(by_expert.len());
     slot_rows.clear();
-    slot_rows.extend(by_expert.iter().map(|&slot| slot / k));
-
-    // The layer's input is quantised once; each expert gets its rows as byte copies of those rows.
-    input.quantize(experts.input_type(layer)?, x, rows, d)?;
+    // The layer's input is quantised once; each expert gets its rows as byte copies of those rows. Where
+    // the weights scale the experts' input (Llama 4, as llama.cpp's weight_before_ffn), each slot has its
+    // own row, x · w, and its output is combined with weight 1.
+    if c.weigh_input {
+        weighted.clear();
+        for (slot, &wgt) in routing.weights.iter().enumerate() {
+            weighted.extend(x[slot / k * d..(slot / k + 1) * d].iter().map(|&v| v * wgt));
+        }
+        slot_rows.extend_from_slice(by_expert);
+        input.quantize(experts.input_type(layer)?, weighted, rows * k, d)?;
+    } else {
+        slot_rows.extend(by_expert.iter().map(|&slot| slot / k));
+        input.quantize(experts.input_type(layer)?, x, rows, d)?;
+    }
 
     contributions.resize(rows * k * d, 0.0);
     let job = ExpertJob {
@@ -252,7 +268,7 @@ pub fn moe_block(
         let acc = &mut out[r * d..(r + 1) * d];
         for j in 0..k {
             let slot = r * k + j;
-            let wgt = routing.weights[slot];
+            let wgt = if c.weigh_input { 1.0 } else { routing.weights[slot] };
             for (a, &y) in acc.iter_mut().zip(&contributions[slot * d..(slot + 1) * d]) {
                 *a += wgt * y;
             }
@@ -325,6 +341,7 @@ mod tests {
             norm: false,
             scale: 1.0,
             softmax_chosen: false,
+            by_logits: false,
         };
         r.route(&[1.0, 2.0, 1.0, 2.0], &rule);
         assert_eq!(r.ids, vec![0, 1, 3]);
@@ -357,6 +374,7 @@ mod tests {
             norm: true,
             scale: 2.5,
             softmax_chosen: false,
+            by_logits: false,
         };
         let mut r = Routing::default();
         r.route(&logits, &rule);

@@ -7,13 +7,27 @@ use crate::config::Yarn;
 /// The sum of squares is accumulated in f64, sequentially, as llama.cpp does.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     for row in x.chunks_exact_mut(w.len()) {
-        let sum: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
-        let mean = (sum / w.len() as f64) as f32;
-        let scale = 1.0 / (mean + eps).sqrt();
+        let scale = rms_scale(row, eps);
         for (v, &g) in row.iter_mut().zip(w) {
             *v = *v * scale * g;
         }
     }
+}
+
+/// RMS norm without a weight of each `len`-long row of `x`, in place (Llama 4's L2 q/k norm, which
+/// llama.cpp computes as `ggml_rms_norm`): x / sqrt(mean(x²) + eps).
+pub fn rms_norm_unweighted(x: &mut [f32], len: usize, eps: f32) {
+    for row in x.chunks_exact_mut(len) {
+        let scale = rms_scale(row, eps);
+        row.iter_mut().for_each(|v| *v *= scale);
+    }
+}
+
+/// 1 / sqrt(mean(row²) + eps), the sum of squares in f64.
+fn rms_scale(row: &[f32], eps: f32) -> f32 {
+    let sum: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let mean = (sum / row.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
 }
 
 /// RMS norm of `x` into `out` (the input is kept for the residual).
@@ -64,12 +78,25 @@ pub fn softmax(x: &mut [f32]) {
 /// Rotary position embedding tables for one position: cos and sin of `pos · base^(-2i/dims)` for each
 /// pair `i` (`dims / 2` of each). Computed in f64 and rounded once, so every position gets the most
 /// accurate angle f32 can hold.
-pub fn rope_angles(pos: usize, dims: usize, base: f32, yarn: Option<&Yarn>, cos: &mut [f32], sin: &mut [f32]) {
+///
+/// `freq_factors` (the file's `rope_freqs`, Llama 3/4's frequency scaling) divide each pair's angle, as
+/// ggml's RoPE divides it.
+pub fn rope_angles(
+    pos: usize,
+    dims: usize,
+    base: f32,
+    (yarn, freq_factors): (Option<&Yarn>, Option<&[f32]>),
+    cos: &mut [f32],
+    sin: &mut [f32],
+) {
     // YaRN blends each pair's angle from extrapolated (the plain angle) to interpolated (divided by the
     // factor) across the correction range, and scales cos and sin (see `Yarn`).
     let blend = yarn.map(|y| (y.factor as f64, y.corr_dims(dims, base), y.rope_mscale() as f64));
     for (i, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
         let mut theta = pos as f64 * libm::pow(base as f64, -2.0 * i as f64 / dims as f64);
+        if let Some(ff) = freq_factors {
+            theta /= ff[i] as f64;
+        }
         let mut m = 1.0;
         if let Some((factor, (low, high), mscale)) = blend {
             let ramp = 1.0 - ((i as f64 - low as f64) / (high - low).max(0.001) as f64).clamp(0.0, 1.0);
@@ -117,7 +144,7 @@ mod tests {
     #[test]
     fn rope_rotation_preserves_norm_and_pairs() {
         let (mut c, mut s) = ([0.0; 2], [0.0; 2]);
-        rope_angles(7, 4, 10000.0, None, &mut c, &mut s);
+        rope_angles(7, 4, 10000.0, (None, None), &mut c, &mut s);
         let mut h = vec![1.0, 0.0, 0.0, 0.0];
         rope_head(&mut h, &c, &s, true);
         // halves: dim 0 pairs with dim 2
@@ -125,6 +152,25 @@ mod tests {
         let mut h = vec![1.0, 0.0, 0.0, 0.0];
         rope_head(&mut h, &c, &s, false);
         assert!((h[0] - 7f32.cos()).abs() < 1e-6 && (h[1] - 7f32.sin()).abs() < 1e-6 && h[2] == 0.0);
+    }
+
+    /// The file's frequency factors divide each pair's angle: pair 1 of 4 dims turns at 100^-1 per position.
+    #[test]
+    fn rope_freq_factors_divide_the_angles() {
+        let (mut c, mut s) = ([0.0; 2], [0.0; 2]);
+        rope_angles(8, 4, 10000.0, (None, Some(&[2.0, 16.0])), &mut c, &mut s);
+        assert_eq!((c[0], s[0]), (4f64.cos() as f32, 4f64.sin() as f32));
+        assert!((c[1] - 0.005f32.cos()).abs() < 1e-7 && (s[1] - 0.005f32.sin()).abs() < 1e-9);
+    }
+
+    /// Llama 4's L2 norm is the RMS norm with a weight of ones.
+    #[test]
+    fn unweighted_rms_norm_is_the_norm_with_unit_weights() {
+        let mut x: Vec<f32> = (0..12).map(|i| (i as f32 * 0.7).sin() * 3.0).collect();
+        let mut y = x.clone();
+        rms_norm(&mut x, &[1.0; 4], 1e-5);
+        rms_norm_unweighted(&mut y, 4, 1e-5);
+        assert_eq!(x, y);
     }
 
     #[test]

@@ -253,6 +253,9 @@ pub struct Weights {
     pub layers: Vec<Layer>,
     /// The multi-token-prediction head around the block at `layers[n_layer]`.
     pub mtp: Option<MtpHead>,
+    /// `rope_freqs`: per RoPE pair, what its angle is divided by (Llama 3/4's frequency scaling, which the
+    /// converter writes as this tensor).
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 /// What a multi-token-prediction (`nextn`) block adds to a transformer block: it predicts the token after
@@ -322,6 +325,15 @@ impl Weights {
             layers.push(l.layer(c, c.n_layer, Mixer::Attention)?);
         }
         let extras = std::sync::Arc::new(ExpertExtras::load(&file, c)?);
+        let rope_freqs = l.vec_if_present("rope_freqs.weight", c.rope_dims / 2)?;
+        if let Some(ff) = rope_freqs
+            .as_ref()
+            .and_then(|v| v.iter().find(|f| !(f.is_finite() && **f > 0.0)))
+        {
+            return Err(l.err(format!(
+                "rope_freqs.weight holds {ff}; every frequency factor must be a positive number"
+            )));
+        }
         Ok(Weights {
             file,
             extras,
@@ -332,6 +344,7 @@ impl Weights {
             output,
             layers,
             mtp,
+            rope_freqs,
         })
     }
 
@@ -536,7 +549,7 @@ impl Loader<'_> {
     fn layer(&self, c: &Config, i: usize, mixer: Mixer) -> Result<Layer> {
         let e = c.n_embd;
         let n = |s: &str| format!("blk.{i}.{s}");
-        let dense = i < c.dense_lead;
+        let dense = !c.is_moe(i);
         let ffn = |ff: usize, gate_inp: Option<Vec<f32>>, suffix: &str| -> Result<SharedExpert> {
             Ok(SharedExpert {
                 gate: self.mat(&n(&format!("ffn_gate{suffix}.weight")), e, ff)?,
@@ -593,7 +606,7 @@ impl Loader<'_> {
         let n = |s: &str| format!("blk.{i}.{s}");
         let (e, q, kv) = (c.n_embd, c.q_dim(), c.kv_dim());
         let (q_norm, k_norm) = match c.qk_norm {
-            QkNorm::None => (None, None),
+            QkNorm::None | QkNorm::Unweighted => (None, None),
             QkNorm::PerHead => (
                 Some(self.vec(&n("attn_q_norm.weight"), c.head_dim)?),
                 Some(self.vec(&n("attn_k_norm.weight"), c.head_dim)?),

@@ -67,6 +67,7 @@ const FILES: &[&str] = &[
     "gpt-oss/q8_0.gguf",
     "glm4moe/q8_0.gguf",
     "minimax-m2/q4_0.gguf",
+    "llama4/q8_0.gguf",
 ];
 
 /// (allocations, bytes) of each of `steps` greedily decoded tokens after `prompt`.

@@ -120,6 +120,15 @@ const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
     ("minimax-m2", "f16", 4e-3),   // 2.129e-3
     ("minimax-m2", "q8_0", 8e-7),  // 4.768e-7
     ("minimax-m2", "q4_0", 8e-7),  // 4.768e-7
+    // Llama 4 (Maverick's dense/MoE alternation, chunked layers, a NoPE layer, L2 q/k norms, rope_freqs, top-1
+    // with the sigmoid weight on the expert's input, a shared expert). A step as above on each quantised file:
+    // q8_0 at position 6 only (layer 3's weighted expert input, an element 7.6e-6 quanta from a rounding
+    // boundary; the last layer, so nothing carries it); q4_0 from position 4 on (layer 2's attention output
+    // before attn_output, 7.6e-6 quanta from one, which the last layer's KV cache carries on).
+    ("llama4", "f32", 3e-6),  // 1.907e-6
+    ("llama4", "f16", 5e-3),  // 3.132e-3
+    ("llama4", "q8_0", 4e-3), // 2.149e-3
+    ("llama4", "q4_0", 5e-2), // 3.235e-2
 ];
 
 fn llama_tolerance(model: &str, file_type: &str) -> f32 {

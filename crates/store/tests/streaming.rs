@@ -39,6 +39,7 @@ const FILES: &[&str] = &[
     "gpt-oss/mxfp4_moe.gguf",
     "glm4moe/q4_0.gguf",
     "minimax-m2/q8_0.gguf",
+    "llama4/q4_0.gguf",
 ];
 
 fn streamed(path: &std::path::Path, store: &std::path::Path, budget_bytes: u64, io: ReadMode, prefetch: bool) -> Model {

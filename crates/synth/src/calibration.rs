@@ -118,8 +118,10 @@ impl Calibration {
     pub(crate) fn scale(&self, p: &Preset, role: Role) -> Scale {
         let fan = |n: usize| 1.0 / (n as f32).sqrt();
         let e = p.n_embd;
-        let has_qk_norm = matches!(p.arch, Arch::Qwen3Moe | Arch::Olmoe | Arch::Qwen35Moe | Arch::MiniMaxM2)
-            || p.glm.is_some_and(|g| g.qk_norm);
+        let has_qk_norm = matches!(
+            p.arch,
+            Arch::Qwen3Moe | Arch::Olmoe | Arch::Qwen35Moe | Arch::MiniMaxM2 | Arch::Llama4
+        ) || p.glm.is_some_and(|g| g.qk_norm);
         // The hybrids gate attention's output by a sigmoid of about 0.5; their attention layers make up
         // for it. Their linear-attention output is silu(z) (z about N(0, 1)) times a normalised vector.
         let attn_gate = if p.hybrid.is_some() { 2.0 } else { 1.0 };
@@ -136,6 +138,8 @@ impl Calibration {
             Role::TokenEmbd => (0.0, self.embd_rms),
             Role::Output => (0.0, self.head_logit(p) / e as f32),
             Role::AttnNorm | Role::FfnNorm | Role::OutputNorm | Role::SsmNorm | Role::NextnNorm => (1.0, 0.05),
+            // Not drawn: the converter's llama3 factors (`Llama4::rope_freqs`).
+            Role::RopeFreqs => (1.0, 0.0),
             Role::QNorm | Role::KNorm => (qk, 0.05 * qk),
             Role::Wq | Role::Wk if has_qk_norm => (0.0, fan(e)),
             // The latent vector is normalised, so this matters only for the key's RoPE part.
@@ -165,7 +169,7 @@ impl Calibration {
             // The shared expert gets as much as the routed ones: twice that where a sigmoid gate of about
             // 0.5 scales it; DeepSeek's and GLM's shared experts have no gate.
             Role::DownShexp => {
-                let gate = if matches!(p.arch, Arch::DeepSeek2 | Arch::Glm4Moe) {
+                let gate = if matches!(p.arch, Arch::DeepSeek2 | Arch::Glm4Moe | Arch::Llama4) {
                     1.0
                 } else {
                     2.0
@@ -216,7 +220,9 @@ fn topk_weight_rms(p: &Preset, router: f32) -> f32 {
         p.arch,
         Arch::Qwen3Moe | Arch::Llama | Arch::Qwen35Moe | Arch::GptOss | Arch::Glm4Moe | Arch::MiniMaxM2
     );
-    let sigmoid = matches!(p.arch, Arch::Glm4Moe | Arch::MiniMaxM2);
+    // Llama 4's sigmoid weight scales the expert's input, which scales a SwiGLU's output by between w and
+    // w²: taken as w here.
+    let sigmoid = matches!(p.arch, Arch::Glm4Moe | Arch::MiniMaxM2 | Arch::Llama4);
     let scale_all = p.expert_weights_scale.unwrap_or(1.0);
     let mut rng = crate::blocks::Rng::new(0x5eed);
     let (trials, mut acc) = (2000, 0.0f64);

@@ -79,6 +79,8 @@ pub(crate) enum Role {
     EhProj,
     /// `nextn.enorm`, `nextn.hnorm`, `nextn.shared_head_norm`: an MTP layer's RMS norms.
     NextnNorm,
+    /// `rope_freqs`: what each RoPE pair's angle is divided by (Llama 4's llama3 scaling).
+    RopeFreqs,
 }
 
 #[derive(Clone, Debug)]
@@ -115,6 +117,14 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
             role,
         });
     };
+    if p.llama4.is_some() {
+        push(
+            "rope_freqs.weight".into(),
+            &[p.head_dim as u64 / 2],
+            Role::RopeFreqs,
+            None,
+        );
+    }
     push("token_embd.weight".into(), &[e, v], Role::TokenEmbd, None);
     // GLM's MTP layers follow the main ones as whole MoE blocks with a few tensors of their own.
     let nextn = p.glm.map_or(0, |g| g.nextn_layers);
@@ -176,7 +186,8 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
                         push(n("attn_q_norm.weight"), &[p.head_dim as u64], Role::QNorm, l);
                         push(n("attn_k_norm.weight"), &[p.head_dim as u64], Role::KNorm, l);
                     }
-                    Arch::Qwen2Moe | Arch::Llama | Arch::GptOss | Arch::DeepSeek2 | Arch::Glm4Moe => {}
+                    // Llama 4's q/k norms have no weight.
+                    Arch::Qwen2Moe | Arch::Llama | Arch::GptOss | Arch::DeepSeek2 | Arch::Glm4Moe | Arch::Llama4 => {}
                 }
             }
         }
@@ -189,7 +200,8 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
             "ffn_norm.weight"
         };
         push(n(ffn_norm), &[e], Role::FfnNorm, l);
-        if i < p.dense_lead {
+        // Llama 4's dense layers sit between its MoE ones.
+        if i < p.dense_lead || p.llama4.is_some_and(|l| !(i + 1).is_multiple_of(l.moe_every)) {
             let dff = p.n_ff as u64;
             push(n("ffn_gate.weight"), &[e, dff], Role::DenseGate, l);
             push(n("ffn_up.weight"), &[e, dff], Role::DenseUp, l);
@@ -218,7 +230,7 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
             } else {
                 &[e]
             };
-            if !matches!(p.arch, Arch::DeepSeek2 | Arch::Glm4Moe) {
+            if !matches!(p.arch, Arch::DeepSeek2 | Arch::Glm4Moe | Arch::Llama4) {
                 push(n("ffn_gate_inp_shexp.weight"), gate_dims, Role::ShexpGate, l);
             }
             push(n("ffn_gate_shexp.weight"), &[e, sf], Role::GateShexp, l);

@@ -29,7 +29,7 @@ use rayon::prelude::*;
 use titan_gguf::{GgufWriter, Value, ValueType};
 
 pub use calibration::Calibration;
-pub use preset::{preset, presets, Arch, FileType, Glm, Hybrid, Latent, Preset, VocabKind, Yarn};
+pub use preset::{preset, presets, Arch, FileType, Glm, Hybrid, Latent, Llama4, Preset, VocabKind, Yarn};
 pub use routing::{routing_report, LayerRouting, RoutingReport};
 
 use blocks::Rng;
@@ -238,6 +238,9 @@ fn validate(p: &Preset) -> Result<(), SynthError> {
             "glm4moe needs its partial RoPE and a whole number of shared experts of the routed experts' size".into(),
         );
     }
+    if p.arch == Arch::Llama4 && !p.llama4.is_some_and(|l| l.moe_every > 0 && p.shared_ff == p.expert_ff) {
+        return bad("llama4 needs its interleaving step and a shared expert of the routed experts' size".into());
+    }
     if let Some(h) = &p.hybrid {
         if h.full_attention_interval == 0
             || h.conv_kernel == 0
@@ -357,7 +360,8 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
     } else if p.arch == Arch::MiniMaxM2 {
         // Its scoring_func, sigmoid (gating 2); no key says renormalise, which llama.cpp always does.
         set(format!("{a}.expert_gating_func"), u(2));
-    } else if p.shared_ff > 0 {
+    } else if p.shared_ff > 0 && p.arch != Arch::Llama4 {
+        // (Llama 4's shared expert is a routed expert's size, with no key for it.)
         set(format!("{a}.expert_shared_feed_forward_length"), u(p.shared_ff));
     }
     if let Some(r) = p.rope_dims {
@@ -369,6 +373,12 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
     if p.arch == Arch::Llama {
         set(format!("{a}.vocab_size"), u(p.n_vocab));
         set(format!("{a}.rope.dimension_count"), u(p.head_dim));
+    }
+    if let Some(l) = &p.llama4 {
+        // As the converter writes Llama 4 (its llama3 RoPE scaling is the rope_freqs tensor, no key).
+        set(format!("{a}.vocab_size"), u(p.n_vocab));
+        set(format!("{a}.rope.dimension_count"), u(p.head_dim));
+        set(format!("{a}.interleave_moe_layer_step"), u(l.moe_every));
     }
     if let Some(h) = &p.hybrid {
         set(
@@ -468,6 +478,11 @@ impl TensorData<'_> {
                 let x: Vec<f32> = match t.role {
                     // ssm_a holds -exp(A_log), as the converter writes it.
                     Role::SsmA => (0..t.cols()).map(|_| -draw(&mut rng).exp()).collect(),
+                    Role::RopeFreqs => self
+                        .p
+                        .llama4
+                        .map(|l| l.rope_freqs(self.p.head_dim, self.p.rope_base))
+                        .unwrap_or_default(),
                     _ => (0..t.cols()).map(|_| draw(&mut rng)).collect(),
                 };
                 blocks::encode(t.ty, s.sigma, &x, out);

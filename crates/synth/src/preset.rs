@@ -32,6 +32,9 @@ pub enum Arch {
     /// `minimax-m2` (MiniMax-M2): partial RoPE, q/k RMS norms over all heads together, sigmoid expert
     /// scores with a choosing bias, renormalised; no shared expert, no dense layer.
     MiniMaxM2,
+    /// `llama4` (Llama 4 Scout / Maverick, the text model): MoE layers every `moe_every`-th with a shared
+    /// expert, weightless q/k norms, RoPE frequency scaling as a `rope_freqs` tensor (see [`Llama4`]).
+    Llama4,
 }
 
 impl Arch {
@@ -46,6 +49,7 @@ impl Arch {
             Arch::DeepSeek2 => "deepseek2",
             Arch::Glm4Moe => "glm4moe",
             Arch::MiniMaxM2 => "minimax-m2",
+            Arch::Llama4 => "llama4",
         }
     }
 }
@@ -72,6 +76,9 @@ pub enum VocabKind {
     /// MiniMax-M2's byte-level BPE, pre-tokenizer "minimax-m2", its added tokens from 200000: `]~b]`
     /// (a turn's start) at 200019, `[e~[` (EOS) at 200020, `]~!b[` (BOS) at 200034.
     MiniMax,
+    /// Llama 4's byte-level BPE, pre-tokenizer "llama4", control tokens from `<|begin_of_text|>` (BOS) at
+    /// 200000 (`<|eot|>` at 200008).
+    Llama4,
 }
 
 /// YaRN's extension of RoPE, as the converter writes it from the config's `rope_scaling`
@@ -109,6 +116,47 @@ pub struct Glm {
     /// MTP blocks after the main ones (`num_nextn_predict_layers`), counted in `block_count`, each a
     /// whole MoE block plus `nextn.{eh_proj,enorm,hnorm,shared_head_norm}`.
     pub nextn_layers: usize,
+}
+
+/// What Llama 4 adds to a plain attention MoE (`llama4`), as the converter writes it from the config.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Llama4 {
+    /// `interleave_moe_layer_step`: every `moe_every`-th layer has experts, the others a dense
+    /// feed-forward of `n_ff` (`intermediate_size_mlp`). Scout 1, Maverick 2.
+    pub moe_every: usize,
+    /// The llama3 `rope_scaling` the converter turns into `rope_freqs`: factor, low and high frequency
+    /// factors, original context.
+    pub rope_factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub rope_orig_ctx: usize,
+}
+
+impl Llama4 {
+    /// The `rope_freqs` tensor, as the converter computes it: per pair, 1 for wavelengths under the
+    /// original context / high factor, `rope_factor` above the original context / low factor, and the
+    /// smooth blend between (empty where low = high, as Scout's).
+    pub fn rope_freqs(&self, head_dim: usize, base: f32) -> Vec<f32> {
+        let (low_wl, high_wl) = (
+            self.rope_orig_ctx as f64 / self.low_freq_factor as f64,
+            self.rope_orig_ctx as f64 / self.high_freq_factor as f64,
+        );
+        (0..head_dim / 2)
+            .map(|i| {
+                let freq = 1.0 / (base as f64).powf((2 * i) as f64 / head_dim as f64);
+                let wavelen = 2.0 * std::f64::consts::PI / freq;
+                if wavelen < high_wl {
+                    1.0
+                } else if wavelen > low_wl {
+                    self.rope_factor
+                } else {
+                    let smooth = (self.rope_orig_ctx as f64 / wavelen - self.low_freq_factor as f64)
+                        / (self.high_freq_factor - self.low_freq_factor) as f64;
+                    (1.0 / ((1.0 - smooth) / self.rope_factor as f64 + smooth)) as f32
+                }
+            })
+            .collect()
+    }
 }
 
 /// The linear-attention side of a Gated DeltaNet hybrid (`qwen35moe`), as the converter writes it from
@@ -200,6 +248,8 @@ pub struct Preset {
     pub rope_dims: Option<usize>,
     /// GLM-4.5's q/k norms and MTP layers; `None` for the other architectures.
     pub glm: Option<Glm>,
+    /// Llama 4's interleaving and RoPE scaling; `None` for the other architectures.
+    pub llama4: Option<Llama4>,
 }
 
 impl Preset {
@@ -261,7 +311,7 @@ impl fmt::Display for Preset {
     }
 }
 
-static PRESETS: [Preset; 10] = [
+static PRESETS: [Preset; 11] = [
     Preset {
         name: "olmoe-1b-7b",
         source: "allenai/OLMoE-1B-7B-0924",
@@ -290,6 +340,7 @@ static PRESETS: [Preset; 10] = [
         sliding_window: 0,
         rope_dims: None,
         glm: None,
+        llama4: None,
         latent: None,
     },
     Preset {
@@ -320,6 +371,7 @@ static PRESETS: [Preset; 10] = [
         sliding_window: 0,
         rope_dims: None,
         glm: None,
+        llama4: None,
         latent: None,
     },
     Preset {
@@ -350,6 +402,7 @@ static PRESETS: [Preset; 10] = [
         sliding_window: 0,
         rope_dims: None,
         glm: None,
+        llama4: None,
         latent: None,
     },
     Preset {
@@ -380,6 +433,7 @@ static PRESETS: [Preset; 10] = [
         sliding_window: 0,
         rope_dims: None,
         glm: None,
+        llama4: None,
         latent: None,
     },
     // Qwen3.6-35B-A3B has Qwen3.5-35B-A3B's text architecture (`qwen3_5_moe_text`), so one shape serves
@@ -424,6 +478,7 @@ static PRESETS: [Preset; 10] = [
         sliding_window: 0,
         rope_dims: None,
         glm: None,
+        llama4: None,
         latent: None,
     },
     // The same architecture, wider: 48 layers, hidden 3072, 32 heads / 2 KV of 256, Gated DeltaNet
@@ -464,6 +519,7 @@ static PRESETS: [Preset; 10] = [
         sliding_window: 0,
         rope_dims: None,
         glm: None,
+        llama4: None,
         latent: None,
     },
     // gpt-oss-20b, from its config: 24 layers, hidden 2880, 64 query / 8 KV heads of 64 (so the query is
@@ -502,6 +558,7 @@ static PRESETS: [Preset; 10] = [
         sliding_window: 128,
         rope_dims: None,
         glm: None,
+        llama4: None,
         latent: None,
     },
     // DeepSeek-V2-Lite, from its config: 27 layers, hidden 2048, 16 heads, no q-LoRA, kv_lora_rank 512,
@@ -541,6 +598,7 @@ static PRESETS: [Preset; 10] = [
         sliding_window: 0,
         rope_dims: None,
         glm: None,
+        llama4: None,
         latent: Some(Latent {
             kv_lora: 512,
             nope: 128,
@@ -584,6 +642,50 @@ static PRESETS: [Preset; 10] = [
             qk_norm: false,
             nextn_layers: 1,
         }),
+        llama4: None,
+        latent: None,
+    },
+    // Llama-4-Scout-17B-16E, from its text config: 48 layers, hidden 5120, 40 query / 8 KV heads of 128,
+    // every layer MoE (interleave_moe_layer_step 1): 16 experts top-1 of intermediate_size 8192 and a
+    // shared expert of the same size; intermediate_size_mlp 16384 (feed_forward_length, unused with every
+    // layer MoE); RoPE theta 500000 with llama3 scaling (factor 16, low = high freq factor 1, original
+    // context 8192); q/k norms (use_qk_norm); chunked attention of 8192 on three layers of four and
+    // NoPE on the fourth (llama.cpp's constants, no keys); vocabulary 202048; context 10485760.
+    Preset {
+        name: "llama-4-scout",
+        source: "meta-llama/Llama-4-Scout-17B-16E",
+        arch: Arch::Llama4,
+        vocab: VocabKind::Llama4,
+        n_vocab: 202048,
+        n_ctx: 10_485_760,
+        n_embd: 5120,
+        n_layer: 48,
+        n_head: 40,
+        n_head_kv: 8,
+        head_dim: 128,
+        write_head_dim: true,
+        n_ff: 16384,
+        expert_ff: 8192,
+        write_expert_ff: true,
+        shared_ff: 8192,
+        n_expert: 16,
+        n_expert_used: 1,
+        rope_base: 500_000.0,
+        rms_eps: 1e-5,
+        hybrid: None,
+        dense_lead: 0,
+        expert_weights_scale: None,
+        yarn: None,
+        sliding_window: 0,
+        rope_dims: None,
+        glm: None,
+        llama4: Some(Llama4 {
+            moe_every: 1,
+            rope_factor: 16.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 1.0,
+            rope_orig_ctx: 8192,
+        }),
         latent: None,
     },
     // MiniMax-M2, from its config: 62 layers, hidden 3072, 48 query / 8 KV heads of 128 (the query 6144
@@ -621,6 +723,7 @@ static PRESETS: [Preset; 10] = [
         sliding_window: 0,
         rope_dims: Some(64),
         glm: None,
+        llama4: None,
         latent: None,
     },
 ];
@@ -710,6 +813,24 @@ impl FromStr for FileType {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `rope_freqs` as the converter writes it: the llama4 fixture's tensor (head 32, original context 64:
+    /// 3 fast pairs, 13 slow), and Scout's (head 128, original context 8192: 35 fast pairs, 29 slow, by the
+    /// converter's formula run in Python).
+    #[test]
+    fn llama4_rope_freqs_are_the_converters() {
+        let mut l = Llama4 {
+            moe_every: 2,
+            rope_factor: 16.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 1.0,
+            rope_orig_ctx: 64,
+        };
+        let step = |fast: usize, slow: usize| [vec![1.0; fast], vec![16.0; slow]].concat();
+        assert_eq!(l.rope_freqs(32, 500_000.0), step(3, 13));
+        l.rope_orig_ctx = 8192;
+        assert_eq!(l.rope_freqs(128, 500_000.0), step(35, 29));
+    }
 
     /// The hybrids' numbers agree with each other as the real configs' do: M-RoPE sections cover the
     /// rotated half of a head, the value heads tile the key heads, the layer count is whole blocks of the

@@ -29,7 +29,8 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
         | VocabKind::Harmony
         | VocabKind::DeepSeek
         | VocabKind::Glm
-        | VocabKind::MiniMax => {
+        | VocabKind::MiniMax
+        | VocabKind::Llama4 => {
             // (control tokens by their offset from the first one's id, that real id): the ids between and
             // after them are the tokenizer's other added tokens, written as padding (or, for harmony, as
             // its reserved control tokens).
@@ -40,6 +41,7 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
                 VocabKind::DeepSeek => (&DEEPSEEK_TOKENS, 100_000),
                 VocabKind::Glm => (&GLM_TOKENS, 151_329),
                 VocabKind::MiniMax => (&MINIMAX_TOKENS, 200_000),
+                VocabKind::Llama4 => (&LLAMA4_TOKENS, 200_000),
                 _ => (&[(0, "<|endoftext|>")], 50_279),
             };
             let span = specials.last().map_or(0, |s| s.0 + 1);
@@ -89,6 +91,7 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
                 VocabKind::DeepSeek => "deepseek-llm",
                 VocabKind::Glm => "glm4",
                 VocabKind::MiniMax => "minimax-m2",
+                VocabKind::Llama4 => "llama4",
                 _ => "olmo",
             };
             set("pre", Value::String(pre.into()));
@@ -111,6 +114,9 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
                 VocabKind::Glm => (2, 0, 0, false),
                 // ]~!b[, [e~[, [e~[ (the tokenizer names no padding); its chat template writes ]~!b[.
                 VocabKind::MiniMax => (34, 20, 20, false),
+                // <|begin_of_text|>, <|eot|>, and <|end_of_text|> for padding (the real pad token is beyond
+                // the control tokens written here).
+                VocabKind::Llama4 => (0, 8, 1, true),
                 _ => (0, 0, 0, false),
             };
             set("bos_token_id", Value::U32(eot + bos));
@@ -121,6 +127,11 @@ pub(crate) fn metadata(p: &Preset) -> Vec<(String, Value)> {
                 Value::U32(if p.vocab == VocabKind::Olmo { 1 } else { eot + pad }),
             );
             set("add_bos_token", Value::Bool(add_bos));
+            if p.vocab == VocabKind::Llama4 {
+                // <|eot|> ends a turn, <|eom|> a tool call.
+                set("eot_token_id", Value::U32(eot + 8));
+                set("eom_token_id", Value::U32(eot + 7));
+            }
             if p.vocab == VocabKind::Glm {
                 // The converter's GLM vocabulary: <|user|> ends a turn, <|observation|> a tool call.
                 set("eot_token_id", Value::U32(eot + 7));
@@ -190,6 +201,19 @@ const DEEPSEEK_TOKENS: [(usize, &str); 2] = [(0, "<｜begin▁of▁sentence｜>"
 /// GLM-4.5's control tokens from `<|endoftext|>` at 151329.
 /// MiniMax-M2's control tokens among its added ones, by offset from 200000.
 const MINIMAX_TOKENS: [(usize, &str); 3] = [(19, "]~b]"), (20, "[e~["), (34, "]~!b[")];
+/// Llama 4's first control tokens, from 200000.
+const LLAMA4_TOKENS: [(usize, &str); 10] = [
+    (0, "<|begin_of_text|>"),
+    (1, "<|end_of_text|>"),
+    (2, "<|fim_prefix|>"),
+    (3, "<|fim_middle|>"),
+    (4, "<|fim_suffix|>"),
+    (5, "<|header_start|>"),
+    (6, "<|header_end|>"),
+    (7, "<|eom|>"),
+    (8, "<|eot|>"),
+    (9, "<|step|>"),
+];
 
 const GLM_TOKENS: [(usize, &str); 10] = [
     (0, "<|endoftext|>"),

@@ -51,6 +51,10 @@ fn tiny(name: &str) -> Preset {
         // GLM's partial_rotary_factor 0.5, MiniMax-M2's rotary_dim 64 of 128
         *r = p.head_dim / 2;
     }
+    if p.llama4.is_some() {
+        // Llama 4's shared expert is a routed expert's size
+        p.shared_ff = p.expert_ff;
+    }
     p
 }
 
@@ -79,6 +83,7 @@ fn every_architecture_loads_and_runs_in_titan() {
         "deepseek-v2-lite",
         "glm-4.5-air",
         "minimax-m2",
+        "llama-4-scout",
     ];
     for name in names {
         for ty in [
@@ -125,6 +130,14 @@ fn every_architecture_loads_and_runs_in_titan() {
             }
             if p.glm.is_some() || p.arch == titan_synth::Arch::MiniMaxM2 {
                 assert!(model.config.sigmoid_scores && model.config.norm_topk, "{name}");
+            }
+            if let Some(l) = &p.llama4 {
+                // every fourth layer without RoPE, the others chunked; the file's rope_freqs loaded
+                assert_eq!(model.config.moe_every, l.moe_every, "{name}");
+                assert_eq!(model.config.nope, [false, false, false, true][..p.n_layer], "{name}");
+                let freqs = model.weights.rope_freqs.as_deref().expect("rope_freqs");
+                assert_eq!(freqs, &l.rope_freqs(p.head_dim, p.rope_base)[..], "{name}");
+                assert!(freqs.contains(&1.0) && freqs.contains(&16.0), "{name}: {freqs:?}");
             }
             let mut seq = model.new_sequence(8);
             let logits = model.forward(&[1, 300, 301, 1000], 0, &mut seq, Outputs::All).unwrap();
@@ -387,16 +400,24 @@ fn hybrid_routing_is_realistic() {
 
 /// gpt-oss (biases, sinks, a softmax over the chosen experts, the clamped SwiGLU, YaRN), DeepSeek-V2
 /// (latent attention, a dense first layer, ungated shared experts, unnormalised weights), GLM-4.5
-/// (sigmoid scores with a choosing bias, a dense first layer) and MiniMax-M2 (sigmoid scores with a
-/// choosing bias, q/k norms over all heads, no shared expert) route as realistically as the others.
+/// (sigmoid scores with a choosing bias, a dense first layer), MiniMax-M2 (sigmoid scores with a
+/// choosing bias, q/k norms over all heads, no shared expert) and Llama 4 (top-1 by the logits, the sigmoid
+/// weight on the expert's input) route as realistically as the others.
 #[test]
-fn gpt_oss_deepseek_glm_and_minimax_route_realistically() {
+fn the_newer_families_route_realistically() {
     let dir = tempfile::tempdir().unwrap();
-    for name in ["gpt-oss-20b", "deepseek-v2-lite", "glm-4.5-air", "minimax-m2"] {
+    for name in [
+        "gpt-oss-20b",
+        "deepseek-v2-lite",
+        "glm-4.5-air",
+        "minimax-m2",
+        "llama-4-scout",
+    ] {
         let mut p = tiny(name);
         p.n_embd = 512;
         p.n_expert = 32;
-        p.n_expert_used = 4;
+        // Llama 4 routes each token to one expert
+        p.n_expert_used = if p.llama4.is_some() { 1 } else { 4 };
         p.n_layer = 6;
         p.n_vocab = 16384;
         let path = write(&p, FileType::Q4_0, 5, dir.path(), &format!("{name}.gguf"));
@@ -407,8 +428,15 @@ fn gpt_oss_deepseek_glm_and_minimax_route_realistically() {
             6 - p.dense_lead,
             "{name}: the dense layer routes nothing"
         );
-        assert!(r.min_experts_used() >= 28, "{name}: {r}");
-        assert!((0.15..=0.5).contains(&r.mean_overlap()), "{name}: {r}");
+        // Top-1 over 96 tokens reaches 30.5 of 32 experts when uniformly random (top-4: 32), and two
+        // random consecutive tokens share their expert 1 time in 32 (top-4: 0.12 of their experts).
+        let (min_used, overlap) = if p.n_expert_used == 1 {
+            (23, 0.1..=0.5)
+        } else {
+            (28, 0.15..=0.5)
+        };
+        assert!(r.min_experts_used() >= min_used, "{name}: {r}");
+        assert!(overlap.contains(&r.mean_overlap()), "{name}: {r}");
         assert!(r.max_overlap() <= 0.6, "{name}: {r}");
     }
 }
@@ -427,6 +455,7 @@ fn gpt_oss_deepseek_glm_and_minimax_match_the_converters_files() {
         ("deepseek-v2-lite", "deepseek2-lite/q4_0.gguf", FileType::Q4_0, 26),
         ("glm-4.5-air", "glm4moe/q4_0.gguf", FileType::Q4_0, 3),
         ("minimax-m2", "minimax-m2/q4_0.gguf", FileType::Q4_0, 2),
+        ("llama-4-scout", "llama4/q4_0.gguf", FileType::Q4_0, 4),
     ] {
         let real = GgufFile::open(fixtures.join(fixture)).unwrap();
         let mut p = tiny(name);
@@ -437,6 +466,11 @@ fn gpt_oss_deepseek_glm_and_minimax_match_the_converters_files() {
         }
         if p.glm.is_some() || p.arch == titan_synth::Arch::MiniMaxM2 {
             // the fixtures have 8 experts (llama-quantize keeps attn_k and attn_v in Q8_0 for 8-expert models)
+            p.n_expert = 8;
+        }
+        if let Some(l) = &mut p.llama4 {
+            // the fixture has Maverick's alternation (dense layers 0 and 2) and 8 experts
+            l.moe_every = 2;
             p.n_expert = 8;
         }
         let ours = GgufFile::open(write(&p, ty, 2, dir.path(), &format!("{name}.gguf"))).unwrap();

@@ -65,6 +65,22 @@ pub fn run(a: Args) -> Result<()> {
     if c.dense_lead > 0 && c.dense_lead < c.n_layer {
         println!("dense layers:  the first {}, feed-forward {}", c.dense_lead, c.dense_ff);
     }
+    if c.moe_every > 1 {
+        let dense = (0..c.n_layer).filter(|&il| !c.is_moe(il)).count();
+        println!(
+            "dense layers:  {dense} of {} (one layer in {} has experts), feed-forward {}",
+            c.n_layer, c.moe_every, c.dense_ff
+        );
+    }
+    if c.chunked.iter().any(|&b| b) || c.nope.iter().any(|&b| b) {
+        let count = |v: &[bool]| v.iter().filter(|&&b| b).count();
+        println!(
+            "attention:     chunks of {} on {} layers, no RoPE on {}",
+            c.chunk,
+            count(&c.chunked),
+            count(&c.nope)
+        );
+    }
     if c.shared_ff > 0 {
         println!("shared expert: FFN {}", c.shared_ff);
     }

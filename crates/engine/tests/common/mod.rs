@@ -24,6 +24,7 @@ pub const ONE_PER_ARCHITECTURE: &[&str] = &[
     "qwen35/q4_0.gguf",
     "glm4moe/q4_0.gguf",
     "minimax-m2/q8_0.gguf",
+    "llama4/q4_0.gguf",
 ];
 
 pub fn fixtures() -> PathBuf {
