@@ -598,36 +598,21 @@ fn workers_serving_gpt_oss_shards_give_the_single_node_trace() {
 /// expert's bias rows, are the shards' own, and the trace is the single node's.
 #[test]
 fn workers_fetching_gpt_oss_shards_give_the_single_node_trace() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = fixture("gpt-oss/mxfp4_moe.gguf");
-    let single = dir.path().join("single.trace");
-    trace(&m, &single, &[]);
-    let nodes = [free_addr(), free_addr()];
-    let caches: Vec<PathBuf> = (0..2).map(|i| dir.path().join(format!("cache{i}"))).collect();
-    let slices = free_addr();
-    let url = format!("http://{slices}");
-    let out = dir.path().join("fetched.trace");
-    let (_, workers) = trace_serving_slices(&m, &out, &nodes, &slices, dir.path(), || {
-        let mut w = fetching_workers(&url, &caches, &nodes, dir.path(), "w");
-        wait_listening(&mut w);
-        w
-    });
-    assert!(
-        trace_diff(&single, &out).starts_with("IDENTICAL"),
-        "{}",
-        trace_diff(&single, &out)
-    );
-    for (w, cache) in workers.iter().zip(&caches) {
-        assert!(downloaded(w) > 0 && downloaded(w) == dir_bytes(cache), "{}", w.log());
-    }
+    fetched_shards_give_the_single_node_trace("gpt-oss/mxfp4_moe.gguf");
 }
 
 /// Workers fetching their slices of Llama 4's interleaved layers get shards of its MoE layers only (the
 /// dense layers between split them), and the trace is the single node's.
 #[test]
 fn workers_fetching_interleaved_shards_give_the_single_node_trace() {
+    fetched_shards_give_the_single_node_trace("llama4/q8_0.gguf");
+}
+
+/// Two workers fetching their shards of `model` from the backbone's slice endpoint: the trace is the single
+/// node's, and each downloaded exactly what its cache holds.
+fn fetched_shards_give_the_single_node_trace(model: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let m = fixture("llama4/q8_0.gguf");
+    let m = fixture(model);
     let single = dir.path().join("single.trace");
     trace(&m, &single, &[]);
     let nodes = [free_addr(), free_addr()];
@@ -640,13 +625,14 @@ fn workers_fetching_interleaved_shards_give_the_single_node_trace() {
         wait_listening(&mut w);
         w
     });
-    assert!(
-        trace_diff(&single, &out).starts_with("IDENTICAL"),
-        "{}",
-        trace_diff(&single, &out)
-    );
+    let verdict = trace_diff(&single, &out);
+    assert!(verdict.starts_with("IDENTICAL"), "{model}: {verdict}");
     for (w, cache) in workers.iter().zip(&caches) {
-        assert!(downloaded(w) > 0 && downloaded(w) == dir_bytes(cache), "{}", w.log());
+        assert!(
+            downloaded(w) > 0 && downloaded(w) == dir_bytes(cache),
+            "{model}: {}",
+            w.log()
+        );
     }
 }
 

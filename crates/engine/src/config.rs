@@ -272,8 +272,8 @@ impl Yarn {
 fn blocks_in(f: &GgufFile) -> usize {
     f.tensors
         .iter()
-        .filter_map(|t| t.name.strip_prefix("blk.")?.split_once('.')?.0.parse::<usize>().ok())
-        .map(|n| n + 1)
+        .filter_map(|t| titan_layout::names::split_block(&t.name))
+        .map(|(n, _)| n + 1)
         .max()
         .unwrap_or(0)
 }

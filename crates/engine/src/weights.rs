@@ -6,7 +6,7 @@
 
 use titan_gguf::{GgufFile, TensorInfo};
 use titan_kernels::{GgmlType, WeightLayout, WeightView};
-use titan_layout::names::{bias_name, is_expert_tensor, weight_name};
+use titan_layout::names::{bias_name, is_expert_tensor, split_block, weight_name};
 use titan_layout::{regroup, Part};
 
 use crate::config::{Activation, Config, Mixer, QkNorm};
@@ -273,6 +273,12 @@ pub struct MtpHead {
 }
 
 impl MtpHead {
+    /// Whether the file holds an MTP block after its main ones: a file converted with --no-mtp may count
+    /// one without holding it.
+    pub fn held(f: &GgufFile, c: &Config) -> bool {
+        c.n_nextn > 0 && f.tensor(&format!("blk.{}.nextn.eh_proj.weight", c.n_layer)).is_some()
+    }
+
     /// The head of the file's first MTP block, where TITAN runs the model's kind of it (the Qwen3-Next and
     /// Qwen3.5/3.6 MoE block: gated full attention and the layers' experts; GLM-4.5's: its attention and experts);
     /// `None` otherwise, the block then left unread. What the file lacks of the head is the model's own
@@ -280,9 +286,7 @@ impl MtpHead {
     fn load(l: &Loader, c: &Config, model: (&Mat, &Mat, &[f32])) -> Result<Option<MtpHead>> {
         let (token_embd, output, output_norm) = model;
         let n = |s: &str| format!("blk.{}.nextn.{s}", c.n_layer);
-        // A file converted with --no-mtp may count the block without holding it.
-        let held = l.f.tensor(&n("eh_proj.weight")).is_some();
-        if c.n_nextn == 0 || !held || !c.runs_mtp() {
+        if !MtpHead::held(l.f, c) || !c.runs_mtp() {
             return Ok(None);
         }
         let e = c.n_embd;
@@ -388,12 +392,7 @@ impl Weights {
         };
         // An MTP block this engine does not run is left in the mapping, never paged in.
         let blocks = self.layers.len();
-        let run = |name: &str| {
-            let block = name
-                .strip_prefix("blk.")
-                .and_then(|r| r.split_once('.')?.0.parse::<usize>().ok());
-            block.is_none_or(|b| b < blocks)
-        };
+        let run = |name: &str| split_block(name).is_none_or(|(b, _)| b < blocks);
         let mut tensors: Vec<_> = self
             .file
             .tensors

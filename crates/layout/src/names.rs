@@ -36,13 +36,19 @@ pub fn is_expert_tensor(name: &str) -> bool {
     name.contains("_exps.")
 }
 
+/// The block a tensor belongs to (`blk.N.…`) and the rest of its name, if it belongs to one.
+pub fn split_block(name: &str) -> Option<(usize, &str)> {
+    let (block, rest) = name.strip_prefix("blk.")?.split_once('.')?;
+    Some((block.parse().ok()?, rest))
+}
+
 /// The layer and part of an expert weight tensor's name, if it is one.
 pub fn parse_weight_name(name: &str) -> Option<(usize, Part)> {
-    let (layer, rest) = name.strip_prefix("blk.")?.split_once('.')?;
+    let (layer, rest) = split_block(name)?;
     let part = Part::ALL
         .into_iter()
         .find(|p| rest == format!("ffn_{}_exps.weight", p.name()))?;
-    Some((layer.parse().ok()?, part))
+    Some((layer, part))
 }
 
 #[cfg(test)]

@@ -28,11 +28,7 @@ pub fn run(a: Args) -> Result<()> {
     println!("architecture:  {} ({:?})", c.arch_name, c.arch);
     println!("layers:        {}", c.n_layer);
     if c.n_nextn > 0 {
-        let held = f
-            .tensors
-            .iter()
-            .any(|t| t.name.starts_with(&format!("blk.{}.", c.n_layer)));
-        let what = match (held, c.runs_mtp()) {
+        let what = match (titan_engine::weights::MtpHead::held(&f, &c), c.runs_mtp()) {
             (true, true) => "in the file; drafts with --spec mtp",
             (true, false) => "in the file; not run",
             (false, _) => "counted but not in the file",

@@ -16,7 +16,7 @@ pub struct MtpDrafter<'m> {
     filled: usize,
     /// The main model's state at position `filled - 1` (zeros at 0): what the row at `filled` takes.
     before: Vec<f32>,
-    /// The rows of one catch-up: each position's predecessor's state.
+    /// The rows of one catch-up: each position's predecessor's state; while drafting, the last draft's.
     states: Vec<f32>,
 }
 
@@ -92,8 +92,12 @@ impl Drafter for MtpDrafter<'_> {
             if out.len() == max {
                 break;
             }
-            let state = self.st.states().to_vec();
-            t = argmax(self.model.mtp_forward(&mut self.st, &[t], &state, at + out.len())?);
+            self.states.clear();
+            self.states.extend_from_slice(self.st.states());
+            t = argmax(
+                self.model
+                    .mtp_forward(&mut self.st, &[t], &self.states, at + out.len())?,
+            );
         }
         Ok(())
     }

@@ -49,11 +49,7 @@ impl Model {
     pub fn mtp_state(&self, n_ctx: usize) -> Result<MtpState> {
         let c = &self.config;
         if !self.has_mtp() {
-            let held = self
-                .weights
-                .file
-                .tensor(&format!("blk.{}.nextn.eh_proj.weight", c.n_layer))
-                .is_some();
+            let held = crate::weights::MtpHead::held(&self.weights.file, c);
             let what = match c.n_nextn {
                 0 => "this model file has no multi-token-prediction block (converted with --no-mtp, or the model has none)".to_string(),
                 n if !held => format!("this model file counts {n} multi-token-prediction block(s) but does not hold them (converted with --no-mtp)"),
