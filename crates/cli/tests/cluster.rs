@@ -435,6 +435,14 @@ fn slice(model: &Path, layers: &str, experts: &str, dir: &Path) -> PathBuf {
     out
 }
 
+/// A worker serving each shard of `m` cut as (layers, experts), in order.
+fn shard_workers(m: &Path, cuts: &[(&str, &str)], dir: &Path) -> Vec<Worker> {
+    cuts.iter()
+        .enumerate()
+        .map(|(i, (l, e))| Worker::start_with("--shard", &slice(m, l, e, dir), dir, &format!("w{i}"), "127.0.0.1:0"))
+        .collect()
+}
+
 #[test]
 fn workers_serving_shards_give_the_single_node_trace() {
     for model in [
@@ -463,19 +471,8 @@ fn workers_serving_shards_give_the_single_node_trace() {
         };
         let (all, first, second) = (span(0, n - 1), span(0, n / 2 - 1), span(n / 2, n - 1));
         let cuts = [(&all, "0-2"), (&first, "3-7"), (&second, "3-5"), (&second, "6-7")];
-        let workers: Vec<Worker> = cuts
-            .iter()
-            .enumerate()
-            .map(|(i, (l, e))| {
-                Worker::start_with(
-                    "--shard",
-                    &slice(&m, l, e, dir.path()),
-                    dir.path(),
-                    &format!("w{i}"),
-                    "127.0.0.1:0",
-                )
-            })
-            .collect();
+        let cuts = cuts.map(|(l, e)| (l.as_str(), e));
+        let workers = shard_workers(&m, &cuts, dir.path());
         let nodes = workers.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
         let out = dir.path().join("shards.trace");
         let o = trace(&m, &out, &["--nodes", &nodes, "--token-file", token.to_str().unwrap()]);
@@ -1092,19 +1089,7 @@ fn shards_of_an_interleaved_model_hold_one_moe_layer_each() {
     let single = dir.path().join("single.trace");
     trace(&m, &single, &[]);
     let token = token_file(dir.path());
-    let workers: Vec<Worker> = [("1", "0-7"), ("3", "0-3"), ("3", "4-7")]
-        .iter()
-        .enumerate()
-        .map(|(i, (l, e))| {
-            Worker::start_with(
-                "--shard",
-                &slice(&m, l, e, dir.path()),
-                dir.path(),
-                &format!("w{i}"),
-                "127.0.0.1:0",
-            )
-        })
-        .collect();
+    let workers = shard_workers(&m, &[("1", "0-7"), ("3", "0-3"), ("3", "4-7")], dir.path());
     let nodes = workers.iter().map(|w| w.addr.as_str()).collect::<Vec<_>>().join(",");
     let out = dir.path().join("shards.trace");
     trace(&m, &out, &["--nodes", &nodes, "--token-file", token.to_str().unwrap()]);
