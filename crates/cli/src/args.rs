@@ -16,7 +16,7 @@ use crate::output::progress_bar;
 mod cluster;
 mod spec;
 pub use cluster::ClusterArgs;
-pub use spec::SpecArgs;
+pub use spec::{SpecArgs, SpecKind};
 
 #[derive(Args)]
 pub struct ModelArgs {

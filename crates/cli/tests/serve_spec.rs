@@ -142,3 +142,90 @@ fn a_draft_model_drafts_for_every_slot_and_changes_no_answer() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--draft") && err.contains("vocabulary"), "{err}");
 }
+
+/// A conversation sent one request at a time: each prompt repeats the last prompt and answer and adds to
+/// them, then one repeats the last prompt with something else instead of its answer (as when a reply is
+/// regenerated). The texts in order, and each request's cached prompt tokens.
+fn conversation(server: &serve::Server) -> Vec<(String, u64)> {
+    let mut said = Vec::new();
+    let mut text = "alpha beta gamma delta epsilon, alpha beta".to_string();
+    let mut last = text.clone();
+    for turn in 0..4 {
+        if turn == 3 {
+            text = format!("{last} and then");
+        }
+        last = text.clone();
+        let body = json!({"prompt": text, "max_tokens": 12, "temperature": 0.0});
+        let (status, v) = server.post("/v1/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        let answer = v["choices"][0]["text"].as_str().unwrap().to_string();
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        text = format!("{text}{answer} zeta eta");
+        said.push((answer, cached));
+    }
+    said
+}
+
+/// Drafts from the model's own MTP block, for every slot, change no answer either — beside other requests,
+/// and along a conversation whose slot keeps the block's cache with its sequence for the next turn (each
+/// turn still drafts, so the drafter followed every cut the prompt cache made); a model without an MTP
+/// block is refused before the server listens.
+#[test]
+fn mtp_drafts_for_every_slot_and_change_no_answer() {
+    for model in ["qwen3next-mtp/q8_0.gguf", "glm4moe/q4_0.gguf"] {
+        let m = fixture(model);
+        let plain = serve::Server::start(&m, "templates/qwen3.jinja", &["--parallel", "3", "--spec", "off"]);
+        let want = answers(&plain);
+        let want_talk = conversation(&plain);
+        assert_eq!(metric(&plain, "titan_draft_tokens_total"), 0.0);
+        drop(plain);
+        let spec = serve::Server::start(
+            &m,
+            "templates/qwen3.jinja",
+            &[
+                "--parallel",
+                "3",
+                "--spec",
+                "mtp",
+                "--draft-min",
+                "3",
+                "--draft-max",
+                "3",
+            ],
+        );
+        assert_eq!(answers(&spec), want, "{model}");
+        let mut drafted = metric(&spec, "titan_draft_tokens_total");
+        assert!(drafted > 0.0, "{model}");
+        let (mut texts, mut cached) = (Vec::new(), Vec::new());
+        for turn in conversation(&spec) {
+            texts.push(turn.0);
+            cached.push(turn.1);
+        }
+        let (want_texts, want_cached): (Vec<String>, Vec<u64>) = want_talk.into_iter().unzip();
+        assert_eq!(texts, want_texts, "{model}");
+        // As much of each prompt reused, or one token less: where the drafter holds no state for the
+        // position before the cut, the step computes that position again.
+        for (got, want) in cached.iter().zip(&want_cached) {
+            assert!(
+                got + 1 >= *want && got <= want,
+                "{model}: {cached:?} against {want_cached:?}"
+            );
+        }
+        assert!(cached[1..].iter().all(|&c| c > 0), "{model}: {cached:?}");
+        let now = metric(&spec, "titan_draft_tokens_total");
+        assert!(now >= drafted + 4.0 * 3.0, "{model}: {drafted} then {now}");
+        drafted = now;
+        println!("{model}: {drafted} drafts, cached {cached:?}");
+    }
+    let o = titan()
+        .args(["serve", "--listen", "127.0.0.1:0", "--spec", "mtp", "-m"])
+        .arg(fixture("qwen3moe/q4_0.gguf"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--spec mtp") && err.contains("multi-token-prediction"),
+        "{err}"
+    );
+}

@@ -910,6 +910,13 @@ pub struct Batch {
     scratch: Scratch,
 }
 
+impl Batch {
+    /// The logits of its last step, as [`Model::forward_batch`] returned them.
+    pub fn logits(&self) -> &[f32] {
+        &self.scratch.logits
+    }
+}
+
 /// One sequence's state between forward calls: its KV cache, and the forward pass's working buffers,
 /// sized for the largest batch so far and reused, so that decoding a token allocates nothing.
 pub struct Sequence {

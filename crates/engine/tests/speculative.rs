@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use titan_engine::draft::{Drafter, ModelDrafter, MtpDrafter, NgramDrafter, ReplayDrafter, StepRows};
 use titan_engine::trace::{diff, Trace};
-use titan_engine::{GenerateOptions, Generation, Model, Outputs, SamplerOptions, Speculation};
+use titan_engine::{GenerateOptions, Generation, Model, Outputs, SamplerOptions, Sequence, Speculation};
 
 fn options(temperature: f32) -> GenerateOptions {
     GenerateOptions {
@@ -164,23 +164,92 @@ fn mtp_drafts_change_no_byte_and_are_those_of_the_history_at_once() {
                 assert!(g.spec.accepted > 8, "{what}");
             }
             for (history, max, drafted) in &rec.seen {
-                let n = history.len() - 1;
-                let mut seq = model.new_sequence(opts.n_ctx);
-                model.forward(&history[..n], 0, &mut seq, Outputs::Last).unwrap();
-                let mut states = Vec::new();
-                model.final_states(&seq, 0..n, &mut states);
-                let mut fresh = MtpDrafter::new(&model, opts.n_ctx).unwrap();
-                fresh
-                    .observe(&StepRows {
-                        tokens: &history[..n],
-                        pos0: 0,
-                        states: &states,
-                    })
-                    .unwrap();
-                let mut again = Vec::new();
-                fresh.draft(history, *max, &mut again).unwrap();
-                assert_eq!(&again, drafted, "{what}: after {n} positions");
+                assert_eq!(
+                    &drafts_at_once(&model, history, *max),
+                    drafted,
+                    "{what}: after {} positions",
+                    history.len() - 1
+                );
             }
+        }
+    }
+}
+
+/// The drafts a fresh MTP drafter gives after `history`, every position but the last run at once.
+fn drafts_at_once(model: &Model, history: &[u32], max: usize) -> Vec<u32> {
+    let n = history.len() - 1;
+    let mut seq = model.new_sequence(128);
+    let mut fresh = MtpDrafter::new(model, 128).unwrap();
+    feed(model, &mut seq, &mut fresh, &history[..n], 0);
+    let mut drafts = Vec::new();
+    fresh.draft(history, max, &mut drafts).unwrap();
+    drafts
+}
+
+/// Runs `tokens` (if any) at positions pos0.. of `seq`, and shows the drafter their rows.
+fn feed(model: &Model, seq: &mut Sequence, drafter: &mut MtpDrafter<'_>, tokens: &[u32], pos0: usize) {
+    if tokens.is_empty() {
+        return;
+    }
+    model.forward(tokens, pos0, seq, Outputs::Last).unwrap();
+    let mut states = Vec::new();
+    model.final_states(seq, 0..tokens.len(), &mut states);
+    let rows = StepRows {
+        tokens,
+        pos0,
+        states: &states,
+    };
+    drafter.observe(&rows).unwrap();
+}
+
+/// An MTP drafter kept with its sequence for a new text that shares a prefix (a server's prompt cache)
+/// continues where both can be cut — where the text stood, at the prompt's end it marked, or one row
+/// before a row it holds — and then drafts what a fresh drafter gives for the new text computed at once.
+#[test]
+fn an_mtp_drafter_kept_for_a_new_text_drafts_as_a_fresh_one() {
+    for file in ["qwen3next-mtp/q8_0.gguf", "glm4moe/q4_0.gguf"] {
+        let model = Model::load(fixtures().join(file)).unwrap();
+        let recurrent = file.starts_with("qwen3next");
+        let prompt = model
+            .tokenizer
+            .encode("one two three four five, one two three", true, false);
+        let answer = model.tokenizer.encode(" four five six seven", false, false);
+        let p = prompt.len();
+        let old: Vec<u32> = prompt.iter().chain(&answer).copied().collect();
+        // New texts: the old one and more, its prompt and something else, half its prompt and something else;
+        // each with one token more (its row is the first draft's, which takes the state resumed from) or three.
+        let tails = [
+            model.tokenizer.encode(" and", false, false),
+            model.tokenizer.encode(" eight nine ten", false, false),
+        ];
+        let cases = [
+            (old.len(), old.len()),
+            (p, p),
+            (p / 2, if recurrent { 0 } else { p / 2 - 1 }),
+        ];
+        for ((shared, want_cut), tail) in cases.into_iter().flat_map(|c| tails.iter().map(move |t| (c, t))) {
+            let new: Vec<u32> = old[..shared].iter().chain(tail).copied().collect();
+            // The old text as a server runs it: the prompt, a checkpoint and mark at its end, the answer.
+            let mut seq = model.new_sequence(128);
+            let mut drafter = MtpDrafter::new(&model, 128).unwrap();
+            feed(&model, &mut seq, &mut drafter, &prompt, 0);
+            seq.checkpoint();
+            drafter.mark();
+            feed(&model, &mut seq, &mut drafter, &answer, p);
+            let cut = drafter.resumable(shared, |k| seq.reusable(k));
+            assert_eq!(cut, want_cut, "{file}, {shared} tokens shared");
+            seq.truncate(cut).unwrap();
+            drafter.resume(cut);
+            // The rest of the new text but its last token, then drafts.
+            feed(&model, &mut seq, &mut drafter, &new[cut..new.len() - 1], cut);
+            let mut drafts = Vec::new();
+            drafter.draft(&new, 4, &mut drafts).unwrap();
+            assert_eq!(drafts.len(), 4, "{file}, {shared} shared");
+            assert_eq!(
+                drafts,
+                drafts_at_once(&model, &new, 4),
+                "{file}, {shared} tokens shared"
+            );
         }
     }
 }

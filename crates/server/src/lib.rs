@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use titan_engine::Model;
 
-pub use scheduler::SchedulerOptions;
+pub use scheduler::{DraftSource, SchedulerOptions};
 use template::{ChatTemplate, TemplateError};
 
 /// Why the server did not start. (Once it listens, it serves until the process is stopped.)

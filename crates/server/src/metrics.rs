@@ -132,7 +132,7 @@ impl Metrics {
         put(
             "draft_tokens_total",
             "counter",
-            "Tokens drafted (prompt lookup) and verified in a step.",
+            "Tokens drafted (prompt lookup, a draft model or the MTP block) and verified in a step.",
             get(&self.drafted),
         );
         put(

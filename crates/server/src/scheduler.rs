@@ -9,23 +9,24 @@
 //! sequence's cache for the next request that shares a prefix with it (`prompt_cache.rs`).
 //!
 //! With speculation on, a decoding sequence's row is followed by drafted tokens (prompt lookup over its own
-//! text) as rows of the same step; it keeps each draft that equals the token it samples there, so a
+//! text, a draft model, or the model's own MTP block) as rows of the same step; it keeps each draft that equals the token it samples there, so a
 //! request's bytes are those it would get without drafts (docs/speculative.md). A recurrent state takes a
 //! second copy before such a step, beside the prompt cache's (`Sequence::checkpoint_step`).
 
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use titan_engine::draft::{DraftLength, Drafter, ModelDrafter, NgramDrafter};
+use titan_engine::draft::{DraftLength, Drafter, ModelDrafter, MtpDrafter, NgramDrafter, StepRows};
 use titan_engine::sampler::TokenLogprobs;
-use titan_engine::{Batch, Model, Outputs, Sampler, SamplerOptions, Sequence, Span};
+use titan_engine::{Batch, Model, Outputs, Sampler, SamplerOptions, Span};
 use titan_tokenizer::StreamDecoder;
 use tokio::sync::mpsc;
 
 use crate::constraint::Constraint;
 use crate::metrics::Metrics;
-use crate::prompt_cache::PromptCache;
+use crate::prompt_cache::{PromptCache, SlotCache};
 
 /// One request, as the engine runs it.
 pub struct Job {
@@ -97,19 +98,28 @@ pub struct SchedulerOptions {
     pub step_tokens: usize,
     /// Reuse the longest prefix of a prompt that a free slot's cache holds.
     pub prompt_cache: bool,
-    /// The fewest and the most tokens drafted (by prompt lookup) after a decoding sequence's row; a most
-    /// of 0: none.
+    /// The fewest and the most tokens drafted after a decoding sequence's row; a most of 0: none.
     pub min_drafts: usize,
     pub max_drafts: usize,
+    /// Where the drafts come from.
+    pub drafts: DraftSource,
+}
+
+pub enum DraftSource {
+    /// Prompt lookup over each sequence's own text.
+    Lookup,
     /// A draft model with the model's vocabulary, drafting for every slot (each with its own sequence of
-    /// it) instead of prompt lookup.
-    pub draft: Option<Arc<Model>>,
+    /// it).
+    Model(Arc<Model>),
+    /// The model's own MTP block, whose cache each slot keeps with its sequence.
+    Mtp,
 }
 
 /// A request in a slot: its sequence, what it has generated, and what it has sent.
 struct Slot<'m> {
     job: Job,
-    seq: Sequence,
+    /// The sequence, and the MTP drafter that follows it when the drafts are the MTP block's.
+    cache: SlotCache<'m>,
     sampler: Sampler,
     /// The prompt, then each generated token.
     history: Vec<u32>,
@@ -126,7 +136,7 @@ struct Slot<'m> {
     fed: Vec<u32>,
     drafts: Vec<u32>,
     length: DraftLength,
-    /// The slot's draft model, when the server has one (else prompt lookup).
+    /// The slot's draft model, when the server has one (else prompt lookup, or the MTP block).
     drafter: Option<ModelDrafter<'m>>,
 }
 
@@ -161,21 +171,34 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
                     .in_scope(|| tracing::info!("abandoned by the client while queued"));
                 continue;
             }
-            let drafter = match opts.draft.as_deref() {
-                Some(d) => match ModelDrafter::new(d, model, opts.ctx_size) {
+            let drafter = match &opts.drafts {
+                DraftSource::Model(d) => match ModelDrafter::new(d, model, opts.ctx_size) {
                     Ok(m) => Some(m),
                     Err(e) => {
                         let _ = job.events.send(Event::Failed(e.to_string()));
                         continue;
                     }
                 },
-                None => None,
+                DraftSource::Lookup | DraftSource::Mtp => None,
             };
             let unused = slots.len() + free.held() < opts.parallel;
-            let (seq, cached) = free.take(model, opts.ctx_size, &job.prompt, unused);
+            let fresh = || -> titan_engine::Result<SlotCache<'_>> {
+                let mtp = matches!(opts.drafts, DraftSource::Mtp) && opts.max_drafts > 0;
+                Ok(SlotCache {
+                    seq: model.new_sequence(opts.ctx_size),
+                    mtp: mtp.then(|| MtpDrafter::new(model, opts.ctx_size)).transpose()?,
+                })
+            };
+            let (cache, cached) = match free.take(&job.prompt, unused, fresh) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = job.events.send(Event::Failed(e.to_string()));
+                    continue;
+                }
+            };
             metrics.prompt_tokens_cached.fetch_add(cached as u64, Ordering::Relaxed);
             slots.push(Slot {
-                seq,
+                cache,
                 sampler: Sampler::new(job.sampler.clone()),
                 history: job.prompt.clone(),
                 in_cache: cached,
@@ -212,10 +235,10 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
 }
 
 /// A slot's sequence back to the free ones, with the tokens its cache holds.
-fn release(free: &mut PromptCache, s: Slot<'_>) {
+fn release<'m>(free: &mut PromptCache<'m>, s: Slot<'m>) {
     let mut tokens = s.history;
     tokens.truncate(s.in_cache);
-    free.put(s.seq, tokens);
+    free.put(s.cache, tokens);
 }
 
 /// One forward step over the slots, then each finished row sampled and sent; the slots it frees go to
@@ -224,7 +247,7 @@ fn step<'m>(
     model: &'m Model,
     opts: &SchedulerOptions,
     slots: &mut Vec<Slot<'m>>,
-    free: &mut PromptCache,
+    free: &mut PromptCache<'m>,
     batch: &mut Batch,
     metrics: &Metrics,
 ) {
@@ -244,17 +267,23 @@ fn step<'m>(
         // Rows for the tokens still wanted, and no position past the context.
         let room = (s.job.max_tokens - s.generated - 1).min(opts.ctx_size - s.history.len());
         let want = s.length.get().min(room).min(budget.saturating_sub(pending));
-        let drafted = match s.drafter.as_mut() {
-            Some(d) => d.draft(&s.history, want, &mut s.drafts),
-            None => NgramDrafter::default().draft(&s.history, want, &mut s.drafts),
+        let drafted = match (&opts.drafts, s.drafter.as_mut(), s.cache.mtp.as_mut()) {
+            (_, Some(d), _) => d.draft(&s.history, want, &mut s.drafts),
+            (_, None, Some(m)) => m.draft(&s.history, want, &mut s.drafts),
+            (DraftSource::Lookup, None, None) => NgramDrafter::default().draft(&s.history, want, &mut s.drafts),
+            // An MTP drafter that failed earlier drafts no more.
+            _ => {
+                s.drafts.clear();
+                Ok(())
+            }
         };
         if let Err(e) = drafted {
-            // A draft model that fails costs its drafts, not the request: the step goes on without them.
-            s.job.span.in_scope(|| tracing::warn!("the draft model failed: {e}"));
+            // A drafter that fails costs its drafts, not the request: the step goes on without them.
+            s.job.span.in_scope(|| tracing::warn!("drafting failed: {e}"));
             s.drafts.clear();
         }
         if !s.drafts.is_empty() {
-            s.seq.checkpoint_step();
+            s.cache.seq.checkpoint_step();
         }
         s.fed.clear();
         s.fed.extend_from_slice(&s.history[s.in_cache..]);
@@ -281,7 +310,7 @@ fn step<'m>(
         spans.push(Span {
             tokens: &s.fed,
             pos0: s.in_cache,
-            seq: &mut s.seq,
+            seq: &mut s.cache.seq,
             outputs: if s.drafts.is_empty() {
                 Outputs::Last
             } else {
@@ -291,11 +320,11 @@ fn step<'m>(
         members.push(i);
     }
     let rows: usize = spans.iter().map(|s| s.tokens.len()).sum();
-    let result = model.forward_batch(&mut spans, batch);
+    let result = model.forward_batch(&mut spans, batch).map(|_| ());
     drop(spans);
     metrics.record_step(rows, members.len(), started.elapsed());
-    let logits = match result {
-        Ok(l) => l,
+    match result {
+        Ok(()) => {}
         Err(e) => {
             // The step failed for every member (a lost disk, a cluster with no way to compute a layer):
             // each is told, and their slots are freed.
@@ -304,15 +333,17 @@ fn step<'m>(
                 s.job.span.in_scope(|| tracing::error!("the engine step failed: {e}"));
                 let _ = s.job.events.send(Event::Failed(e.to_string()));
                 // What the step wrote of its cache is unknown: nothing of it is reused.
-                free.put(s.seq, Vec::new());
+                free.put(s.cache, Vec::new());
             }
             return;
         }
-    };
+    }
+    let logits = batch.logits();
     let v = model.config.n_vocab;
     let seconds = started.elapsed().as_secs_f64();
     let mut finished = Vec::new();
-    let mut row = 0;
+    let (mut row, mut first_row) = (0, 0);
+    let mut states = Vec::new();
     for &i in &members {
         let s = &mut slots[i];
         let was_reading = s.reading_prompt();
@@ -321,14 +352,18 @@ fn step<'m>(
         let logits = &logits[row * v..(row + rows) * v];
         row += rows;
         let before = s.history.len();
+        let pos0 = s.in_cache;
         s.in_cache += take[i] - s.drafts.len();
+        let step_rows = first_row..first_row + take[i];
+        first_row += take[i];
         if s.reading_prompt() {
+            follow(model, batch, s, pos0, step_rows, &mut states);
             continue;
         }
         if was_reading && opts.prompt_cache {
             // The one position a recurrent state can come back to (a KV cache needs no copy): the next
             // turn of a conversation repeats this prompt, whatever it makes of the answer.
-            s.seq.checkpoint();
+            s.cache.seq.checkpoint();
         }
         // Sample row after row while the token sampled is the draft the next row was computed for.
         let mut outcome = Ok(None);
@@ -341,11 +376,16 @@ fn step<'m>(
             }
             accepted += 1;
         }
+        follow(model, batch, s, pos0, step_rows, &mut states);
+        if let Some(m) = s.cache.mtp.as_mut().filter(|_| was_reading && opts.prompt_cache) {
+            // Where the sequence's checkpoint is: a later request that shares the prompt continues there.
+            m.mark();
+        }
         if !s.drafts.is_empty() {
             // The rows of rejected drafts hold other tokens than the text's: cut them (a recurrent state goes
             // back to its copy from before the step, and the next step feeds the kept tokens again).
-            s.in_cache = s.seq.reusable(s.in_cache + accepted);
-            if let Err(e) = s.seq.truncate(s.in_cache) {
+            s.in_cache = s.cache.seq.reusable(s.in_cache + accepted);
+            if let Err(e) = s.cache.seq.truncate(s.in_cache) {
                 outcome = Err(e.to_string());
             }
             metrics.record_drafts(s.drafts.len(), accepted);
@@ -384,6 +424,35 @@ fn step<'m>(
     for &i in finished.iter().rev() {
         release(free, slots.remove(i));
         metrics.completed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Shows the slot's MTP drafter the rows `rows` of the step (its text's positions `pos0`..) that the text
+/// keeps: those whose token is the history's at their position, not a rejected draft's.
+fn follow(model: &Model, batch: &Batch, s: &mut Slot<'_>, pos0: usize, rows: Range<usize>, states: &mut Vec<f32>) {
+    let Some(m) = s.cache.mtp.as_mut() else {
+        return;
+    };
+    let kept = s
+        .fed
+        .iter()
+        .zip(&s.history[pos0..])
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(rows.len());
+    states.clear();
+    model.batch_final_states(batch, rows.start..rows.start + kept, states);
+    let step = StepRows {
+        tokens: &s.fed[..kept],
+        pos0,
+        states,
+    };
+    if let Err(e) = m.observe(&step) {
+        // Drafts are only ever proposals: the request goes on without them.
+        s.job
+            .span
+            .in_scope(|| tracing::warn!("the MTP drafter failed, this slot drafts no more: {e}"));
+        s.cache.mtp = None;
     }
 }
 

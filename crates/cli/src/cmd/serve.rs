@@ -4,10 +4,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use titan_server::DraftSource;
 use titan_store::plan::{default_ctx, mem_available};
 use titan_store::KvPlan;
 
 use crate::args::ModelArgs;
+use crate::args::{SpecArgs, SpecKind};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -54,17 +56,10 @@ pub struct Args {
     /// Seconds a request's body may take to arrive whole after its header (then: 408).
     #[arg(long = "body-timeout", default_value_t = 30, value_name = "SECS")]
     body_timeout: u64,
-    /// The most tokens drafted by prompt lookup after each decoding sequence's row, verified in the same
-    /// step (0: no speculative decoding). The output is the same bytes either way.
-    #[arg(long = "draft-max", default_value_t = 8)]
-    draft_max: usize,
-    /// The fewest tokens drafted per step, when prompt lookup has them (by default the length is chosen
-    /// from the recent acceptance and the measured cost of a step's rows).
-    #[arg(long = "draft-min", default_value_t = 0)]
-    draft_min: usize,
-    /// A draft model (a GGUF with the model's vocabulary) that drafts for every slot instead of prompt lookup.
-    #[arg(long)]
-    draft: Option<PathBuf>,
+    /// Drafts after each decoding sequence's row, verified in the same step (--draft-max 0 or --spec off:
+    /// none); a draft model or the MTP block drafts for every slot. The output is the same bytes either way.
+    #[command(flatten)]
+    spec: SpecArgs,
     /// Connections open at once; past it, a new one is answered 503 and closed.
     #[arg(long = "max-connections", default_value_t = 256)]
     max_connections: usize,
@@ -111,14 +106,24 @@ pub fn run(a: Args) -> Result<()> {
     model
         .check_context(ctx_size, memory, a.allow_long_context)
         .context("--ctx-size (per slot of --parallel)")?;
-    // The draft model, resident, checked against the model's vocabulary once here (and by each slot's drafter).
-    let draft = match &a.draft {
-        Some(p) => {
+    // What drafts need, checked once here (and again by each slot's drafter): the draft model, resident,
+    // against the model's vocabulary; the MTP block, in the model's file.
+    let drafts = match a.spec.kind() {
+        SpecKind::Off | SpecKind::Ngram => DraftSource::Lookup,
+        SpecKind::Mtp => {
+            model.mtp_state(1).context("--spec mtp")?;
+            DraftSource::Mtp
+        }
+        SpecKind::Draft => {
+            let p = (a.spec.draft.as_ref()).context("--spec draft needs a draft model: --draft MODEL.gguf")?;
             let d = titan_engine::Model::load(p).with_context(|| format!("--draft {}", p.display()))?;
             titan_engine::draft::ModelDrafter::new(&d, &model, 1).context("--draft")?;
-            Some(std::sync::Arc::new(d))
+            DraftSource::Model(std::sync::Arc::new(d))
         }
-        None => None,
+    };
+    let max_drafts = match a.spec.kind() {
+        SpecKind::Off => 0,
+        _ => a.spec.draft_max,
     };
     let name = a.alias.clone().unwrap_or_else(|| {
         a.model
@@ -146,9 +151,9 @@ pub fn run(a: Args) -> Result<()> {
                 ctx_size,
                 step_tokens: a.batch_size.max(1),
                 prompt_cache: !a.no_prompt_cache,
-                min_drafts: a.draft_min,
-                max_drafts: a.draft_max,
-                draft,
+                min_drafts: a.spec.draft_min,
+                max_drafts,
+                drafts,
             },
             queue_len: a.queue,
             body_limit: a.max_body,

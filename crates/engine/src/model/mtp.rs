@@ -8,9 +8,11 @@
 //! with `shared_head_norm` and the LM head. The state before position 0 is zeros; a draft after a draft
 //! takes the block's own normalised output as its state.
 
+use std::ops::Range;
+
 use titan_kernels::{matmul, Activations};
 
-use super::{Model, Outputs, Part, Scratch, Sequence};
+use super::{Batch, Model, Outputs, Part, Scratch, Sequence};
 use crate::attention::KvCache;
 use crate::memory::Memory;
 use crate::ops::rms_norm;
@@ -157,10 +159,20 @@ impl Model {
 
     /// The main model's normalised final state (`output_norm`, the LM head's input) of the last call's
     /// rows `rows` of `seq`, appended to `out`: what the MTP block takes for the positions after them.
-    pub fn final_states(&self, seq: &Sequence, rows: std::ops::Range<usize>, out: &mut Vec<f32>) {
+    pub fn final_states(&self, seq: &Sequence, rows: Range<usize>, out: &mut Vec<f32>) {
+        self.states_of(&seq.scratch, rows, out);
+    }
+
+    /// [`Model::final_states`] of the last [`Model::forward_batch`] through `batch`, its rows counted over all
+    /// its spans in order.
+    pub fn batch_final_states(&self, batch: &Batch, rows: Range<usize>, out: &mut Vec<f32>) {
+        self.states_of(&batch.scratch, rows, out);
+    }
+
+    fn states_of(&self, s: &Scratch, rows: Range<usize>, out: &mut Vec<f32>) {
         let d = self.config.n_embd;
         let at = out.len();
-        out.extend_from_slice(&seq.scratch.x[rows.start * d..rows.end * d]);
+        out.extend_from_slice(&s.x[rows.start * d..rows.end * d]);
         rms_norm(&mut out[at..], &self.weights.output_norm, self.config.rms_eps);
     }
 }
