@@ -244,6 +244,18 @@ QWEN3NEXT = dict(
     mlp_only_layers=[], tie_word_embeddings=False,
 )
 
+# The qwen35moe fixture's model (also qwen35moe-mtp's, with an MTP block added).
+QWEN35MOE = dict(
+    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+    hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6,
+    rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
+                         mrope_section=[2, 1, 1], mrope_interleaved=True),
+    attention_bias=False, layer_types=["linear_attention", "full_attention"] * 2, full_attention_interval=2,
+    linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+    linear_num_value_heads=4, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    num_experts_per_tok=2, num_experts=8, tie_word_embeddings=False,
+)
+
 MODELS = [
     {
         "name": "qwen3moe", "arch": "qwen3moe", "hf_class": "Qwen3MoeForCausalLM", "tokenizer": "qwen", "seed": 1,
@@ -348,16 +360,16 @@ MODELS = [
         "venv": ".venv-tf5",
         "types": ["f32", "f16", "bf16", "q8_0", "q4_0"],
         "convert_args": ["--no-mtp"],
-        "config": dict(
-            hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-            hidden_act="silu", max_position_embeddings=512, rms_norm_eps=1e-6,
-            rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
-                                 mrope_section=[2, 1, 1], mrope_interleaved=True),
-            attention_bias=False, layer_types=["linear_attention", "full_attention"] * 2, full_attention_interval=2,
-            linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
-            linear_num_value_heads=4, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-            num_experts_per_tok=2, num_experts=8, tie_word_embeddings=False,
-        ),
+        "config": QWEN35MOE,
+    },
+    # qwen35moe with one MTP block, as qwen3next-mtp is qwen3next's (Qwen3.5/3.6 checkpoints name it `mtp.*` as
+    # Qwen3-Next's do, and llama.cpp's converter keeps it unless told --no-mtp): the same seed, the same main weights.
+    {
+        "name": "qwen35moe-mtp", "arch": "qwen35moe", "hf_class": "Qwen3_5MoeForCausalLM", "tokenizer": "qwen",
+        "seed": 7, "venv": ".venv-tf5",
+        "types": ["f32", "q8_0"],
+        "mtp_layers": 1,
+        "config": QWEN35MOE,
     },
     # Dense Qwen3.5 (Qwen3_5ForCausalLM, text config `qwen3_5_text`; GGUF arch `qwen35`): the qwen35moe layers (the same
     # Gated DeltaNet and gated full attention, partial rotary, interleaved M-RoPE) with a dense SwiGLU MLP instead of
@@ -602,16 +614,16 @@ def build_hf_model(spec: dict, tok_info: dict, hf_dir: Path):
     hf_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(hf_dir, safe_serialization=True)
     if spec.get("mtp_layers"):
-        if spec["hf_class"] == "Qwen3NextForCausalLM":
-            add_qwen3next_mtp(model, config, hf_dir, spec["mtp_layers"], torch.Generator().manual_seed(2000 + spec["seed"]))
+        if spec["hf_class"] in ("Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM"):
+            add_qwen_mtp(config, hf_dir, spec["mtp_layers"], torch.Generator().manual_seed(2000 + spec["seed"]))
         else:
             add_glm_mtp(hf_dir, config, spec["mtp_layers"], g)
     match_llama_cpp(model, config)
     return model, config
 
 
-def add_qwen3next_mtp(model, config, hf_dir: Path, n: int, g) -> None:
-    """Add Qwen3-Next's multi-token-prediction weights to the saved checkpoint: `mtp.fc` (the 2H -> H projection of
+def add_qwen_mtp(config, hf_dir: Path, n: int, g) -> None:
+    """Add Qwen3-Next's (or Qwen3.5/3.6's, named alike) multi-token-prediction weights to the saved checkpoint: `mtp.fc` (the 2H -> H projection of
     the normalised next-token embedding and hidden state), its two input norms and output norm, and `mtp.layers.K`:
     blocks shaped as the model's full-attention layer with its MoE, drawn afresh (matrices N(0, INIT_STD^2), norms
     around their layer's, as the main weights are)."""
@@ -784,14 +796,20 @@ def mtp_logits(model, config, hf_dir: Path, ids: list[int]) -> np.ndarray:
 
     ckpt = load_file(hf_dir / "model.safetensors")
     hidden, eps = config.hidden_size, config.rms_norm_eps
-    if type(model).__name__ == "Qwen3NextForCausalLM":
-        from transformers.models.qwen3_next import modeling_qwen3_next as m
+    if type(model).__name__ in ("Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM"):
+        if type(model).__name__ == "Qwen3NextForCausalLM":
+            from transformers.models.qwen3_next import modeling_qwen3_next as m
 
+            layer_cls, norm_cls = m.Qwen3NextDecoderLayer, m.Qwen3NextRMSNorm
+        else:
+            from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as m
+
+            layer_cls, norm_cls = m.Qwen3_5MoeDecoderLayer, m.Qwen3_5MoeRMSNorm
         w = {k[len("mtp."):]: v for k, v in ckpt.items() if k.startswith("mtp.")}
         full = next(i for i, t in enumerate(config.layer_types) if t == "full_attention")
-        layer, prefix = m.Qwen3NextDecoderLayer(config, full), "layers.0."
+        layer, prefix = layer_cls(config, full), "layers.0."
         norms = {"e": "pre_fc_norm_embedding", "h": "pre_fc_norm_hidden", "out": "norm"}
-        proj, norm_cls = "fc", m.Qwen3NextRMSNorm
+        proj = "fc"
     else:  # GLM-4.5: the block after the main ones, as model.layers.N.*
         from transformers.models.glm4_moe import modeling_glm4_moe as m
 
@@ -801,7 +819,16 @@ def mtp_logits(model, config, hf_dir: Path, ids: list[int]) -> np.ndarray:
         norms = {"e": "enorm", "h": "hnorm", "out": "shared_head.norm"}
         proj, norm_cls = "eh_proj", m.Glm4MoeRMSNorm
     head_parts = {f"{v}.weight" for v in norms.values()} | {f"{proj}.weight"}
-    layer.load_state_dict({k[len(prefix):]: v for k, v in w.items() if k.startswith(prefix) and k not in head_parts})
+    sd = {k[len(prefix):]: v for k, v in w.items() if k.startswith(prefix) and k not in head_parts}
+    experts = getattr(layer.mlp, "experts", None)
+    if isinstance(getattr(experts, "gate_up_proj", None), torch.nn.Parameter):
+        # transformers 5 keeps a layer's experts as two 3D tensors (gate above up); checkpoints, one matrix each.
+        e_range = range(config.num_experts)
+        sd["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([sd.pop(f"mlp.experts.{e}.gate_proj.weight"),
+                                                                 sd.pop(f"mlp.experts.{e}.up_proj.weight")])
+                                                      for e in e_range])
+        sd["mlp.experts.down_proj"] = torch.stack([sd.pop(f"mlp.experts.{e}.down_proj.weight") for e in e_range])
+    layer.load_state_dict(sd)
     layer.eval()
     norm = {}
     for key, name in norms.items():

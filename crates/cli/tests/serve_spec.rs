@@ -172,11 +172,17 @@ fn conversation(server: &serve::Server) -> Vec<(String, u64)> {
 /// block is refused before the server listens.
 #[test]
 fn mtp_drafts_for_every_slot_and_change_no_answer() {
-    for model in ["qwen3next-mtp/q8_0.gguf", "glm4moe/q4_0.gguf"] {
+    for model in [
+        "qwen3next-mtp/q8_0.gguf",
+        "qwen35moe-mtp/q8_0.gguf",
+        "glm4moe/q4_0.gguf",
+    ] {
         let m = fixture(model);
         let plain = serve::Server::start(&m, "templates/qwen3.jinja", &["--parallel", "3", "--spec", "off"]);
-        let want = answers(&plain);
+        // The conversation first, on empty slots: what the prompt cache holds then does not depend on how
+        // the concurrent requests after it happened to be scheduled.
         let want_talk = conversation(&plain);
+        let want = answers(&plain);
         assert_eq!(metric(&plain, "titan_draft_tokens_total"), 0.0);
         drop(plain);
         let spec = serve::Server::start(
@@ -193,14 +199,7 @@ fn mtp_drafts_for_every_slot_and_change_no_answer() {
                 "3",
             ],
         );
-        assert_eq!(answers(&spec), want, "{model}");
-        let mut drafted = metric(&spec, "titan_draft_tokens_total");
-        assert!(drafted > 0.0, "{model}");
-        let (mut texts, mut cached) = (Vec::new(), Vec::new());
-        for turn in conversation(&spec) {
-            texts.push(turn.0);
-            cached.push(turn.1);
-        }
+        let (texts, cached): (Vec<String>, Vec<u64>) = conversation(&spec).into_iter().unzip();
         let (want_texts, want_cached): (Vec<String>, Vec<u64>) = want_talk.into_iter().unzip();
         assert_eq!(texts, want_texts, "{model}");
         // As much of each prompt reused, or one token less: where the drafter holds no state for the
@@ -212,10 +211,13 @@ fn mtp_drafts_for_every_slot_and_change_no_answer() {
             );
         }
         assert!(cached[1..].iter().all(|&c| c > 0), "{model}: {cached:?}");
-        let now = metric(&spec, "titan_draft_tokens_total");
-        assert!(now >= drafted + 4.0 * 3.0, "{model}: {drafted} then {now}");
-        drafted = now;
-        println!("{model}: {drafted} drafts, cached {cached:?}");
+        let drafted = metric(&spec, "titan_draft_tokens_total");
+        // A turn of 12 tokens whose drafts all fail drafts 27 (3 a step while 3 more tokens are wanted): more
+        // than three turns' worth means that every turn drafted.
+        assert!(drafted > 3.0 * 27.0, "{model}: {drafted} drafts along the conversation");
+        assert_eq!(answers(&spec), want, "{model}");
+        assert!(metric(&spec, "titan_draft_tokens_total") > drafted, "{model}");
+        println!("{model}: {drafted} drafts along the conversation, cached {cached:?}");
     }
     let o = titan()
         .args(["serve", "--listen", "127.0.0.1:0", "--spec", "mtp", "-m"])

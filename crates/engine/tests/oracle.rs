@@ -79,6 +79,8 @@ const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
     ("qwen3next", "q4_0", 8e-7),       // 4.768e-7
     ("qwen3next-mtp", "f32", 2e-5),    // 1.073e-5: qwen3next's files with an MTP block
     ("qwen3next-mtp", "q8_0", 8e-7),   // 4.768e-7
+    ("qwen35moe-mtp", "f32", 1e-5),    // 5.931e-6: qwen35moe's files with an MTP block
+    ("qwen35moe-mtp", "q8_0", 8e-7),   // 4.768e-7
     ("qwen3next-3to1", "f32", 2.5e-5), // 1.597e-5 (3 linear-attention layers then 1 full, hidden 128)
     ("qwen3next-3to1", "f16", 6e-2),   // 3.800e-2
     ("qwen35moe", "f32", 1e-5),        // 5.931e-6
@@ -146,6 +148,7 @@ fn hybrid(model: &str) -> bool {
         "qwen3next-mtp",
         "qwen3next-3to1",
         "qwen35moe",
+        "qwen35moe-mtp",
         "qwen35moe-k",
         "qwen35",
     ]
@@ -315,23 +318,26 @@ fn at_least_as_accurate_as_llama_cpp() {
 #[test]
 fn an_mtp_block_leaves_the_main_logits_unchanged() {
     let m = manifest();
-    let qwen3next = m["models"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == "qwen3next")
-        .unwrap();
-    let tokens = ids(&qwen3next["hf"]["tokens"]);
-    for file_type in ["f32", "q8_0"] {
-        let with = Model::load(fixtures().join(format!("qwen3next-mtp/{file_type}.gguf"))).unwrap();
-        let without = Model::load(fixtures().join(format!("qwen3next/{file_type}.gguf"))).unwrap();
-        assert_eq!((with.config.n_layer, with.config.n_nextn), (4, 1));
-        let (a, b) = (titan_logits(&with, &tokens), titan_logits(&without, &tokens));
-        assert!(
-            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "{file_type}: the MTP block changed the main logits (max |Δ| {})",
-            max_abs_diff(&a, &b)
-        );
+    for name in ["qwen3next", "qwen35moe"] {
+        let entry = m["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap();
+        let tokens = ids(&entry["hf"]["tokens"]);
+        for file_type in ["f32", "q8_0"] {
+            let with = Model::load(fixtures().join(format!("{name}-mtp/{file_type}.gguf"))).unwrap();
+            let without = Model::load(fixtures().join(format!("{name}/{file_type}.gguf"))).unwrap();
+            assert_eq!((with.config.n_layer, with.config.n_nextn), (4, 1));
+            assert!(with.has_mtp() && !without.has_mtp(), "{name}");
+            let (a, b) = (titan_logits(&with, &tokens), titan_logits(&without, &tokens));
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{name} {file_type}: the MTP block changed the main logits (max |Δ| {})",
+                max_abs_diff(&a, &b)
+            );
+        }
     }
 }
 
@@ -399,7 +405,7 @@ fn mtp_logits_match_the_reference() {
             }
         }
     }
-    assert!(models >= 2, "the fixtures' MTP references");
+    assert!(models >= 3, "the fixtures' MTP references");
 }
 
 /// TITAN's greedy continuation equals llama.cpp's: entirely on float files; on quantised files up to the

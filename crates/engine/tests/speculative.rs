@@ -135,9 +135,13 @@ impl Drafter for Recorder<'_> {
 /// each step (rows kept, drafts rejected, a recurrent state gone back and fed again) kept its cache exact.
 #[test]
 fn mtp_drafts_change_no_byte_and_are_those_of_the_history_at_once() {
-    for (file, temperature) in ["qwen3next-mtp/q8_0.gguf", "glm4moe/q4_0.gguf"]
-        .into_iter()
-        .flat_map(|f| [(f, 0.0), (f, 0.9)])
+    for (file, temperature) in [
+        "qwen3next-mtp/q8_0.gguf",
+        "qwen35moe-mtp/q8_0.gguf",
+        "glm4moe/q4_0.gguf",
+    ]
+    .into_iter()
+    .flat_map(|f| [(f, 0.0), (f, 0.9)])
     {
         let model = Model::load(fixtures().join(file)).unwrap();
         let prompt = model.tokenizer.encode("one two three four five, one two", true, false);
@@ -207,9 +211,13 @@ fn feed(model: &Model, seq: &mut Sequence, drafter: &mut MtpDrafter<'_>, tokens:
 /// before a row it holds — and then drafts what a fresh drafter gives for the new text computed at once.
 #[test]
 fn an_mtp_drafter_kept_for_a_new_text_drafts_as_a_fresh_one() {
-    for file in ["qwen3next-mtp/q8_0.gguf", "glm4moe/q4_0.gguf"] {
+    for file in [
+        "qwen3next-mtp/q8_0.gguf",
+        "qwen35moe-mtp/q8_0.gguf",
+        "glm4moe/q4_0.gguf",
+    ] {
         let model = Model::load(fixtures().join(file)).unwrap();
-        let recurrent = file.starts_with("qwen3next");
+        let recurrent = file.starts_with("qwen3");
         let prompt = model
             .tokenizer
             .encode("one two three four five, one two three", true, false);
