@@ -208,6 +208,7 @@ impl SamplingArgs {
             ctx: self.ctx_size,
             used: Some(prompt_tokens_at_most.saturating_add(self.n_predict)),
             past_training: self.allow_long_context,
+            mtp: false,
         }
     }
 

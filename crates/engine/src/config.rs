@@ -737,6 +737,15 @@ impl Config {
         let tensors = if self.mla.is_some() { 1 } else { 2 };
         tensors * 4 * self.n_attention_layers() as u128 * n_ctx as u128 * self.kv_dim() as u128 + recurrent as u128
     }
+
+    /// Bytes of the KV cache of the MTP block, for a sequence of `n_ctx` positions that drafts with it (one
+    /// attention layer with keys and values: `Model::mtp_state`); 0 where TITAN does not run one.
+    pub fn mtp_kv_bytes(&self, n_ctx: usize) -> u128 {
+        if !self.runs_mtp() || self.n_nextn == 0 {
+            return 0;
+        }
+        2 * 4 * n_ctx as u128 * self.kv_dim() as u128
+    }
 }
 
 /// Llama 4's chunked layers (from `attention.sliding_window_pattern` where the file lists them, else

@@ -115,6 +115,8 @@ pub struct KvPlan {
     /// Whether a context past the model's training context is allowed. Without, the plan stops there: a
     /// longer one is refused after loading, with that reason rather than memory.
     pub past_training: bool,
+    /// Whether each sequence drafts with the model's MTP block (`--spec mtp`), whose own KV cache it holds.
+    pub mtp: bool,
 }
 
 impl KvPlan {
@@ -123,6 +125,7 @@ impl KvPlan {
         ctx: Some(0),
         used: None,
         past_training: false,
+        mtp: false,
     };
 
     /// One sequence of `positions`.
@@ -132,6 +135,7 @@ impl KvPlan {
             ctx: Some(positions),
             used: None,
             past_training: false,
+            mtp: false,
         }
     }
 
@@ -144,7 +148,9 @@ impl KvPlan {
     }
 
     fn bytes(&self, c: &Config) -> u64 {
-        u64::try_from(self.sequences as u128 * c.kv_bytes(self.positions_of(c))).unwrap_or(u64::MAX)
+        let n = self.positions_of(c);
+        let mtp = if self.mtp { c.mtp_kv_bytes(n) } else { 0 };
+        u64::try_from(self.sequences as u128 * (c.kv_bytes(n) + mtp)).unwrap_or(u64::MAX)
     }
 }
 
@@ -527,6 +533,7 @@ mod tests {
             ctx: Some(100),
             used: None,
             past_training: false,
+            mtp: false,
         };
         let plan = MemoryPlan::new(&gguf, slots, available);
         assert!(plan.fits());
@@ -539,6 +546,7 @@ mod tests {
             ctx: Some(100),
             used: Some(60),
             past_training: false,
+            mtp: false,
         };
         let run = MemoryPlan::new(&gguf, one, available);
         assert_eq!(run.expert_budget(), experts + 4 * kv(100) - kv(60));
@@ -550,6 +558,7 @@ mod tests {
                 ctx: None,
                 used: None,
                 past_training: false,
+                mtp: false,
             },
             available,
         );
@@ -561,6 +570,7 @@ mod tests {
                 ctx: Some(1 << 30),
                 used: None,
                 past_training,
+                mtp: false,
             };
             MemoryPlan::new(&gguf, kv, available).kv
         };
@@ -577,6 +587,33 @@ mod tests {
             text.contains("4 × 100 positions of KV cache") && text.contains("512.00 MiB for the rest"),
             "{text}"
         );
+    }
+
+    /// Sequences that draft with the MTP block hold its cache too: planned where the model has one TITAN runs.
+    #[test]
+    fn the_mtp_blocks_cache_is_planned_with_the_sequences() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        for (file, block) in [("qwen3next-mtp/q8_0.gguf", true), ("qwen3moe/q8_0.gguf", false)] {
+            let gguf = titan_gguf::GgufFile::open(fixtures.join(file)).unwrap();
+            let config = Config::from_gguf(&gguf).unwrap();
+            let kv = |mtp| {
+                let plan = KvPlan {
+                    sequences: 3,
+                    ctx: Some(100),
+                    used: None,
+                    past_training: false,
+                    mtp,
+                };
+                MemoryPlan::new(&gguf, plan, u64::MAX).kv
+            };
+            // One attention layer's keys and values in f32, per position and sequence.
+            let block_bytes = if block {
+                3 * 100 * 2 * 4 * config.kv_dim() as u64
+            } else {
+                0
+            };
+            assert_eq!(kv(true) - kv(false), block_bytes, "{file}");
+        }
     }
 
     fn write(dir: &Path, files: &[(&str, &str)]) {

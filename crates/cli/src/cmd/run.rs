@@ -5,7 +5,8 @@ use std::io::Write;
 use anyhow::Result;
 use titan_engine::StopReason;
 
-use crate::args::{tokens_at_most, with_hint, ModelArgs, SamplingArgs, SpecArgs};
+use crate::args::{tokens_at_most, with_hint, ModelArgs, SamplingArgs, SpecArgs, SpecKind};
+use titan_store::KvPlan;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,7 +22,10 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let model = a.model.load(a.sampling.kv_plan(tokens_at_most(&a.prompt)))?;
+    let model = a.model.load(KvPlan {
+        mtp: a.spec.kind() == SpecKind::Mtp,
+        ..a.sampling.kv_plan(tokens_at_most(&a.prompt))
+    })?;
     let prompt = model.tokenizer.encode(&a.prompt, true, true);
     let opts = a.sampling.options(&model, prompt.len())?;
     let mut drafts = a.spec.load()?;

@@ -98,6 +98,7 @@ pub fn run(a: Args) -> Result<()> {
         ctx: a.ctx_size,
         used: None,
         past_training: a.allow_long_context,
+        mtp: a.spec.kind() == SpecKind::Mtp,
     })?;
     let ctx_size = a.ctx_size.unwrap_or_else(|| default_ctx(&model.config));
     // Every slot holds a whole context's KV cache from the start. Unknown memory (no /proc/meminfo) checks

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use titan_layout::ModelIdentity;
 
-use crate::args::{with_hint, ModelArgs, PromptArgs, SamplingArgs, SpecArgs};
+use crate::args::{with_hint, ModelArgs, PromptArgs, SamplingArgs, SpecArgs, SpecKind};
+use titan_store::KvPlan;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,7 +25,10 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     a.model.check_output(&a.output)?;
-    let model = a.model.load(a.sampling.kv_plan(a.prompt.tokens_at_most()))?;
+    let model = a.model.load(KvPlan {
+        mtp: a.spec.kind() == SpecKind::Mtp,
+        ..a.sampling.kv_plan(a.prompt.tokens_at_most())
+    })?;
     let prompt = a.prompt.tokens(&model)?;
     let opts = a.sampling.options(&model, prompt.len())?;
     let id = ModelIdentity::of(&model.weights.file)?;
