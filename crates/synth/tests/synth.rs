@@ -129,7 +129,10 @@ fn every_architecture_loads_and_runs_in_titan() {
                 assert_eq!(model.config.n_nextn, g.nextn_layers);
             }
             if p.glm.is_some() || p.arch == titan_synth::Arch::MiniMaxM2 {
-                assert!(model.config.sigmoid_scores && model.config.norm_topk, "{name}");
+                assert!(
+                    model.config.scores == titan_engine::config::Scores::Sigmoid && model.config.norm_topk,
+                    "{name}"
+                );
             }
             if let Some(l) = &p.llama4 {
                 // every fourth layer without RoPE, the others chunked; the file's rope_freqs loaded
