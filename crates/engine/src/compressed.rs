@@ -74,7 +74,7 @@ impl Windows {
             values: vec![0.0; n_ctx * width],
             scores: vec![0.0; n_ctx * width],
             entries: vec![0.0; n_ctx / ratio * dim],
-            weights: Vec::new(),
+            weights: Vec::with_capacity(2 * ratio),
         }
     }
 
@@ -193,7 +193,8 @@ pub fn choose(
             acc + wh * dot.max(0.0)
         })
     }));
-    chosen.sort_by(|&a, &b| scores[b as usize].total_cmp(&scores[a as usize]).then(a.cmp(&b)));
+    // a total order (ties by index), so the unstable sort, which needs no buffer, is deterministic
+    chosen.sort_unstable_by(|&a, &b| scores[b as usize].total_cmp(&scores[a as usize]).then(a.cmp(&b)));
     chosen.truncate(top_k);
     chosen.sort_unstable();
 }

@@ -528,14 +528,18 @@ impl Model {
                 [dn.qkv, dn.z, dn.out].iter().map(Mat::bytes).sum::<usize>() + gates
             }
             Mixing::V4(a) => {
-                let mut mats = vec![a.q_a, a.q_b, a.kv, a.wo_b];
-                mats.extend(a.compressor.iter().flat_map(|cm| [cm.kv, cm.gate]));
-                mats.extend(
-                    a.indexer
-                        .iter()
-                        .flat_map(|ix| [ix.q_b, ix.proj, ix.compressor.kv, ix.compressor.gate]),
-                );
-                mats.iter().map(Mat::bytes).sum::<usize>() + a.wo_a.mat.bytes() * a.wo_a.n
+                let compressor = a.compressor.iter().flat_map(|cm| [cm.kv, cm.gate]);
+                let indexer = a
+                    .indexer
+                    .iter()
+                    .flat_map(|ix| [ix.q_b, ix.proj, ix.compressor.kv, ix.compressor.gate]);
+                [a.q_a, a.q_b, a.kv, a.wo_b]
+                    .into_iter()
+                    .chain(compressor)
+                    .chain(indexer)
+                    .map(|m| m.bytes())
+                    .sum::<usize>()
+                    + a.wo_a.mat.bytes() * a.wo_a.n
             }
         };
         let mut dense = mixing + l.moe.as_ref().map_or(0, |m| m.router.bytes());

@@ -35,9 +35,13 @@ pub(super) struct V4Scratch {
     idx_gate: Vec<f32>,
     idx_w: Vec<f32>,
     idx_q: Vec<f32>,
-    /// The compressed layers' angles of each row.
+    /// The compressed layers' angles of each row, and of an entry's position.
     cos: Vec<f32>,
     sin: Vec<f32>,
+    entry_cos: Vec<f32>,
+    entry_sin: Vec<f32>,
+    /// Each row's working space for its attention.
+    rows: Vec<RowScratch>,
     /// The groups' projections, before `attn_output_b`.
     grouped: Vec<f32>,
 }
@@ -116,6 +120,9 @@ impl Model {
             idx_q,
             cos: ccos,
             sin: csin,
+            entry_cos,
+            entry_sin,
+            rows: row_scratch,
             grouped,
         } = v4;
         // the projections of the input, one parallel region each
@@ -196,10 +203,11 @@ impl Model {
             let rows = row..row + p.tokens.len();
             p.mem.kv.store(il, p.pos0, &kv[rows.start * d..rows.end * d], &[]);
             if let (Some(cm), Some(state)) = (&a.compressor, p.mem.compressed[il].as_mut()) {
+                entry_cos.resize(half, 0.0);
+                entry_sin.resize(half, 0.0);
                 let mut rope = |pos: usize, entry: &mut [f32]| {
-                    let (mut cs, mut sn) = (vec![0.0; half], vec![0.0; half]);
-                    compress_angles(pos, &mut cs, &mut sn);
-                    rope_tail(entry, &cs, &sn);
+                    compress_angles(pos, entry_cos, entry_sin);
+                    rope_tail(entry, entry_cos, entry_sin);
                 };
                 let w = comp_kv.len() / n;
                 state.attn.push(
@@ -230,10 +238,19 @@ impl Model {
             let (keys, state) = (mem.kv.keys(il), mem.compressed[il].as_ref());
             let scale = 1.0 / (d as f32).sqrt();
             let idx_width = v.idx_heads * v.idx_dim;
+            // sized once for the most keys a row of this sequence can see, so that decoding allocates nothing
+            let most = state.map_or(0, |st| st.attn.visible(mem.kv.n_ctx() - 1));
+            if row_scratch.len() < p.tokens.len() {
+                row_scratch.resize_with(p.tokens.len(), RowScratch::default);
+            }
+            for rs in &mut row_scratch[..p.tokens.len()] {
+                rs.reserve(v.window + most, half);
+            }
             attn[rows.start * q_dim..rows.end * q_dim]
                 .par_chunks_mut(q_dim)
+                .zip(row_scratch.par_iter_mut())
                 .enumerate()
-                .for_each_init(RowScratch::default, |rs, (i, o)| {
+                .for_each(|(i, (o, rs))| {
                     let (r, pos) = (rows.start + i, p.pos0 + i);
                     // the entries this row sees: all visible ones, or the indexer's choice among them
                     rs.chosen.clear();
@@ -295,11 +312,25 @@ impl Model {
     }
 }
 
-/// One attention task's working space.
+/// One row's working space for its attention.
 #[derive(Default)]
 struct RowScratch {
     chosen: Vec<u32>,
     scores: Vec<f32>,
     weights: Vec<f32>,
     neg_sin: Vec<f32>,
+}
+
+impl RowScratch {
+    /// Room for `keys` keys and `half` angles (allocating only the first time).
+    fn reserve(&mut self, keys: usize, half: usize) {
+        for v in [&mut self.scores, &mut self.weights] {
+            v.clear();
+            v.reserve(keys);
+        }
+        self.chosen.clear();
+        self.chosen.reserve(keys);
+        self.neg_sin.clear();
+        self.neg_sin.reserve(half);
+    }
 }
