@@ -545,8 +545,7 @@ MODELS = [
     # the converted file is the mxfp4_moe fixture, and the f32 one is llama-quantize --allow-requantize ... F32 of it.
     # Measured: f32 agrees with transformers to 4.5e-6 (rms 9e-7, greedy 16/16); mxfp4_moe (llama.cpp's Q8_0
     # activations) 0.25 on its own sequence; the indexer's 4th/5th score gap is at least 4.4e-3 and the routers'
-    # 2nd/3rd 3e-4. TITAN does not run deepseek4 yet: until it does, its files stay out of tests/fixtures (the
-    # oracle test runs every manifest model), so generate it with --only deepseek4 and do not commit the result.
+    # 2nd/3rd 3e-4.
     {
         "name": "deepseek4", "arch": "deepseek4", "hf_class": "DeepseekV4ForCausalLM", "tokenizer": "qwen",
         "seed": 15, "venv": ".venv-tf5", "mxfp4_source": True,

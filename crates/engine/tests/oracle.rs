@@ -129,6 +129,11 @@ const LLAMA_TOLERANCE: &[(&str, &str, f32)] = &[
     ("llama4", "f16", 5e-3),  // 3.132e-3
     ("llama4", "q8_0", 4e-3), // 2.149e-3
     ("llama4", "q4_0", 5e-2), // 3.235e-2
+    // DeepSeek-V4 (hyper-connection streams, compressed entries of ratio 4 with the indexer and 128, sinks, grouped
+    // output, sqrt-softplus routing with a token table in layer 0). mxfp4_moe: a step as above at position 42 only
+    // (the continuation; positions 0-41 agree to 4e-6), which the KV cache carries on.
+    ("deepseek4", "f32", 6e-6),       // 3.934e-6
+    ("deepseek4", "mxfp4_moe", 3e-2), // 1.749e-2
 ];
 
 fn llama_tolerance(model: &str, file_type: &str) -> f32 {
