@@ -545,11 +545,14 @@ MODELS = [
     # the converted file is the mxfp4_moe fixture, and the f32 one is llama-quantize --allow-requantize ... F32 of it.
     # Measured: f32 agrees with transformers to 4.5e-6 (rms 9e-7, greedy 16/16); mxfp4_moe (llama.cpp's Q8_0
     # activations) 0.25 on its own sequence; the indexer's 4th/5th score gap is at least 4.4e-3 and the routers'
-    # 2nd/3rd 3e-4.
+    # 2nd/3rd 3e-4. The 52-token sequence completes no window of 128, so the model also has a 160-token one
+    # ("long_prompt": the prompt repeated), on which positions 127-159 see the first HCA entry.
     {
         "name": "deepseek4", "arch": "deepseek4", "hf_class": "DeepseekV4ForCausalLM", "tokenizer": "qwen",
         "seed": 15, "venv": ".venv-tf5", "mxfp4_source": True,
         "types": ["f32", "mxfp4_moe"],
+        # a window of 128 completes at position 127: the 52-token sequence never reaches one
+        "long_prompt": 160,
         "config": dict(
             hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, head_dim=64,
             q_lora_rank=32, partial_rotary_factor=0.25, hidden_act="silu", max_position_embeddings=1048576,
@@ -1321,6 +1324,27 @@ def make_model(spec: dict, tok_info: dict, tok_dir: Path) -> dict:
     hf_tok = AutoTokenizer.from_pretrained(hf_dir, use_fast=spec["tokenizer"] != "spm")
     hf_prompt_ids = [int(i) for i in hf_tok(PROMPT, add_special_tokens=True)["input_ids"]]
 
+    # A longer sequence for a model whose layers need more positions than the prompt and its continuation give
+    # (deepseek4: a window of 128 completes at position 127): the prompt repeated to `long_prompt` tokens, with
+    # transformers' logits (f32) and llama.cpp's on every committed file.
+    long = None
+    if spec.get("long_prompt"):
+        n_long = spec["long_prompt"]
+        long_ids = (prompt_ids * (n_long // len(prompt_ids) + 1))[:n_long]
+        hf_long = hf_logits(model, long_ids).astype(np.float32)
+        np.save(fdir / "hf_long_logits.npy", hf_long)
+        long = {"tokens": long_ids, "hf_logits": f"{name}/hf_long_logits.npy", "llama": {}}
+        for t, path in paths.items():
+            llm = open_llama(path)
+            ll_long = llama_batch_logits(llm, long_ids)
+            llm.close()
+            del llm
+            gc.collect()
+            np.save(fdir / f"llama_{t}_long.npy", ll_long)
+            long["llama"][t] = f"{name}/llama_{t}_long.npy"
+            log.info("%s/%s: %d-token sequence, llama.cpp vs transformers max|Δ| %.3e", name, t, n_long,
+                     float(np.abs(ll_long - hf_long).max()))
+
     summary = []
     for t, logits in llama_logits.items():
         row = {"model": name, "file": t if t in paths else f"{t} (not committed)",
@@ -1366,6 +1390,7 @@ def make_model(spec: dict, tok_info: dict, tok_dir: Path) -> dict:
                **({"mtp_logits": f"{name}/hf_mtp_logits.npy"} if spec.get("mtp_layers") else {})},
         "files": files,
         "tokenizer": tok_refs,
+        **({"long": long} if long else {}),
     })
     del model
     gc.collect()
