@@ -1170,6 +1170,82 @@ mod tests {
         Config::from_gguf(&GgufFile::open(path).unwrap())
     }
 
+    /// A deepseek4 header of 3 blocks as the converter writes it (ratios 0, 4, 128; 4 streams), with `edit`
+    /// applied last.
+    fn deepseek4(path: &Path, edit: impl FnOnce(&mut GgufWriter)) -> Result<Config> {
+        let keys = [
+            ("block_count", 3),
+            ("attention.head_count_kv", 1),
+            ("attention.key_length", 64),
+            ("attention.q_lora_rank", 32),
+            ("attention.sliding_window", 8),
+            ("attention.output_group_count", 2),
+            ("attention.output_lora_rank", 32),
+            ("attention.indexer.head_count", 8),
+            ("attention.indexer.key_length", 64),
+            ("attention.indexer.top_k", 4),
+            ("hyper_connection.count", 4),
+            ("hyper_connection.sinkhorn_iterations", 20),
+            ("hash_layer_count", 1),
+            ("expert_gating_func", 4),
+            ("expert_shared_count", 1),
+        ];
+        header(path, "deepseek4", &keys, 3, |w| {
+            let floats = |v: f32| Value::Array(titan_gguf::ValueType::F32, vec![Value::F32(v); 3]);
+            let ratios = [0, 4, 128].map(Value::I32).to_vec();
+            w.set(
+                "deepseek4.attention.compress_ratios",
+                Value::Array(titan_gguf::ValueType::I32, ratios),
+            );
+            w.set("deepseek4.attention.compress_rope_freq_base", Value::F32(160000.0));
+            w.set("deepseek4.hyper_connection.epsilon", Value::F32(1e-6));
+            w.set("deepseek4.swiglu_clamp_exp", floats(10.0));
+            w.set("deepseek4.swiglu_clamp_shexp", floats(10.0));
+            edit(w);
+        })
+    }
+
+    /// DeepSeek-V4's keys as llama.cpp reads them, and what TITAN refuses with a message that names the key:
+    /// other than 4 streams, a ratio other than 0/4/128, another scoring than sqrt-softplus, clamps that differ.
+    #[test]
+    fn deepseek4_keys_and_refusals() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        let c = deepseek4(&path("plain.gguf"), |_| {}).unwrap();
+        let v = c.v4.as_ref().unwrap();
+        assert_eq!(
+            (c.arch, c.scores, c.shared_ff, c.n_head_kv),
+            (Arch::DeepSeek4, Scores::SqrtSoftplus, 32, 1)
+        );
+        assert_eq!(
+            (v.hc, &v.ratios[..], v.hash_layers, v.idx_top_k),
+            (4, &[0, 4, 128][..], 1, 4)
+        );
+        assert_eq!(c.expert_act, Activation::ClampedSilu { limit: 10.0 });
+        let refused =
+            |name: &str, edit: &dyn Fn(&mut GgufWriter)| deepseek4(&path(name), |w| edit(w)).unwrap_err().to_string();
+        let e = refused("hc.gguf", &|w| w.set("deepseek4.hyper_connection.count", Value::U32(2)));
+        assert!(e.contains("deepseek4.hyper_connection.count is 2"), "{e}");
+        let e = refused("ratio.gguf", &|w| {
+            let ratios = [0, 8, 128].map(Value::I32).to_vec();
+            w.set(
+                "deepseek4.attention.compress_ratios",
+                Value::Array(titan_gguf::ValueType::I32, ratios),
+            );
+        });
+        assert!(e.contains("a ratio other than 0, 4 and 128"), "{e}");
+        let e = refused("gating.gguf", &|w| w.set("deepseek4.expert_gating_func", Value::U32(2)));
+        assert!(e.contains("deepseek4.expert_gating_func 2 is not supported"), "{e}");
+        let e = refused("clamp.gguf", &|w| {
+            let limits = [10.0, 7.0, 10.0].map(Value::F32).to_vec();
+            w.set(
+                "deepseek4.swiglu_clamp_exp",
+                Value::Array(titan_gguf::ValueType::F32, limits),
+            );
+        });
+        assert!(e.contains("deepseek4.swiglu_clamp_exp is [10.0, 7.0, 10.0]"), "{e}");
+    }
+
     /// MiniMax-M2 as llama.cpp reads it: q/k norms over all heads, RoPE on rope.dimension_count, the top-k
     /// weights renormalised even where expert_weights_norm says no, sigmoid scores without a key saying so
     /// (the converter writes one from scoring_func) and softmax only where the key asks for it.

@@ -96,7 +96,7 @@ impl Model {
     ) -> Result<()> {
         let c = &self.config;
         let v = c.v4.as_ref().expect("a DeepSeek-V4 layer has its shape");
-        let (n, d, nh, eps) = (h.len() / c.n_embd, c.head_dim, c.n_head, c.rms_eps);
+        let (n, d, eps) = (h.len() / c.n_embd, c.head_dim, c.rms_eps);
         let (half, q_dim) = (c.rope_dims / 2, c.q_dim());
         let ratio = v.ratios[il];
         let MixerScratch {
@@ -300,7 +300,6 @@ impl Model {
                 });
             row = rows.end;
         }
-        debug_assert_eq!(nh * d, q_dim);
 
         // the grouped output projection, then attn_output_b
         let (groups, group) = (a.wo_a.n, q_dim / a.wo_a.n);
