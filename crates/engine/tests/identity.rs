@@ -342,3 +342,26 @@ fn compressed_entries_do_not_depend_on_how_the_sequence_is_cut() {
         "cut back into the window of 128, the rest differs from one call"
     );
 }
+
+/// A DeepSeek-V4 file whose token-to-expert table names an expert the layer does not have is refused when it
+/// loads, with a message that says so, rather than indexing past the experts when that token comes.
+#[test]
+fn a_token_table_naming_a_missing_expert_is_refused() {
+    let src = fixtures().join("deepseek4/mxfp4_moe.gguf");
+    let (start, name) = {
+        let f = titan_gguf::GgufFile::open(&src).unwrap();
+        let t = f.tensor("blk.0.ffn_gate_tid2eid.weight").expect("the table");
+        ((f.data_offset + t.offset) as usize, t.name.clone())
+    };
+    let mut bytes = std::fs::read(&src).unwrap();
+    // token 0's first expert
+    bytes[start..start + 4].copy_from_slice(&99i32.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad-table.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let err = Model::load(&path).err().expect("refused").to_string();
+    assert!(
+        err.contains(&format!("tensor {name} names expert 99, but the layer has 8")),
+        "{err}"
+    );
+}
