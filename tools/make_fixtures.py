@@ -543,10 +543,50 @@ MODELS = [
             attn_scale=0.1, tie_word_embeddings=False,
         ),
     },
+    # DeepSeek-V4 (GGUF arch deepseek4; only transformers 5.x has DeepseekV4ForCausalLM, so it is built in .venv-tf5),
+    # the real model's structure scaled down (docs/deepseek4.md): 4 hyper-connection streams (llama.cpp asserts 4)
+    # with 20 Sinkhorn iterations, one layer of each attention kind (compress ratios 0, 4, 128: sliding window only,
+    # CSA with the lightning indexer, HCA; llama.cpp hard-codes 4 and 128), a sliding window of 8 (< the 36-token
+    # prompt), head_dim 64 = the indexer's head dim (llama.cpp's indexer needs at least 64) with RoPE on the last 16,
+    # q-LoRA 32, 2 output groups of rank 32, 8 indexer heads keeping the top 4 of the compressed entries, YaRN on the
+    # compressed layers only (factor 16, original context 65536, as the real config; attention_factor 1, as llama.cpp
+    # cancels YaRN's magnitude scale), the first layer routed by the token-to-expert table, 8 experts top-2 with
+    # sqrt-softplus scores, a non-zero correction bias, renormalised and scaled by 1.5, the SwiGLU clamp at 10, one
+    # shared expert. The converter reads only the original checkpoint layout and always packs the experts as MXFP4:
+    # write_deepseek4_checkpoint rounds the experts to MXFP4 values in the reference model and writes that layout;
+    # the converted file is the mxfp4_moe fixture, and the f32 one is llama-quantize --allow-requantize ... F32 of it.
+    # Measured: f32 agrees with transformers to 4.5e-6 (rms 9e-7, greedy 16/16); mxfp4_moe (llama.cpp's Q8_0
+    # activations) 0.25 on its own sequence; the indexer's 4th/5th score gap is at least 4.4e-3 and the routers'
+    # 2nd/3rd 3e-4. The 52-token sequence completes no window of 128, so the model also has a 160-token one
+    # ("long_prompt": the prompt repeated), on which positions 127-159 see the first HCA entry.
+    {
+        "name": "deepseek4", "arch": "deepseek4", "hf_class": "DeepseekV4ForCausalLM", "tokenizer": "qwen",
+        "seed": 15, "venv": ".venv-tf5", "mxfp4_source": True,
+        "types": ["f32", "mxfp4_moe"],
+        # a window of 128 completes at position 127: the 52-token sequence never reaches one
+        "long_prompt": 160,
+        "config": dict(
+            hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, head_dim=64,
+            q_lora_rank=32, partial_rotary_factor=0.25, hidden_act="silu", max_position_embeddings=1048576,
+            rms_norm_eps=1e-6,
+            rope_parameters=dict(
+                main=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+                compress=dict(rope_type="yarn", rope_theta=160000.0, partial_rotary_factor=0.25, factor=16.0,
+                              original_max_position_embeddings=65536, beta_fast=32.0, beta_slow=1.0,
+                              attention_factor=1.0, truncate=True)),
+            layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+            mlp_layer_types=["hash_moe", "moe", "moe"], sliding_window=8, o_groups=2, o_lora_rank=32,
+            index_n_heads=8, index_head_dim=64, index_topk=4, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
+            n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, scoring_func="sqrtsoftplus",
+            norm_topk_prob=True, routed_scaling_factor=1.5, swiglu_limit=10.0, num_nextn_predict_layers=0,
+            tie_word_embeddings=False,
+        ),
+    },
 ]
 
 CONVERTER_TYPES = {"f32", "f16", "bf16"}
 QUANT_FTYPES = {
+    "f32": "LLAMA_FTYPE_ALL_F32",  # from a quantised source only (allow_requantize)
     "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
     "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
     "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1",
@@ -612,6 +652,9 @@ def build_hf_model(spec: dict, tok_info: dict, hf_dir: Path):
                 # DeepSeek-V3's selection bias (a buffer, zeros at init): N(0, 0.1^2), the spread of the sigmoid scores
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
     hf_dir.mkdir(parents=True, exist_ok=True)
+    if spec["hf_class"] == "DeepseekV4ForCausalLM":
+        write_deepseek4_checkpoint(model, config, hf_dir, g)
+        return model, config
     model.save_pretrained(hf_dir, safe_serialization=True)
     if spec.get("mtp_layers"):
         if spec["hf_class"] in ("Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM"):
@@ -620,6 +663,119 @@ def build_hf_model(spec: dict, tok_info: dict, hf_dir: Path):
             add_glm_mtp(hf_dir, config, spec["mtp_layers"], g)
     match_llama_cpp(model, config)
     return model, config
+
+
+# MXFP4 (e2m1) magnitudes; a code's low three bits index them, bit 3 is the sign.
+FP4_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def mxfp4_round(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rounds the rows of `w` (length a multiple of 32) to MXFP4: per 32 values a power-of-two scale that puts the
+    largest magnitude at most 6, each value the nearest e2m1 step. Returns the rounded values, the packed codes
+    (uint8 [rows, cols/2], element 2i in the low nibble) and the E8M0 scales (uint8 [rows, cols/32]) as DeepSeek-V4's
+    checkpoints store them."""
+    rows, cols = w.shape
+    blocks = w.reshape(rows, cols // 32, 32)
+    amax = blocks.abs().amax(dim=-1, keepdim=True).clamp(min=2.0 ** -100)
+    exp = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    scaled = blocks / torch.exp2(exp)
+    mag = (scaled.abs().unsqueeze(-1) - FP4_E2M1).abs().argmin(dim=-1)
+    codes = (mag | ((scaled < 0) & (mag > 0)).long() << 3).to(torch.uint8)
+    sign = torch.where(codes >= 8, -1.0, 1.0)
+    values = (sign * FP4_E2M1[mag] * torch.exp2(exp)).reshape(rows, cols)
+    flat = codes.reshape(rows, cols)
+    packed = (flat[:, 0::2] | (flat[:, 1::2] << 4)).contiguous()
+    scales = (exp.squeeze(-1) + 127).to(torch.uint8).contiguous()
+    return values, packed, scales
+
+
+def write_deepseek4_checkpoint(model, config, hf_dir: Path, g: torch.Generator) -> None:
+    """llama.cpp's DeepSeek-V4 converter reads only the original checkpoint layout (embed / head / layers.N.attn.*,
+    routed experts as MXFP4 codes + E8M0 scales) and the original config keys; transformers saves its own names. So:
+    draw what transformers' init leaves constant (hyper-connection bases and scales, compressor position biases,
+    the token-to-expert table of the hash-routed layers), round the routed experts to MXFP4 values in the reference
+    model, and write the checkpoint and config.json the converter expects."""
+    from safetensors.torch import save_file
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("_hc.base", "hc_head.hc_base")):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            elif name.endswith(("_hc.scale", "hc_head.hc_scale")):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("position_bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+        for name, b in model.named_buffers():
+            if name.endswith("tid2eid"):
+                # distinct experts per token, drawn per token
+                b.copy_(torch.stack([torch.randperm(config.n_routed_experts, generator=g)[: b.shape[1]]
+                                     for _ in range(b.shape[0])]))
+    out: dict[str, torch.Tensor] = {}
+    inter = config.moe_intermediate_size
+    names = {
+        "self_attn.sinks": "attn.attn_sink", "self_attn.q_a_proj.weight": "attn.wq_a.weight",
+        "self_attn.q_a_norm.weight": "attn.q_norm.weight", "self_attn.q_b_proj.weight": "attn.wq_b.weight",
+        "self_attn.kv_proj.weight": "attn.wkv.weight", "self_attn.kv_norm.weight": "attn.kv_norm.weight",
+        "self_attn.o_a_proj.weight": "attn.wo_a.weight", "self_attn.o_b_proj.weight": "attn.wo_b.weight",
+        "self_attn.compressor.position_bias": "attn.compressor.ape",
+        "self_attn.compressor.kv_proj.weight": "attn.compressor.wkv.weight",
+        "self_attn.compressor.gate_proj.weight": "attn.compressor.wgate.weight",
+        "self_attn.compressor.kv_norm.weight": "attn.compressor.norm.weight",
+        "self_attn.compressor.indexer.position_bias": "attn.indexer.compressor.ape",
+        "self_attn.compressor.indexer.kv_proj.weight": "attn.indexer.compressor.wkv.weight",
+        "self_attn.compressor.indexer.gate_proj.weight": "attn.indexer.compressor.wgate.weight",
+        "self_attn.compressor.indexer.kv_norm.weight": "attn.indexer.compressor.norm.weight",
+        "self_attn.compressor.indexer.q_b_proj.weight": "attn.indexer.wq_b.weight",
+        "self_attn.compressor.indexer.scorer.weights_proj.weight": "attn.indexer.weights_proj.weight",
+        "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+        "attn_hc.fn": "hc_attn_fn", "attn_hc.base": "hc_attn_base", "attn_hc.scale": "hc_attn_scale",
+        "ffn_hc.fn": "hc_ffn_fn", "ffn_hc.base": "hc_ffn_base", "ffn_hc.scale": "hc_ffn_scale",
+        "mlp.gate.weight": "ffn.gate.weight", "mlp.gate.e_score_correction_bias": "ffn.gate.bias",
+        "mlp.gate.tid2eid": "ffn.gate.tid2eid",
+        "mlp.shared_experts.gate_proj.weight": "ffn.shared_experts.w1.weight",
+        "mlp.shared_experts.down_proj.weight": "ffn.shared_experts.w2.weight",
+        "mlp.shared_experts.up_proj.weight": "ffn.shared_experts.w3.weight",
+    }
+    top = {"model.embed_tokens.weight": "embed.weight", "lm_head.weight": "head.weight",
+           "model.norm.weight": "norm.weight", "model.hc_head.hc_fn": "hc_head_fn",
+           "model.hc_head.hc_base": "hc_head_base", "model.hc_head.hc_scale": "hc_head_scale"}
+    state = model.state_dict()
+    with torch.no_grad():
+        for key, t in state.items():
+            if "rotary_emb" in key:
+                continue
+            if key in top:
+                out[top[key]] = t.contiguous()
+                continue
+            layer, rest = key.removeprefix("model.layers.").split(".", 1)
+            if rest == "mlp.experts.gate_up_proj":
+                down = state[f"model.layers.{layer}.mlp.experts.down_proj"]
+                for e in range(t.shape[0]):
+                    for k, w in (("w1", t[e, :inter]), ("w3", t[e, inter:]), ("w2", down[e])):
+                        values, packed, scales = mxfp4_round(w.float())
+                        w.copy_(values)  # the reference model runs the MXFP4 values
+                        out[f"layers.{layer}.ffn.experts.{e}.{k}.weight"] = packed
+                        out[f"layers.{layer}.ffn.experts.{e}.{k}.scale"] = scales
+            elif rest == "mlp.experts.down_proj":
+                continue  # written with gate_up_proj
+            else:
+                out[f"layers.{layer}.{names[rest]}"] = t.contiguous()
+    save_file(out, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    # The original config's keys, which the converter reads (transformers folds them into its own at load).
+    ratio = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+    compress = config.rope_parameters["compress"]
+    cfg = config.to_dict()
+    cfg.update(
+        architectures=["DeepseekV4ForCausalLM"],
+        compress_ratios=[ratio[t] for t in config.layer_types],
+        num_hash_layers=config.mlp_layer_types.count("hash_moe"),
+        qk_rope_head_dim=config.qk_rope_head_dim,
+        rope_theta=config.rope_parameters["main"]["rope_theta"],
+        compress_rope_theta=compress["rope_theta"],
+        rope_scaling={k: compress[k] for k in ("factor", "original_max_position_embeddings", "beta_fast",
+                                                "beta_slow")} | {"type": "yarn"},
+    )
+    (hf_dir / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
 def add_qwen_mtp(config, hf_dir: Path, n: int, g) -> None:
@@ -931,9 +1087,10 @@ class stderr_to(object):
         self.f.close()
 
 
-def quantize(src: Path, out: Path, qtype: str) -> None:
+def quantize(src: Path, out: Path, qtype: str, allow_requantize: bool = False) -> None:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, QUANT_FTYPES[qtype])
+    params.allow_requantize = allow_requantize
     params.nthread = 2
     with stderr_to(WORK / "quantize.log"):
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params))
@@ -1108,13 +1265,22 @@ def make_model(spec: dict, tok_info: dict, tok_dir: Path) -> dict:
 
     # --- GGUF files
     f32_path = WORK / name / "f32.gguf"
-    convert(hf_dir, f32_path, "f32", pre, conv_args, spec.get("gpt2_vocab"))
+    if spec.get("mxfp4_source"):
+        # The converter packs the experts as MXFP4 whatever --outtype says: its file is the mxfp4_moe one, and the
+        # f32 file is that one requantised to F32 (the MXFP4 values exactly, as the reference model runs them).
+        mxfp4_path = WORK / name / "mxfp4_moe.gguf"
+        convert(hf_dir, mxfp4_path, "f32", pre, conv_args, spec.get("gpt2_vocab"))
+        quantize(mxfp4_path, f32_path, "f32", allow_requantize=True)
+    else:
+        convert(hf_dir, f32_path, "f32", pre, conv_args, spec.get("gpt2_vocab"))
     paths: dict[str, Path] = {}
     gguf_files: list[tuple[str, str]] = []
     for t in spec["types"]:
         dst = fdir / f"{t}.gguf"
         if t == "f32":
             shutil.copy(f32_path, dst)
+        elif t == "mxfp4_moe" and spec.get("mxfp4_source"):
+            shutil.copy(mxfp4_path, dst)
         elif t in CONVERTER_TYPES:
             convert(hf_dir, dst, t, pre, conv_args, spec.get("gpt2_vocab"))
         else:
@@ -1185,6 +1351,27 @@ def make_model(spec: dict, tok_info: dict, tok_dir: Path) -> dict:
     hf_tok = AutoTokenizer.from_pretrained(hf_dir, use_fast=spec["tokenizer"] != "spm")
     hf_prompt_ids = [int(i) for i in hf_tok(PROMPT, add_special_tokens=True)["input_ids"]]
 
+    # A longer sequence for a model whose layers need more positions than the prompt and its continuation give
+    # (deepseek4: a window of 128 completes at position 127): the prompt repeated to `long_prompt` tokens, with
+    # transformers' logits (f32) and llama.cpp's on every committed file.
+    long = None
+    if spec.get("long_prompt"):
+        n_long = spec["long_prompt"]
+        long_ids = (prompt_ids * (n_long // len(prompt_ids) + 1))[:n_long]
+        hf_long = hf_logits(model, long_ids).astype(np.float32)
+        np.save(fdir / "hf_long_logits.npy", hf_long)
+        long = {"tokens": long_ids, "hf_logits": f"{name}/hf_long_logits.npy", "llama": {}}
+        for t, path in paths.items():
+            llm = open_llama(path)
+            ll_long = llama_batch_logits(llm, long_ids)
+            llm.close()
+            del llm
+            gc.collect()
+            np.save(fdir / f"llama_{t}_long.npy", ll_long)
+            long["llama"][t] = f"{name}/llama_{t}_long.npy"
+            log.info("%s/%s: %d-token sequence, llama.cpp vs transformers max|Δ| %.3e", name, t, n_long,
+                     float(np.abs(ll_long - hf_long).max()))
+
     summary = []
     for t, logits in llama_logits.items():
         row = {"model": name, "file": t if t in paths else f"{t} (not committed)",
@@ -1230,6 +1417,7 @@ def make_model(spec: dict, tok_info: dict, tok_dir: Path) -> dict:
                **({"mtp_logits": f"{name}/hf_mtp_logits.npy"} if spec.get("mtp_layers") else {})},
         "files": files,
         "tokenizer": tok_refs,
+        **({"long": long} if long else {}),
     })
     del model
     gc.collect()

@@ -30,6 +30,7 @@ fn any_node_count_and_placement_gives_the_single_node_trace() {
         "glm4moe/q8_0.gguf",
         "minimax-m2/q4_0.gguf",
         "llama4/q8_0.gguf",
+        "deepseek4/mxfp4_moe.gguf",
     ] {
         let dir = tempfile::tempdir().unwrap();
         let m = fixture(model);
@@ -452,6 +453,7 @@ fn workers_serving_shards_give_the_single_node_trace() {
         "deepseek3/q4_0.gguf",
         "glm4moe/q4_0.gguf",
         "minimax-m2/q8_0.gguf",
+        "deepseek4/mxfp4_moe.gguf",
     ] {
         let dir = tempfile::tempdir().unwrap();
         let m = fixture(model);

@@ -228,7 +228,7 @@ impl Group {
 
 /// Softmax in place with one more logit, `sink`, in the denominator only: the weights sum to less than
 /// one by what the sink takes (llama.cpp's soft_max with sinks).
-fn softmax_with_sink(x: &mut [f32], sink: f32) {
+pub(crate) fn softmax_with_sink(x: &mut [f32], sink: f32) {
     let max = x.iter().copied().fold(sink, f32::max);
     x.iter_mut().for_each(|v| *v -= max);
     titan_kernels::exp_in_place(x);

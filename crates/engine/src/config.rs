@@ -35,6 +35,11 @@ pub enum Arch {
     /// layers of four and no RoPE on the fourth (with the attention temperature tuning instead), weightless
     /// q/k RMS norms after RoPE, and RoPE frequencies divided by the file's `rope_freqs`.
     Llama4,
+    /// DeepSeek-V4: hyper-connection streams as the residual, q-LoRA attention with one head that is key and
+    /// value, a sliding window plus compressed entries (with the lightning indexer at ratio 4), sinks, a
+    /// grouped output projection, sqrt-softplus routing (by a token table in the first layers) and a clamped
+    /// SwiGLU (docs/deepseek4.md).
+    DeepSeek4,
 }
 
 /// llama.cpp's constants for Llama 4 (`llama_model_llama4::load_arch_hparams`; the files carry no key for
@@ -61,7 +66,50 @@ pub enum Activation {
     Silu,
     /// gpt-oss: g · sigmoid(alpha · g) · (u + 1), with g = min(gate, limit) and u = up clamped to ±limit.
     ClampedSwiglu { alpha: f32, limit: f32 },
+    /// DeepSeek-V4: silu(min(gate, limit)) · up clamped to ±limit.
+    ClampedSilu { limit: f32 },
 }
+
+/// How router logits become expert scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scores {
+    /// A softmax over all experts.
+    Softmax,
+    /// A sigmoid of each (DeepSeek-V3).
+    Sigmoid,
+    /// sqrt(softplus(logit)) of each (DeepSeek-V4).
+    SqrtSoftplus,
+}
+
+/// DeepSeek-V4's own dimensions (docs/deepseek4.md), from the file's keys.
+#[derive(Clone, Debug, PartialEq)]
+pub struct V4Shape {
+    /// `attention.q_lora_rank`.
+    pub q_lora: usize,
+    /// Hyper-connection streams (`hyper_connection.count`), Sinkhorn iterations and epsilon.
+    pub hc: usize,
+    pub sinkhorn_iters: usize,
+    pub hc_eps: f32,
+    /// Raw positions every layer's query sees (`attention.sliding_window`).
+    pub window: usize,
+    /// Per layer: 0 (the window alone), 4 (compressed entries chosen by the indexer) or 128.
+    pub ratios: Vec<usize>,
+    /// The compressed layers' RoPE: their own base, with YaRN (magnitude scale 1) where the file has it.
+    pub compress_base: f32,
+    pub compress_yarn: Option<Yarn>,
+    /// The output projection's groups and rank (`attention.output_group_count`, `output_lora_rank`).
+    pub out_groups: usize,
+    pub out_rank: usize,
+    /// The lightning indexer's heads, head size and how many entries it keeps.
+    pub idx_heads: usize,
+    pub idx_dim: usize,
+    pub idx_top_k: usize,
+    /// The first layers choose their experts by the token (`hash_layer_count`).
+    pub hash_layers: usize,
+}
+
+/// The compression ratios llama.cpp knows: the window alone, the indexed one (CSA) and the heavy one (HCA).
+pub const V4_RATIOS: [usize; 3] = [0, 4, 128];
 
 /// Multi-head latent attention's dimensions (DeepSeek-V2/V3): keys and values are decompressed per head
 /// from one shared latent vector per position, which is all the cache holds (with the RoPE part of the
@@ -187,8 +235,8 @@ pub struct Config {
     /// After those, every `moe_every`-th layer has experts and the others are dense (Llama 4's
     /// `interleave_moe_layer_step`; 1 elsewhere).
     pub moe_every: usize,
-    /// Expert scores by sigmoid instead of softmax (DeepSeek-V3).
-    pub sigmoid_scores: bool,
+    /// How the router's logits score the experts.
+    pub scores: Scores,
     /// Group-limited expert choice: experts in `expert_groups` groups, chosen from the best
     /// `expert_groups_used` (1 and 1: no groups).
     pub expert_groups: usize,
@@ -213,6 +261,10 @@ pub struct Config {
     /// Experts are chosen by their raw logits and weighed by a softmax over the chosen ones (gpt-oss).
     pub softmax_chosen: bool,
     pub expert_act: Activation,
+    /// The shared expert's activation (DeepSeek-V4 clamps it; silu elsewhere).
+    pub shared_act: Activation,
+    /// DeepSeek-V4's hyper-connections, compressed attention and token-routed layers.
+    pub v4: Option<V4Shape>,
 }
 
 /// YaRN's RoPE scaling, as llama.cpp applies it (`rope_yarn` in ggml, its factors in `llama_context`).
@@ -316,10 +368,11 @@ impl Config {
             "glm4moe" => Arch::Glm4Moe,
             "minimax-m2" => Arch::MiniMaxM2,
             "llama4" => Arch::Llama4,
+            "deepseek4" => Arch::DeepSeek4,
             "llama" => return Err(bad("architecture llama without experts (a dense model) is not supported: TITAN runs mixture-of-experts models".into())),
             other => {
                 return Err(bad(format!(
-                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, qwen35, deepseek2, gpt-oss, glm4moe, minimax-m2, llama4)"
+                    "unsupported architecture {other:?} (supported: qwen3moe, qwen2moe, olmoe, llama with experts, qwen3next, qwen35moe, qwen35, deepseek2, deepseek4, gpt-oss, glm4moe, minimax-m2, llama4)"
                 )))
             }
         };
@@ -381,7 +434,7 @@ impl Config {
         // has one of that size and no key for it.
         let shared_ff = match f.get_u64(&k("expert_shared_count"))? {
             _ if arch == Arch::Llama4 => expert_ff,
-            Some(n) if matches!(arch, Arch::DeepSeek2 | Arch::Glm4Moe) => n as usize * expert_ff,
+            Some(n) if matches!(arch, Arch::DeepSeek2 | Arch::DeepSeek4 | Arch::Glm4Moe) => n as usize * expert_ff,
             _ => f.get_u64(&k("expert_shared_feed_forward_length"))?.unwrap_or(0) as usize,
         };
         let moe_every = match f.get_u64(&k("interleave_moe_layer_step"))? {
@@ -400,14 +453,23 @@ impl Config {
         } else {
             0
         };
-        // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid; absent means softmax, except for GLM and
-        // MiniMax-M2, whose routers know only sigmoid (transformers' MiniMax-M2 router has no other; llama.cpp
-        // has no default for it and stops at the missing key). Llama 4 is sigmoid whatever the file says.
-        let sigmoid_scores = match f.get_u64(&k("expert_gating_func"))? {
-            _ if arch == Arch::Llama4 => true,
-            None => matches!(arch, Arch::Glm4Moe | Arch::MiniMaxM2),
-            Some(1) => false,
-            Some(2) => true,
+        // llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid, 4 sqrt-softplus (DeepSeek-V4, which knows no
+        // other); absent means softmax, except for GLM and MiniMax-M2, whose routers know only sigmoid
+        // (transformers' MiniMax-M2 router has no other; llama.cpp has no default for it and stops at the missing
+        // key). Llama 4 is sigmoid whatever the file says.
+        let scores = match f.get_u64(&k("expert_gating_func"))? {
+            _ if arch == Arch::Llama4 => Scores::Sigmoid,
+            Some(4) if arch == Arch::DeepSeek4 => Scores::SqrtSoftplus,
+            g if arch == Arch::DeepSeek4 => {
+                return Err(bad(format!(
+                    "{} {} is not supported: DeepSeek-V4 routes by sqrt-softplus (4)",
+                    k("expert_gating_func"),
+                    g.map_or("absent".to_string(), |g| g.to_string())
+                )))
+            }
+            None if matches!(arch, Arch::Glm4Moe | Arch::MiniMaxM2) => Scores::Sigmoid,
+            None | Some(1) => Scores::Softmax,
+            Some(2) => Scores::Sigmoid,
             Some(g) => {
                 return Err(bad(format!(
                     "{} {g} is not supported (1 softmax, 2 sigmoid)",
@@ -477,7 +539,7 @@ impl Config {
             Arch::Olmoe => (RopeStyle::Halves, QkNorm::Whole, false, false),
             Arch::Mixtral => (RopeStyle::Adjacent, QkNorm::None, false, true),
             Arch::Qwen3Next | Arch::Qwen35Moe | Arch::Qwen35 => (RopeStyle::Halves, QkNorm::PerHead, false, true),
-            Arch::DeepSeek2 => (RopeStyle::Adjacent, QkNorm::None, false, false),
+            Arch::DeepSeek2 | Arch::DeepSeek4 => (RopeStyle::Adjacent, QkNorm::None, false, false),
             Arch::GptOss => (RopeStyle::Halves, QkNorm::None, true, false),
             // GLM-4.5 has q/k norms, GLM-4.5-Air has none; both have q/k/v biases (attention_bias).
             Arch::Glm4Moe => {
@@ -532,6 +594,11 @@ impl Config {
         } else {
             (vec![Mixer::Attention; n_layer], None)
         };
+        let v4 = if arch == Arch::DeepSeek4 {
+            Some(v4_shape(f, &k, n_layer, n_embd, yarn).map_err(bad)?)
+        } else {
+            None
+        };
 
         for (key, value, ok, range) in [
             (
@@ -578,12 +645,13 @@ impl Config {
             dense_lead,
             dense_ff,
             moe_every,
-            sigmoid_scores,
+            scores,
             expert_groups,
             expert_groups_used,
             expert_weights_scale,
-            shared_gated: !matches!(arch, Arch::DeepSeek2 | Arch::Glm4Moe | Arch::Llama4),
-            yarn,
+            shared_gated: !matches!(arch, Arch::DeepSeek2 | Arch::DeepSeek4 | Arch::Glm4Moe | Arch::Llama4),
+            // DeepSeek-V4's YaRN is its compressed layers' alone (`V4Shape::compress_yarn`).
+            yarn: if arch == Arch::DeepSeek4 { None } else { yarn },
             sliding,
             sliding_window,
             chunked,
@@ -592,14 +660,19 @@ impl Config {
             weigh_input: arch == Arch::Llama4,
             softmax_chosen: gpt_oss,
             // llama.cpp's constants for gpt-oss (the files carry no key for them)
-            expert_act: if gpt_oss {
-                Activation::ClampedSwiglu {
+            expert_act: match &v4 {
+                _ if gpt_oss => Activation::ClampedSwiglu {
                     alpha: 1.702,
                     limit: 7.0,
-                }
-            } else {
-                Activation::Silu
+                },
+                Some((_, limits)) => Activation::ClampedSilu { limit: limits.0 },
+                None => Activation::Silu,
             },
+            shared_act: match &v4 {
+                Some((_, limits)) => Activation::ClampedSilu { limit: limits.1 },
+                None => Activation::Silu,
+            },
+            v4: v4.map(|(shape, _)| shape),
         };
         c.validate().map_err(bad)?;
         Ok(c)
@@ -677,6 +750,21 @@ impl Config {
                 self.rope_dims, self.head_dim
             ));
         }
+        if let Some(v) = &self.v4 {
+            let out = self.q_dim();
+            if self.n_head_kv != 1 || !out.is_multiple_of(v.out_groups.max(1)) || v.out_groups == 0 {
+                return Err(format!(
+                    "DeepSeek-V4 attention with {} KV heads and {out} outputs in {} groups is not supported (one KV head, equal groups)",
+                    self.n_head_kv, v.out_groups
+                ));
+            }
+            if v.ratios.contains(&4) && self.rope_dims > v.idx_dim {
+                return Err(format!(
+                    "rope.dimension_count {} does not fit the indexer's head size {}",
+                    self.rope_dims, v.idx_dim
+                ));
+            }
+        }
         if matches!(self.arch, Arch::Qwen2Moe | Arch::Qwen3Next | Arch::Qwen35Moe) && self.shared_ff == 0 {
             return Err(format!("{} needs expert_shared_feed_forward_length", self.arch_name));
         }
@@ -733,9 +821,19 @@ impl Config {
         let recurrent = self.delta_net.map_or(0, |s| {
             (self.n_layer - self.n_attention_layers()) * crate::delta_net::DeltaState::bytes(&s)
         });
-        // latent attention keeps keys only: its values are read out of them
-        let tensors = if self.mla.is_some() { 1 } else { 2 };
-        tensors * 4 * self.n_attention_layers() as u128 * n_ctx as u128 * self.kv_dim() as u128 + recurrent as u128
+        // latent attention keeps keys only: its values are read out of them; DeepSeek-V4's keys are its values
+        let tensors = if self.mla.is_some() || self.v4.is_some() { 1 } else { 2 };
+        let compressed: u128 = self.v4.as_ref().map_or(0, |v| {
+            let d = self.head_dim as u128;
+            v.ratios
+                .iter()
+                .map(|&r| crate::compressed::LayerState::floats(r, d as usize, v.idx_dim, n_ctx) as u128)
+                .sum::<u128>()
+                * 4
+        });
+        tensors * 4 * self.n_attention_layers() as u128 * n_ctx as u128 * self.kv_dim() as u128
+            + recurrent as u128
+            + compressed
     }
 
     /// Bytes of the KV cache of the MTP block, for a sequence of `n_ctx` positions that drafts with it (one
@@ -785,6 +883,131 @@ fn llama4_layers(
     };
     let nope = (0..n_layer).map(|il| (il + 1) % LLAMA4_PATTERN == 0).collect();
     Ok((chunked, nope))
+}
+
+/// DeepSeek-V4's dimensions, and its experts' and shared expert's SwiGLU clamps, refused where llama.cpp's
+/// graph would not run them (four streams, ratios 0/4/128, one KV head) or where TITAN does not (clamps that
+/// differ between layers). `yarn` is the file's RoPE scaling, which only the compressed layers take.
+#[allow(clippy::type_complexity)]
+fn v4_shape(
+    f: &GgufFile,
+    k: &dyn Fn(&str) -> String,
+    n_layer: usize,
+    n_embd: usize,
+    yarn: Option<Yarn>,
+) -> std::result::Result<(V4Shape, (f32, f32)), String> {
+    let get = |key: &str| -> std::result::Result<Option<u64>, String> { f.get_u64(&k(key)).map_err(|e| e.to_string()) };
+    let need = |key: &str| {
+        get(key)?
+            .map(|v| v as usize)
+            .ok_or_else(|| format!("missing {}", k(key)))
+    };
+    let float = |key: &str| -> std::result::Result<f32, String> {
+        f.get_f64(&k(key))
+            .map_err(|e| e.to_string())?
+            .map(|v| v as f32)
+            .ok_or_else(|| format!("missing {}", k(key)))
+    };
+    let array = |key: &str| -> std::result::Result<Vec<titan_gguf::Value>, String> {
+        let a = f
+            .get_array(&k(key))
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("missing {}", k(key)))?;
+        if a.len() != n_layer {
+            return Err(format!("{} has {} entries for {n_layer} layers", k(key), a.len()));
+        }
+        Ok(a.to_vec())
+    };
+    let ratios = array("attention.compress_ratios")?
+        .iter()
+        .map(|v| v.as_i64().filter(|r| *r >= 0).map(|r| r as usize))
+        .collect::<Option<Vec<usize>>>()
+        .filter(|r| r.iter().all(|r| V4_RATIOS.contains(r)))
+        .ok_or_else(|| {
+            format!(
+                "{} holds a ratio other than 0, 4 and 128",
+                k("attention.compress_ratios")
+            )
+        })?;
+    // One clamp for all layers: TITAN's experts take one activation (a node computes it from the file too).
+    let clamp = |key: &str| -> std::result::Result<f32, String> {
+        let values = array(key)?
+            .iter()
+            .map(|v| v.as_f64().map(|v| v as f32))
+            .collect::<Option<Vec<f32>>>()
+            .ok_or_else(|| format!("{} is not an array of numbers", k(key)))?;
+        match values[..] {
+            [first, ..] if values.iter().all(|&v| v == first) && first.is_finite() && first > 0.0 => Ok(first),
+            _ => Err(format!(
+                "{} is {values:?}: TITAN runs one positive clamp for all layers",
+                k(key)
+            )),
+        }
+    };
+    let limits = (clamp("swiglu_clamp_exp")?, clamp("swiglu_clamp_shexp")?);
+    let hc = need("hyper_connection.count")?;
+    let shape = V4Shape {
+        q_lora: need("attention.q_lora_rank")?,
+        hc,
+        sinkhorn_iters: need("hyper_connection.sinkhorn_iterations")?,
+        hc_eps: float("hyper_connection.epsilon")?,
+        window: need("attention.sliding_window")?,
+        compress_base: float("attention.compress_rope_freq_base")?,
+        // The attention factor cancels YaRN's magnitude scale, which is what a log multiplier of 1 gives.
+        compress_yarn: yarn.map(|y| Yarn {
+            log_mul: 1.0,
+            deepseek: false,
+            ..y
+        }),
+        out_groups: need("attention.output_group_count")?,
+        out_rank: need("attention.output_lora_rank")?,
+        idx_heads: get("attention.indexer.head_count")?.unwrap_or(0) as usize,
+        idx_dim: get("attention.indexer.key_length")?.unwrap_or(0) as usize,
+        idx_top_k: get("attention.indexer.top_k")?.unwrap_or(0) as usize,
+        hash_layers: get("hash_layer_count")?.unwrap_or(0) as usize,
+        ratios,
+    };
+    if hc != 4 {
+        return Err(format!(
+            "{} is {hc}; DeepSeek-V4 has 4 streams",
+            k("hyper_connection.count")
+        ));
+    }
+    if let Some(out) = get("embedding_length_out")? {
+        if out as usize != hc * n_embd {
+            return Err(format!("{} is {out}, not {hc} × {n_embd}", k("embedding_length_out")));
+        }
+    }
+    if shape.q_lora == 0 || shape.window == 0 || shape.out_rank == 0 || shape.sinkhorn_iters == 0 {
+        return Err(format!(
+            "q_lora_rank {}, sliding_window {}, output_lora_rank {} and sinkhorn_iterations {} must be positive",
+            shape.q_lora, shape.window, shape.out_rank, shape.sinkhorn_iters
+        ));
+    }
+    if !(shape.hc_eps.is_finite()
+        && shape.hc_eps >= 0.0
+        && shape.compress_base.is_finite()
+        && shape.compress_base > 1.0)
+    {
+        return Err(format!(
+            "hyper_connection.epsilon {} and compress_rope_freq_base {} are out of range",
+            shape.hc_eps, shape.compress_base
+        ));
+    }
+    if shape.ratios.contains(&4) && (shape.idx_heads == 0 || shape.idx_dim == 0 || shape.idx_top_k == 0) {
+        return Err(format!(
+            "a ratio-4 layer needs the indexer's head_count, key_length and top_k (got {}, {}, {})",
+            shape.idx_heads, shape.idx_dim, shape.idx_top_k
+        ));
+    }
+    if shape.hash_layers > n_layer {
+        return Err(format!(
+            "{} {} exceeds {n_layer} layers",
+            k("hash_layer_count"),
+            shape.hash_layers
+        ));
+    }
+    Ok((shape, limits))
 }
 
 /// DeepSeek's latent-attention dimensions.
@@ -956,6 +1179,82 @@ mod tests {
         Config::from_gguf(&GgufFile::open(path).unwrap())
     }
 
+    /// A deepseek4 header of 3 blocks as the converter writes it (ratios 0, 4, 128; 4 streams), with `edit`
+    /// applied last.
+    fn deepseek4(path: &Path, edit: impl FnOnce(&mut GgufWriter)) -> Result<Config> {
+        let keys = [
+            ("block_count", 3),
+            ("attention.head_count_kv", 1),
+            ("attention.key_length", 64),
+            ("attention.q_lora_rank", 32),
+            ("attention.sliding_window", 8),
+            ("attention.output_group_count", 2),
+            ("attention.output_lora_rank", 32),
+            ("attention.indexer.head_count", 8),
+            ("attention.indexer.key_length", 64),
+            ("attention.indexer.top_k", 4),
+            ("hyper_connection.count", 4),
+            ("hyper_connection.sinkhorn_iterations", 20),
+            ("hash_layer_count", 1),
+            ("expert_gating_func", 4),
+            ("expert_shared_count", 1),
+        ];
+        header(path, "deepseek4", &keys, 3, |w| {
+            let floats = |v: f32| Value::Array(titan_gguf::ValueType::F32, vec![Value::F32(v); 3]);
+            let ratios = [0, 4, 128].map(Value::I32).to_vec();
+            w.set(
+                "deepseek4.attention.compress_ratios",
+                Value::Array(titan_gguf::ValueType::I32, ratios),
+            );
+            w.set("deepseek4.attention.compress_rope_freq_base", Value::F32(160000.0));
+            w.set("deepseek4.hyper_connection.epsilon", Value::F32(1e-6));
+            w.set("deepseek4.swiglu_clamp_exp", floats(10.0));
+            w.set("deepseek4.swiglu_clamp_shexp", floats(10.0));
+            edit(w);
+        })
+    }
+
+    /// DeepSeek-V4's keys as llama.cpp reads them, and what TITAN refuses with a message that names the key:
+    /// other than 4 streams, a ratio other than 0/4/128, another scoring than sqrt-softplus, clamps that differ.
+    #[test]
+    fn deepseek4_keys_and_refusals() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        let c = deepseek4(&path("plain.gguf"), |_| {}).unwrap();
+        let v = c.v4.as_ref().unwrap();
+        assert_eq!(
+            (c.arch, c.scores, c.shared_ff, c.n_head_kv),
+            (Arch::DeepSeek4, Scores::SqrtSoftplus, 32, 1)
+        );
+        assert_eq!(
+            (v.hc, &v.ratios[..], v.hash_layers, v.idx_top_k),
+            (4, &[0, 4, 128][..], 1, 4)
+        );
+        assert_eq!(c.expert_act, Activation::ClampedSilu { limit: 10.0 });
+        let refused =
+            |name: &str, edit: &dyn Fn(&mut GgufWriter)| deepseek4(&path(name), |w| edit(w)).unwrap_err().to_string();
+        let e = refused("hc.gguf", &|w| w.set("deepseek4.hyper_connection.count", Value::U32(2)));
+        assert!(e.contains("deepseek4.hyper_connection.count is 2"), "{e}");
+        let e = refused("ratio.gguf", &|w| {
+            let ratios = [0, 8, 128].map(Value::I32).to_vec();
+            w.set(
+                "deepseek4.attention.compress_ratios",
+                Value::Array(titan_gguf::ValueType::I32, ratios),
+            );
+        });
+        assert!(e.contains("a ratio other than 0, 4 and 128"), "{e}");
+        let e = refused("gating.gguf", &|w| w.set("deepseek4.expert_gating_func", Value::U32(2)));
+        assert!(e.contains("deepseek4.expert_gating_func 2 is not supported"), "{e}");
+        let e = refused("clamp.gguf", &|w| {
+            let limits = [10.0, 7.0, 10.0].map(Value::F32).to_vec();
+            w.set(
+                "deepseek4.swiglu_clamp_exp",
+                Value::Array(titan_gguf::ValueType::F32, limits),
+            );
+        });
+        assert!(e.contains("deepseek4.swiglu_clamp_exp is [10.0, 7.0, 10.0]"), "{e}");
+    }
+
     /// MiniMax-M2 as llama.cpp reads it: q/k norms over all heads, RoPE on rope.dimension_count, the top-k
     /// weights renormalised even where expert_weights_norm says no, sigmoid scores without a key saying so
     /// (the converter writes one from scoring_func) and softmax only where the key asks for it.
@@ -967,13 +1266,13 @@ mod tests {
         assert_eq!((c.arch, c.n_layer, c.n_nextn), (Arch::MiniMaxM2, 2, 0));
         assert_eq!((c.qk_norm, c.qkv_bias, c.shared_ff), (QkNorm::Whole, false, 0));
         assert_eq!((c.rope_dims, c.rope_style), (16, RopeStyle::Halves));
-        assert!(c.sigmoid_scores && c.norm_topk);
+        assert!(c.scores == Scores::Sigmoid && c.norm_topk);
         let keys = [("block_count", 2), ("expert_gating_func", 1)];
         let c = header(&path("softmax.gguf"), "minimax-m2", &keys, 2, |w| {
             w.set("minimax-m2.expert_weights_norm", Value::Bool(false));
         })
         .unwrap();
-        assert!(!c.sigmoid_scores && c.norm_topk);
+        assert!(c.scores == Scores::Softmax && c.norm_topk);
     }
 
     /// GLM counts its MTP blocks in block_count: the forward pass has the others, whether the file holds
@@ -985,7 +1284,7 @@ mod tests {
         for held in [4, 3] {
             let c = glm(dir.path(), 4, Some(1), held).unwrap();
             assert_eq!((c.n_layer, c.n_nextn, c.dense_lead), (3, 1, 1), "{held} blocks held");
-            assert!(c.sigmoid_scores && !c.shared_gated);
+            assert!(c.scores == Scores::Sigmoid && !c.shared_gated);
             assert_eq!((c.shared_ff, c.rope_dims, c.rope_style), (32, 16, RopeStyle::Halves));
             assert_eq!((c.qk_norm, c.qkv_bias), (QkNorm::None, false));
         }
@@ -1060,7 +1359,7 @@ mod tests {
         assert_eq!(c.chunked, [true, true, true, false, true, true, true, false]);
         assert_eq!(c.nope, [false, false, false, true, false, false, false, true]);
         assert_eq!((c.chunk, c.dense_ff, c.shared_ff), (8192, 128, 32));
-        assert!(c.sigmoid_scores && c.weigh_input && !c.shared_gated && !c.norm_topk);
+        assert!(c.scores == Scores::Sigmoid && c.weigh_input && !c.shared_gated && !c.norm_topk);
         assert_eq!((c.qk_norm, c.rope_style), (QkNorm::Unweighted, RopeStyle::Adjacent));
         let c = llama4(dir.path(), 128, &[("interleave_moe_layer_step", 1)]).unwrap();
         assert!((0..8).all(|il| c.is_moe(il)));

@@ -339,6 +339,12 @@ pub fn swiglu_many<'s>(ffns: &[ExpertWeights<'_>], x: &[Activations], s: &'s mut
                     *p = x / (1.0 + exp(-alpha * x)) * (q.clamp(-limit, limit) + 1.0);
                 }
             }
+            Activation::ClampedSilu { limit } => {
+                for (p, &q) in g.iter_mut().zip(u.iter()) {
+                    let x = p.min(limit);
+                    *p = x / (1.0 + exp(-x)) * q.clamp(-limit, limit);
+                }
+            }
         }
         m.quantize(f.down.ty.act_type(), g, a.rows(), f.gate.rows)?;
     }

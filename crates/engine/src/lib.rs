@@ -7,11 +7,13 @@
 
 pub mod attention;
 pub mod bench;
+pub mod compressed;
 pub mod config;
 pub mod delta_net;
 pub mod draft;
 pub mod experts;
 pub mod generate;
+pub mod hyper;
 pub mod latent;
 mod memory;
 pub mod model;

@@ -10,6 +10,7 @@
 //! speculative step, for when its drafts are rejected.
 
 use crate::attention::KvCache;
+use crate::compressed::LayerState;
 use crate::delta_net::DeltaState;
 use crate::{EngineError, Result};
 
@@ -18,6 +19,9 @@ use crate::{EngineError, Result};
 pub(crate) struct Memory {
     pub kv: KvCache,
     pub delta: Vec<DeltaState>,
+    /// DeepSeek-V4's compressed entries per layer (none on its uncompressed layers, and in other models).
+    /// Cut like a KV cache: see `compressed`.
+    pub compressed: Vec<Option<LayerState>>,
     /// Positions computed so far: the next call continues here (or anywhere before it, after
     /// [`Memory::truncate`]). `usize::MAX` while a call runs, and after one that failed.
     pub next: usize,
@@ -38,10 +42,11 @@ pub enum Copy {
 }
 
 impl Memory {
-    pub fn new(kv: KvCache, delta: Vec<DeltaState>) -> Memory {
+    pub fn new(kv: KvCache, delta: Vec<DeltaState>, compressed: Vec<Option<LayerState>>) -> Memory {
         Memory {
             kv,
             delta,
+            compressed,
             next: 0,
             saved: [Vec::new(), Vec::new()],
             saved_at: [None, None],

@@ -1,6 +1,7 @@
 //! A loaded model and its forward pass: one layer is a short list of named steps, and those names are
 //! the trace points.
 
+mod deepseek4;
 mod mtp;
 
 use std::path::Path;
@@ -11,6 +12,7 @@ use titan_kernels::{matmul, matmul_many, Activations, MatmulJob};
 use titan_tokenizer::Tokenizer;
 
 use crate::attention::{attend, AttnShape, KvCache};
+use crate::compressed::LayerState;
 use crate::config::{llama4_attn_temp, Arch, Config, Mixer, QkNorm, RopeStyle};
 use crate::delta_net::{self, DeltaScratch, DeltaState};
 use crate::experts::{Experts, ResidentExperts};
@@ -26,6 +28,7 @@ use crate::weights::{
     Attention, BetaAlpha, DeltaNet, Latent, LatentQuery, Mat, Mixing, Moe, Residency, Stacked, Weights,
 };
 use crate::{vocab, EngineError, Result};
+use deepseek4::{HyperScratch, V4Scratch};
 
 pub use mtp::MtpState;
 
@@ -156,8 +159,16 @@ impl Model {
                 .collect(),
             None => Vec::new(),
         };
+        // DeepSeek-V4's compressed layers keep their entries; its keys are its values
+        let compressed = c.v4.as_ref().map_or(Vec::new(), |v| {
+            v.ratios
+                .iter()
+                .map(|&r| LayerState::new(r, c.head_dim, v.idx_dim, n_ctx))
+                .collect()
+        });
+        let values = c.mla.is_none() && c.v4.is_none();
         Sequence {
-            mem: Memory::new(KvCache::new(&attends, n_ctx, c.kv_dim(), c.mla.is_none()), delta),
+            mem: Memory::new(KvCache::new(&attends, n_ctx, c.kv_dim(), values), delta, compressed),
             scratch: Scratch::default(),
         }
     }
@@ -268,9 +279,19 @@ impl Model {
             embd.dequantize_row(t as usize, row);
         }
         self.angles(parts.iter().flat_map(|p| p.pos0..p.pos0 + p.tokens.len()), s);
+        s.tokens.clear();
+        s.tokens.extend(parts.iter().flat_map(|p| p.tokens));
+        let streams = self.streams();
+        if let Some(st) = &streams {
+            st.spread(&s.x, &mut s.hyper.streams);
+        }
 
         for il in 0..c.n_layer {
             self.layer(il, parts, s, trace.as_deref_mut())?;
+        }
+        // the head's collapse of the streams
+        if let (Some(st), Some(head)) = (&streams, &w.hyper_head) {
+            st.head(head, &s.hyper.streams, &mut s.hyper.mix, &mut s.x);
         }
 
         for p in parts.iter_mut() {
@@ -329,6 +350,9 @@ impl Model {
     /// Block `il` over the rows of `s.x` (the residual stream), in place: its token mixer, then its
     /// feed-forward (dense, or the router and experts).
     fn layer(&self, il: usize, parts: &mut [Part<'_>], s: &mut Scratch, mut trace: Option<&mut Trace>) -> Result<()> {
+        if let Some(sites) = &self.weights.layers[il].hyper {
+            return self.hyper_layer(il, sites, parts, s, trace);
+        }
         self.mix(il, parts, s, trace.as_deref_mut())?;
         self.feed_forward(il, s, trace)
     }
@@ -359,6 +383,7 @@ impl Model {
                 Mixing::Attention(a) => self.attention(a, il, parts, h, (cos, sin), mixer, attn_out),
                 Mixing::DeltaNet(dn) => self.linear_attention(dn, il, parts, h, mixer, attn_out),
                 Mixing::Latent(a) => self.latent_attention(a, il, parts, h, (cos, sin), mixer, attn_out),
+                Mixing::V4(a) => self.v4_attention(a, il, parts, h, (cos, sin), mixer, attn_out),
             }
         })?;
         if let Some(t) = trace {
@@ -375,7 +400,12 @@ impl Model {
         let d = c.n_embd;
         let n = s.x.len() / d;
         let Scratch {
-            x, route, next, moe, ..
+            x,
+            route,
+            next,
+            moe,
+            tokens,
+            ..
         } = s;
         let Some(experts) = &l.moe else {
             // ffn_norm, then a dense layer's feed-forward
@@ -397,8 +427,8 @@ impl Model {
             return Ok(());
         };
         // ffn_norm, router, experts
-        stats.time(Phase::Router, || self.route_layer(il, experts, x, route))?;
-        self.hint_next(il, x, next)?;
+        stats.time(Phase::Router, || self.route_layer(il, experts, x, tokens, route))?;
+        self.hint_next(il, x, tokens, next)?;
         let experts_run = stats.time(Phase::Experts, || {
             moe_block(w, self.experts.as_ref(), c, il, &route.h, &route.routing, moe)
         })?;
@@ -422,7 +452,11 @@ impl Model {
         RouteRule {
             n_expert: c.n_expert,
             k: c.n_expert_used,
-            sigmoid: c.sigmoid_scores,
+            scores: c.scores,
+            table: self.weights.layers[il]
+                .moe
+                .as_ref()
+                .and_then(|m| m.token_table.as_deref()),
             bias: self.weights.layers[il]
                 .moe
                 .as_ref()
@@ -436,8 +470,9 @@ impl Model {
         }
     }
 
-    /// The routing of layer `il` (whose experts are `m`) for the residual stream `x`, into `r`.
-    fn route_layer(&self, il: usize, m: &Moe, x: &[f32], r: &mut Route) -> Result<()> {
+    /// The routing of layer `il` (whose experts are `m`) for the residual stream `x` (of the rows' `tokens`),
+    /// into `r`.
+    fn route_layer(&self, il: usize, m: &Moe, x: &[f32], tokens: &[u32], r: &mut Route) -> Result<()> {
         let c = &self.config;
         let rows = x.len() / c.n_embd;
         rms_norm_into(x, &self.weights.layers[il].ffn_norm, c.rms_eps, &mut r.h);
@@ -447,7 +482,7 @@ impl Model {
         if let Some(b) = &m.router_bias {
             add_bias(&mut r.logits, b);
         }
-        r.routing.route(&r.logits, &self.route_rule(il));
+        r.routing.route(&r.logits, tokens, &self.route_rule(il));
         Ok(())
     }
 
@@ -456,7 +491,7 @@ impl Model {
     /// residual stream, which the next layer only changes by its attention output, routed into `r`. Not
     /// computed for a source that would not use it (the f32 router kernel of both passes is 3.4% of a
     /// steady-state profile of Qwen3-30B-A3B on the 2-core Zen 3 EPYC).
-    fn hint_next(&self, il: usize, x: &[f32], r: &mut Route) -> Result<()> {
+    fn hint_next(&self, il: usize, x: &[f32], tokens: &[u32], r: &mut Route) -> Result<()> {
         // Not into an MTP block: the main pass never runs it.
         let main = il + 1 < self.config.n_layer;
         let Some(Some(next)) = self.weights.layers.get(il + 1).filter(|_| main).map(|l| l.moe.as_ref()) else {
@@ -465,7 +500,7 @@ impl Model {
         if !self.experts.wants_hints(il + 1) {
             return Ok(());
         }
-        self.route_layer(il + 1, next, x, r)?;
+        self.route_layer(il + 1, next, x, tokens, r)?;
         let ids = &mut r.routing.ids;
         ids.sort_unstable();
         ids.dedup();
@@ -491,6 +526,20 @@ impl Model {
                     BetaAlpha::Joint(ba) => ba.bytes(),
                 };
                 [dn.qkv, dn.z, dn.out].iter().map(Mat::bytes).sum::<usize>() + gates
+            }
+            Mixing::V4(a) => {
+                let compressor = a.compressor.iter().flat_map(|cm| [cm.kv, cm.gate]);
+                let indexer = a
+                    .indexer
+                    .iter()
+                    .flat_map(|ix| [ix.q_b, ix.proj, ix.compressor.kv, ix.compressor.gate]);
+                [a.q_a, a.q_b, a.kv, a.wo_b]
+                    .into_iter()
+                    .chain(compressor)
+                    .chain(indexer)
+                    .map(|m| m.bytes())
+                    .sum::<usize>()
+                    + a.wo_a.mat.bytes() * a.wo_a.n
             }
         };
         let mut dense = mixing + l.moe.as_ref().map_or(0, |m| m.router.bytes());
@@ -977,6 +1026,10 @@ struct Scratch {
     next: Route,
     moe: MoeScratch,
     logits: Vec<f32>,
+    /// The batch's tokens, row after row (routing by token).
+    tokens: Vec<u32>,
+    /// DeepSeek-V4's residual streams.
+    hyper: HyperScratch,
 }
 
 impl Scratch {
@@ -1027,8 +1080,9 @@ struct MixerScratch {
     jobs: Vec<RowJob<'static>>,
     /// The quantised input of the output projection.
     acts: Activations,
-    /// Latent attention's per-head products.
+    /// Latent attention's per-head products (and DeepSeek-V4's per-group ones).
     heads: HeadScratch,
+    v4: V4Scratch,
 }
 
 /// The working buffers of [`Model::per_head`]: one head's input on the way, each head's quantised input

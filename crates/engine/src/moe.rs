@@ -3,7 +3,7 @@
 
 use titan_kernels::{dot_f32, Activations};
 
-use crate::config::{Activation, Config};
+use crate::config::{Activation, Config, Scores};
 use crate::experts::{swiglu_many, ExpertJob, ExpertWeights, Experts, FfnScratch};
 use crate::ops::{add, sigmoid};
 use crate::weights::{SharedExpert, Weights};
@@ -14,8 +14,11 @@ use crate::{EngineError, Result};
 pub struct RouteRule<'a> {
     pub n_expert: usize,
     pub k: usize,
-    /// Scores from the logits: a softmax over all experts, or a sigmoid of each (DeepSeek-V3).
-    pub sigmoid: bool,
+    /// How the logits score the experts.
+    pub scores: Scores,
+    /// A table of `k` experts per token id that chooses instead of the scores (DeepSeek-V4's first layers),
+    /// which still weigh the chosen.
+    pub table: Option<&'a [u32]>,
     /// Added to the scores to choose the experts, not to weigh them (DeepSeek-V3's correction bias).
     pub bias: Option<&'a [f32]>,
     /// Group-limited choice: the experts split into `groups` equal groups, each scored by the sum of its two
@@ -51,9 +54,10 @@ pub struct Routing {
 }
 
 impl Routing {
-    /// Route each row of `logits` (`n_expert` router logits per row) by `rule`, replacing the previous
-    /// decision. Rankings break ties by ascending id, so every choice is total and stable.
-    pub fn route(&mut self, logits: &[f32], rule: &RouteRule<'_>) {
+    /// Route each row of `logits` (`n_expert` router logits per row, the row's token in `tokens` where the
+    /// rule chooses by a table) by `rule`, replacing the previous decision. Rankings break ties by ascending
+    /// id, so every choice is total and stable.
+    pub fn route(&mut self, logits: &[f32], tokens: &[u32], rule: &RouteRule<'_>) {
         let Routing {
             ids,
             weights,
@@ -69,13 +73,14 @@ impl Routing {
         self.k = k;
         ids.clear();
         weights.clear();
-        for row in logits.chunks_exact(n) {
+        for (r, row) in logits.chunks_exact(n).enumerate() {
             probs.clear();
             probs.extend_from_slice(row);
-            if rule.sigmoid {
-                probs.iter_mut().for_each(|p| *p = crate::ops::sigmoid(*p));
-            } else if !rule.softmax_chosen {
-                crate::ops::softmax(probs);
+            match rule.scores {
+                Scores::Sigmoid => probs.iter_mut().for_each(|p| *p = crate::ops::sigmoid(*p)),
+                Scores::SqrtSoftplus => probs.iter_mut().for_each(|p| *p = crate::ops::softplus(*p).sqrt()),
+                Scores::Softmax if !rule.softmax_chosen => crate::ops::softmax(probs),
+                Scores::Softmax => {}
             }
             choose.clear();
             choose.extend_from_slice(if rule.by_logits { row } else { probs });
@@ -108,8 +113,14 @@ impl Routing {
                 }
             }
             order.clear();
-            order.extend(0..n as u32);
-            order.sort_by(|&a, &b| by_score(choose, a, b));
+            match rule.table {
+                // in the table's order, which is the rank order the weights are summed in
+                Some(table) => order.extend_from_slice(&table[tokens[r] as usize * k..][..k]),
+                None => {
+                    order.extend(0..n as u32);
+                    order.sort_by(|&a, &b| by_score(choose, a, b));
+                }
+            }
             let chosen = &mut order[..k];
             if rule.softmax_chosen {
                 // The chosen logits' softmax, in rank order as llama.cpp takes it; then placed by id.
@@ -121,7 +132,13 @@ impl Routing {
                 }
             }
             let norm = if rule.norm {
-                1.0 / chosen.iter().fold(0f32, |s, &e| s + probs[e as usize])
+                let sum = chosen.iter().fold(0f32, |s, &e| s + probs[e as usize]);
+                // sqrt-softplus scores can all be near 0: llama.cpp clamps their sum there
+                if rule.scores == Scores::SqrtSoftplus {
+                    1.0 / sum.max(SUM_FLOOR)
+                } else {
+                    1.0 / sum
+                }
             } else {
                 1.0
             };
@@ -134,6 +151,10 @@ impl Routing {
         }
     }
 }
+
+/// The least sum of sqrt-softplus weights that renormalising divides by (2⁻¹⁴, llama.cpp's and transformers'
+/// clamp).
+const SUM_FLOOR: f32 = 1.0 / 16384.0;
 
 /// Highest score first; equal scores by ascending id.
 fn by_score(s: &[f32], a: u32, b: u32) -> std::cmp::Ordering {
@@ -240,7 +261,7 @@ pub fn moe_block(
     };
     let shared = w.layers[layer].shared.as_ref();
     // The shared expert runs while the routed experts are computed (elsewhere, when they are remote).
-    let mut shared_ffn = || shared.map_or(Ok(()), |sh| shared_expert(w, sh, x, d, shared_input, ffn));
+    let mut shared_ffn = || shared.map_or(Ok(()), |sh| shared_expert(w, sh, c.shared_act, x, d, shared_input, ffn));
     delivered.clear();
     delivered.resize(ids.len(), false);
     experts.apply(&job, &mut shared_ffn, &mut |i, y| {
@@ -296,16 +317,18 @@ pub fn moe_block(
 
 /// A dense layer's feed-forward of the rows of `x` (already normalised), into [`MoeScratch::out`].
 pub fn dense_ffn(w: &Weights, f: &SharedExpert, x: &[f32], d: usize, s: &mut MoeScratch) -> Result<()> {
-    shared_expert(w, f, x, d, &mut s.shared_input, &mut s.ffn)?;
+    shared_expert(w, f, Activation::Silu, x, d, &mut s.shared_input, &mut s.ffn)?;
     s.out.clear();
     s.out.extend_from_slice(s.ffn.output(0));
     Ok(())
 }
 
-/// The shared expert's output for the rows of `x`, into `ffn` (output 0); `acts` receives x quantised for it.
+/// The shared expert's output (with activation `act`) for the rows of `x`, into `ffn` (output 0); `acts`
+/// receives x quantised for it.
 fn shared_expert(
     w: &Weights,
     sh: &SharedExpert,
+    act: Activation,
     x: &[f32],
     d: usize,
     acts: &mut Activations,
@@ -317,7 +340,7 @@ fn shared_expert(
         up: w.view(&sh.up),
         down: w.view(&sh.down),
         bias: None,
-        act: Activation::Silu,
+        act,
     };
     swiglu_many(&[weights], std::slice::from_ref(acts), ffn)?;
     Ok(())
@@ -334,7 +357,8 @@ mod tests {
         let rule = RouteRule {
             n_expert: 4,
             k: 3,
-            sigmoid: false,
+            scores: Scores::Softmax,
+            table: None,
             bias: None,
             groups: 1,
             groups_used: 1,
@@ -343,10 +367,11 @@ mod tests {
             softmax_chosen: false,
             by_logits: false,
         };
-        r.route(&[1.0, 2.0, 1.0, 2.0], &rule);
+        r.route(&[1.0, 2.0, 1.0, 2.0], &[], &rule);
         assert_eq!(r.ids, vec![0, 1, 3]);
         r.route(
             &[5.0, 0.0, 0.0, 1.0],
+            &[],
             &RouteRule {
                 k: 2,
                 norm: true,
@@ -367,7 +392,8 @@ mod tests {
         let rule = RouteRule {
             n_expert: 8,
             k: 2,
-            sigmoid: true,
+            scores: Scores::Sigmoid,
+            table: None,
             bias: Some(&bias),
             groups: 4,
             groups_used: 2,
@@ -377,7 +403,7 @@ mod tests {
             by_logits: false,
         };
         let mut r = Routing::default();
-        r.route(&logits, &rule);
+        r.route(&logits, &[], &rule);
         // Biased scores by group: {0,1} 0.88+0.73, {2,3} 0.27+0.62, {4,5} 0.5+(0.95-5), {6,7} 0.12+0.82: groups
         // {0,1} and {6,7} win; expert 5, the best unbiased, is out; the top two left are 0 and 7.
         assert_eq!(r.ids, vec![0, 7]);
@@ -417,7 +443,7 @@ mod tests {
         let x: Vec<f32> = (0..3 * c.n_embd).map(|i| (i as f32 * 0.37).sin()).collect();
         let logits: Vec<f32> = (0..3 * c.n_expert).map(|i| (i as f32 * 1.3).cos()).collect();
         let mut routing = Routing::default();
-        routing.route(&logits, &model.route_rule(0));
+        routing.route(&logits, &[], &model.route_rule(0));
         let mut s = MoeScratch::default();
         let all = moe_block(&model.weights, &*model.experts, c, 0, &x, &routing, &mut s).unwrap();
         let whole = s.out().to_vec();

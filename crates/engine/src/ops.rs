@@ -63,6 +63,15 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 
+/// ln(1 + eˣ), without overflow for large x (where it is x to f32 precision).
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        libm::log1pf(exp(x))
+    }
+}
+
 /// Softmax in place, max-subtracted, sum accumulated sequentially in f32.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -69,6 +69,8 @@ pub struct Moe {
     pub gate: Stacked,
     pub up: Stacked,
     pub down: Stacked,
+    /// `ffn_gate_tid2eid` (DeepSeek-V4's first layers): the experts of each token id, `k` per token.
+    pub token_table: Option<Vec<u32>>,
 }
 
 /// Multi-head latent attention's weights (DeepSeek-V2/V3, llama.cpp's names in the comments).
@@ -141,11 +143,61 @@ pub enum BetaAlpha {
     Joint(Mat),
 }
 
+/// DeepSeek-V4's attention (docs/deepseek4.md, llama.cpp's names in the comments).
+pub struct V4Attention {
+    /// `attn_q_a`, its norm `attn_q_a_norm`, then `attn_q_b`: the queries of every head.
+    pub q_a: Mat,
+    pub q_a_norm: Vec<f32>,
+    pub q_b: Mat,
+    /// `attn_kv` and `attn_kv_a_norm`: one vector per position, both key and value.
+    pub kv: Mat,
+    pub kv_norm: Vec<f32>,
+    /// `attn_sinks`: per head, a logit in the softmax's denominator only.
+    pub sinks: Vec<f32>,
+    /// `attn_output_a`: per group of heads its own projection to `out_rank`, group after group.
+    pub wo_a: Stacked,
+    /// `attn_output_b`: the groups' results together back to the residual width.
+    pub wo_b: Mat,
+    /// On compressed layers, the compressor of the layer's entries.
+    pub compressor: Option<Compressor>,
+    /// On ratio-4 layers, the lightning indexer that chooses among them.
+    pub indexer: Option<Indexer>,
+}
+
+/// A compressor: per position a value and a score of `width` (twice the entry's size at ratio 4, whose
+/// windows overlap), scores offset by `ape` by the position in its window; the entry's norm.
+pub struct Compressor {
+    pub ratio: usize,
+    pub kv: Mat,
+    pub gate: Mat,
+    /// `ratio` rows of `width`.
+    pub ape: Vec<f32>,
+    pub norm: Vec<f32>,
+}
+
+/// The lightning indexer: its queries from the q-LoRA vector (`indexer.attn_q_b`), its head weights
+/// (`indexer.proj`) and its own compressor of keys (`indexer_compressor_*`).
+pub struct Indexer {
+    pub q_b: Mat,
+    pub proj: Mat,
+    pub compressor: Compressor,
+}
+
+/// One hyper-connection site (`hc_attn_*`, `hc_ffn_*`, or the head's `output_hc_*`): the function of the
+/// normalised streams that gives the mixing numbers, their bases and the scales of each kind.
+pub struct Hyper {
+    /// `outputs` rows of hc·n_embd, decoded to f32.
+    pub func: Vec<f32>,
+    pub base: Vec<f32>,
+    pub scale: Vec<f32>,
+}
+
 /// What mixes a layer's tokens.
 pub enum Mixing {
     Attention(Attention),
     DeltaNet(DeltaNet),
     Latent(Latent),
+    V4(Box<V4Attention>),
 }
 
 pub struct Layer {
@@ -157,6 +209,8 @@ pub struct Layer {
     pub moe: Option<Moe>,
     /// The shared expert, or a dense layer's feed-forward.
     pub shared: Option<SharedExpert>,
+    /// DeepSeek-V4's hyper-connections around the mixer and around the feed-forward.
+    pub hyper: Option<[Hyper; 2]>,
 }
 
 impl Layer {
@@ -256,6 +310,8 @@ pub struct Weights {
     /// `rope_freqs`: per RoPE pair, what its angle is divided by (Llama 3/4's frequency scaling, which the
     /// converter writes as this tensor).
     pub rope_freqs: Option<Vec<f32>>,
+    /// DeepSeek-V4's head collapse of the streams (`output_hc_*`).
+    pub hyper_head: Option<Hyper>,
 }
 
 /// What a multi-token-prediction (`nextn`) block adds to a transformer block: it predicts the token after
@@ -338,7 +394,12 @@ impl Weights {
                 "rope_freqs.weight holds {ff}; every frequency factor must be a positive number"
             )));
         }
+        let hyper_head = match &c.v4 {
+            Some(v) => Some(l.hyper("output_hc", v.hc, v.hc, 1, e)?),
+            None => None,
+        };
         Ok(Weights {
+            hyper_head,
             file,
             extras,
             copies: Copies::default(),
@@ -579,9 +640,14 @@ impl Loader<'_> {
                 gate: self.stacked(&weight_name(i, Part::Gate), e, c.expert_ff, c.n_expert)?,
                 up: self.stacked(&weight_name(i, Part::Up), e, c.expert_ff, c.n_expert)?,
                 down: self.stacked(&weight_name(i, Part::Down), c.expert_ff, e, c.n_expert)?,
+                token_table: match &c.v4 {
+                    Some(v) if i < v.hash_layers => Some(self.token_table(&n("ffn_gate_tid2eid.weight"), c)?),
+                    _ => None,
+                },
             })
         };
         let mixing = match (mixer, c.mla) {
+            (Mixer::Attention, None) if c.v4.is_some() => Mixing::V4(Box::new(self.v4_attention(c, i)?)),
             (Mixer::Attention, None) => Mixing::Attention(self.attention(c, i)?),
             (Mixer::Attention, Some(_)) => Mixing::Latent(self.latent(c, i)?),
             (Mixer::DeltaNet, _) => Mixing::DeltaNet(self.delta_net(c, i)?),
@@ -598,6 +664,100 @@ impl Loader<'_> {
             ffn_norm: self.vec(&n(ffn_norm), e)?,
             moe,
             shared,
+            hyper: match &c.v4 {
+                Some(v) => {
+                    let site = |name: &str| self.hyper(&n(name), v.hc, (2 + v.hc) * v.hc, 3, e);
+                    Some([site("hc_attn")?, site("hc_ffn")?])
+                }
+                None => None,
+            },
+        })
+    }
+
+    /// A hyper-connection site `prefix`_{fn, base, scale}: `outputs` numbers from hc·n_embd, as many bases,
+    /// `scales` scales.
+    fn hyper(&self, prefix: &str, hc: usize, outputs: usize, scales: usize, e: usize) -> Result<Hyper> {
+        let name = format!("{prefix}_fn.weight");
+        let func = self.decode(self.tensor(&name, &[hc * e, outputs])?, hc * e * outputs)?;
+        Ok(Hyper {
+            func,
+            base: self.vec(&format!("{prefix}_base.weight"), outputs)?,
+            scale: self.vec(&format!("{prefix}_scale.weight"), scales)?,
+        })
+    }
+
+    /// `ffn_gate_tid2eid`: I32, `k` experts per token of the vocabulary, each one of the layer's.
+    fn token_table(&self, name: &str, c: &Config) -> Result<Vec<u32>> {
+        let t = self.tensor(name, &[c.n_expert_used, c.n_vocab])?;
+        if t.ty != GgmlType::I32 {
+            return Err(self.err(format!("tensor {name} is {:?}, expected I32", t.ty)));
+        }
+        let ids: Vec<u32> = self
+            .f
+            .tensor_data(t)
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u32)
+            .collect();
+        if let Some(bad) = ids.iter().find(|&&e| e as usize >= c.n_expert) {
+            return Err(self.err(format!(
+                "tensor {name} names expert {}, but the layer has {}",
+                *bad as i32, c.n_expert
+            )));
+        }
+        Ok(ids)
+    }
+
+    fn v4_attention(&self, c: &Config, i: usize) -> Result<V4Attention> {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let v = c.v4.as_ref().expect("a DeepSeek-V4 layer has its shape");
+        let (e, d, q) = (c.n_embd, c.head_dim, c.q_dim());
+        let ratio = v.ratios[i];
+        let compressor = |prefix: &str, dim: usize| -> Result<Compressor> {
+            let width = if ratio == 4 { 2 * dim } else { dim };
+            Ok(Compressor {
+                ratio,
+                kv: self.mat(&n(&format!("{prefix}_kv.weight")), e, width)?,
+                gate: self.mat(&n(&format!("{prefix}_gate.weight")), e, width)?,
+                ape: {
+                    let name = n(&format!("{prefix}_ape.weight"));
+                    self.decode(self.tensor(&name, &[width, ratio])?, width * ratio)?
+                },
+                norm: self.vec(&n(&format!("{prefix}_norm.weight")), dim)?,
+            })
+        };
+        let group = q / v.out_groups;
+        Ok(V4Attention {
+            q_a: self.mat(&n("attn_q_a.weight"), e, v.q_lora)?,
+            q_a_norm: self.vec(&n("attn_q_a_norm.weight"), v.q_lora)?,
+            q_b: self.mat(&n("attn_q_b.weight"), v.q_lora, q)?,
+            kv: self.mat(&n("attn_kv.weight"), e, d)?,
+            kv_norm: self.vec(&n("attn_kv_a_norm.weight"), d)?,
+            sinks: self.vec(&n("attn_sinks.weight"), c.n_head)?,
+            wo_a: {
+                let all = self.mat(&n("attn_output_a.weight"), group, v.out_groups * v.out_rank)?;
+                Stacked {
+                    mat: Mat {
+                        rows: v.out_rank,
+                        ..all
+                    },
+                    n: v.out_groups,
+                }
+            },
+            wo_b: self.mat(&n("attn_output_b.weight"), v.out_groups * v.out_rank, e)?,
+            compressor: if ratio == 0 {
+                None
+            } else {
+                Some(compressor("attn_compressor", d)?)
+            },
+            indexer: if ratio == 4 {
+                Some(Indexer {
+                    q_b: self.mat(&n("indexer.attn_q_b.weight"), v.q_lora, v.idx_heads * v.idx_dim)?,
+                    proj: self.mat(&n("indexer.proj.weight"), e, v.idx_heads)?,
+                    compressor: compressor("indexer_compressor", v.idx_dim)?,
+                })
+            } else {
+                None
+            },
         })
     }
 

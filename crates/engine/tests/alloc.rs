@@ -68,6 +68,7 @@ const FILES: &[&str] = &[
     "glm4moe/q8_0.gguf",
     "minimax-m2/q4_0.gguf",
     "llama4/q8_0.gguf",
+    "deepseek4/mxfp4_moe.gguf",
 ];
 
 /// (allocations, bytes) of each of `steps` greedily decoded tokens after `prompt`.

@@ -291,3 +291,77 @@ fn a_truncated_sequence_equals_a_fresh_one() {
         println!("{f}: {keep} of {} positions reused, identical", new.len());
     }
 }
+
+/// DeepSeek-V4's compressed entries over its 160-token sequence (windows of 4 and one of 128): one call, a token
+/// at a time, uneven chunks, two threads, and a sequence cut back into the window of 128 and run on (after a
+/// different text filled it), all give the same bits. An entry is computed by the call that completes its window,
+/// from the window's stored inputs, whichever call that is.
+#[test]
+fn compressed_entries_do_not_depend_on_how_the_sequence_is_cut() {
+    let m = manifest();
+    let entry = m["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "deepseek4")
+        .expect("the deepseek4 fixture");
+    let tokens = ids(&entry["long"]["tokens"]);
+    let model = Model::load(fixtures().join("deepseek4/mxfp4_moe.gguf")).unwrap();
+    let (n, v) = (tokens.len(), model.config.n_vocab);
+    assert!(n > 128, "the sequence completes a window of 128");
+    let mut seq = model.new_sequence(n);
+    let whole = model.forward(&tokens, 0, &mut seq, Outputs::All).unwrap().to_vec();
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+
+    for chunk in [1, 37, 127] {
+        let mut seq = model.new_sequence(n);
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let pos = i * chunk;
+            let got = model.forward(part, pos, &mut seq, Outputs::All).unwrap();
+            assert!(
+                same(got, &whole[pos * v..(pos + part.len()) * v]),
+                "chunks of {chunk}: positions {pos}.. differ from one call"
+            );
+        }
+    }
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let mut seq = model.new_sequence(n);
+    let two = pool.install(|| model.forward(&tokens, 0, &mut seq, Outputs::All).unwrap().to_vec());
+    assert!(same(&two, &whole), "two threads differ from one");
+
+    // Another text to the end, then cut back to 100 (window 0 of 128 no longer complete) and given the rest.
+    let mut seq = model.new_sequence(n);
+    let other: Vec<u32> = tokens.iter().map(|&t| (t + 1) % v as u32).collect();
+    model.forward(&other, 0, &mut seq, Outputs::Last).unwrap();
+    model.forward(&tokens[..100], 0, &mut seq, Outputs::Last).unwrap();
+    model.forward(&other[100..], 100, &mut seq, Outputs::Last).unwrap();
+    seq.truncate(100).unwrap();
+    let rest = model.forward(&tokens[100..], 100, &mut seq, Outputs::All).unwrap();
+    assert!(
+        same(rest, &whole[100 * v..]),
+        "cut back into the window of 128, the rest differs from one call"
+    );
+}
+
+/// A DeepSeek-V4 file whose token-to-expert table names an expert the layer does not have is refused when it
+/// loads, with a message that says so, rather than indexing past the experts when that token comes.
+#[test]
+fn a_token_table_naming_a_missing_expert_is_refused() {
+    let src = fixtures().join("deepseek4/mxfp4_moe.gguf");
+    let (start, name) = {
+        let f = titan_gguf::GgufFile::open(&src).unwrap();
+        let t = f.tensor("blk.0.ffn_gate_tid2eid.weight").expect("the table");
+        ((f.data_offset + t.offset) as usize, t.name.clone())
+    };
+    let mut bytes = std::fs::read(&src).unwrap();
+    // token 0's first expert
+    bytes[start..start + 4].copy_from_slice(&99i32.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad-table.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let err = Model::load(&path).err().expect("refused").to_string();
+    assert!(
+        err.contains(&format!("tensor {name} names expert 99, but the layer has 8")),
+        "{err}"
+    );
+}

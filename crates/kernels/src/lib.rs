@@ -154,6 +154,12 @@ pub(crate) fn dequantize_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::Q6_K => q6_k::dequantize(src, dst),
         GgmlType::Q8_K => q8_k::dequantize(src, dst),
         GgmlType::MXFP4 => mxfp4::dequantize(src, dst),
+        // Integers as numbers (exact up to 2^24: a table's indices).
+        GgmlType::I32 => {
+            for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32;
+            }
+        }
     }
 }
 

@@ -21,6 +21,8 @@ pub enum GgmlType {
     Q5_K = 13,
     Q6_K = 14,
     Q8_K = 15,
+    /// 32-bit integers: a table (DeepSeek-V4's token-to-expert one), never a weight that is multiplied.
+    I32 = 26,
     BF16 = 30,
     MXFP4 = 39,
 }
@@ -46,9 +48,10 @@ impl GgmlType {
         GgmlType::MXFP4,
     ];
 
-    /// The type with ggml id `id`, or `None` for ids TITAN does not support (IQ*, TQ*, NVFP4, I8..I64, ...).
+    /// The type with ggml id `id`, or `None` for ids TITAN does not support (IQ*, TQ*, NVFP4, I8, I16,
+    /// I64, ...). I32 is read (as a table) but not in [`GgmlType::ALL`], the number formats.
     pub fn from_id(id: u32) -> Option<GgmlType> {
-        GgmlType::ALL.into_iter().find(|t| t.id() == id)
+        GgmlType::ALL.into_iter().chain([GgmlType::I32]).find(|t| t.id() == id)
     }
 
     /// The ggml id (`GGML_TYPE_*`), as stored in GGUF tensor infos.
@@ -75,6 +78,7 @@ impl GgmlType {
             GgmlType::Q8_K => "Q8_K",
             GgmlType::BF16 => "BF16",
             GgmlType::MXFP4 => "MXFP4",
+            GgmlType::I32 => "I32",
         }
     }
 
@@ -98,6 +102,7 @@ impl GgmlType {
             GgmlType::Q6_K => q6_k::BLOCK_LEN,
             GgmlType::Q8_K => q8_k::BLOCK_LEN,
             GgmlType::MXFP4 => mxfp4::BLOCK_LEN,
+            GgmlType::I32 => 1,
         }
     }
 
@@ -120,6 +125,7 @@ impl GgmlType {
             GgmlType::Q6_K => q6_k::BLOCK_BYTES,
             GgmlType::Q8_K => q8_k::BLOCK_BYTES,
             GgmlType::MXFP4 => mxfp4::BLOCK_BYTES,
+            GgmlType::I32 => 4,
         }
     }
 
@@ -136,8 +142,10 @@ impl GgmlType {
     /// Float weights take f32 activations (more accurate than llama.cpp, which rounds activations to f16);
     /// the quantised types take what llama.cpp's CPU backend uses (`vec_dot_type`). The activation formats
     /// themselves pair with their own kind, so every type can be a weight.
+    /// An I32 table has itself, which no activation can be: a product with one is refused.
     pub fn act_type(self) -> GgmlType {
         match self {
+            GgmlType::I32 => GgmlType::I32,
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => GgmlType::F32,
             GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::MXFP4 => GgmlType::Q8_0,
             GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => GgmlType::Q8_1,
@@ -168,6 +176,7 @@ mod tests {
         for t in GgmlType::ALL {
             assert_eq!(GgmlType::from_id(t.id()), Some(t));
         }
+        assert_eq!(GgmlType::from_id(26), Some(GgmlType::I32));
         // Q4_2/Q4_3 (removed), IQ2_XXS, I8, NVFP4 and an id past the end.
         for id in [4, 5, 16, 24, 40, 1000] {
             assert_eq!(GgmlType::from_id(id), None);

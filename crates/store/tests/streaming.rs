@@ -40,6 +40,7 @@ const FILES: &[&str] = &[
     "glm4moe/q4_0.gguf",
     "minimax-m2/q8_0.gguf",
     "llama4/q4_0.gguf",
+    "deepseek4/mxfp4_moe.gguf",
 ];
 
 fn streamed(path: &std::path::Path, store: &std::path::Path, budget_bytes: u64, io: ReadMode, prefetch: bool) -> Model {

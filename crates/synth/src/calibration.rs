@@ -137,7 +137,30 @@ impl Calibration {
         let (mean, sigma) = match role {
             Role::TokenEmbd => (0.0, self.embd_rms),
             Role::Output => (0.0, self.head_logit(p) / e as f32),
-            Role::AttnNorm | Role::FfnNorm | Role::OutputNorm | Role::SsmNorm | Role::NextnNorm => (1.0, 0.05),
+            Role::AttnNorm
+            | Role::FfnNorm
+            | Role::OutputNorm
+            | Role::SsmNorm
+            | Role::NextnNorm
+            | Role::QANorm
+            | Role::CompNorm => (1.0, 0.05),
+            // DeepSeek-V4: every head and the key-value vector are RMS-normalised, so the projections' scale
+            // only sets what the norms see; the output is grouped, then projected as attention's output is.
+            Role::QA | Role::V4Kv | Role::CompKv | Role::CompGate | Role::IdxProj => (0.0, fan(e)),
+            Role::QB | Role::IdxQB => (0.0, fan(p.v4.map_or(1, |v| v.q_lora))),
+            Role::WoA => (0.0, fan(p.q_dim() / p.v4.map_or(1, |v| v.out_groups))),
+            Role::WoB => (
+                0.0,
+                self.attn_out * per_layer * fan(p.v4.map_or(1, |v| v.out_groups * v.out_rank)),
+            ),
+            Role::Ape => (0.0, 0.5),
+            // Mixing numbers of about unit spread around bases of 0: collapse weights near 0.5, outputs
+            // placed with weights near 1, and a stream mixer that Sinkhorn makes doubly stochastic.
+            Role::HcFn => (0.0, fan(p.v4.map_or(1, |v| v.hc) * e)),
+            Role::HcBase => (0.0, 0.5),
+            Role::HcScale => (1.0, 0.05),
+            // Not drawn: distinct expert ids (`TensorData::chunk`).
+            Role::TokenTable => (0.0, 0.0),
             // Not drawn: the converter's llama3 factors (`Llama4::rope_freqs`).
             Role::RopeFreqs => (1.0, 0.0),
             Role::QNorm | Role::KNorm => (qk, 0.05 * qk),
@@ -169,7 +192,7 @@ impl Calibration {
             // The shared expert gets as much as the routed ones: twice that where a sigmoid gate of about
             // 0.5 scales it; DeepSeek's and GLM's shared experts have no gate.
             Role::DownShexp => {
-                let gate = if matches!(p.arch, Arch::DeepSeek2 | Arch::Glm4Moe | Arch::Llama4) {
+                let gate = if matches!(p.arch, Arch::DeepSeek2 | Arch::Glm4Moe | Arch::Llama4 | Arch::DeepSeek4) {
                     1.0
                 } else {
                     2.0
@@ -218,8 +241,15 @@ fn topk_weight_rms(p: &Preset, router: f32) -> f32 {
     // is the same as renormalising.
     let norm = matches!(
         p.arch,
-        Arch::Qwen3Moe | Arch::Llama | Arch::Qwen35Moe | Arch::GptOss | Arch::Glm4Moe | Arch::MiniMaxM2
+        Arch::Qwen3Moe
+            | Arch::Llama
+            | Arch::Qwen35Moe
+            | Arch::GptOss
+            | Arch::Glm4Moe
+            | Arch::MiniMaxM2
+            | Arch::DeepSeek4
     );
+    let sqrt_softplus = p.arch == Arch::DeepSeek4;
     // Llama 4's sigmoid weight scales the expert's input, which scales a SwiGLU's output by between w and
     // w²: taken as w here.
     let sigmoid = matches!(p.arch, Arch::Glm4Moe | Arch::MiniMaxM2 | Arch::Llama4);
@@ -233,6 +263,8 @@ fn topk_weight_rms(p: &Preset, router: f32) -> f32 {
         let total: f32 = logits.iter().map(|l| (l - max).exp()).sum();
         let mut probs: Vec<f32> = if sigmoid {
             logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect()
+        } else if sqrt_softplus {
+            logits.iter().map(|l| l.exp().ln_1p().sqrt()).collect()
         } else {
             logits.iter().map(|l| (l - max).exp() / total).collect()
         };

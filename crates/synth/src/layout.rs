@@ -81,6 +81,28 @@ pub(crate) enum Role {
     NextnNorm,
     /// `rope_freqs`: what each RoPE pair's angle is divided by (Llama 4's llama3 scaling).
     RopeFreqs,
+    /// DeepSeek-V4 (docs/deepseek4.md): `attn_q_a`, its norm, `attn_q_b`; `attn_kv`; the grouped output
+    /// `attn_output_a` / `attn_output_b`.
+    QA,
+    QANorm,
+    QB,
+    V4Kv,
+    WoA,
+    WoB,
+    /// A compressor's values, scores, per-position score offsets (`_ape`) and entry norm; the indexer's
+    /// queries (`indexer.attn_q_b`) and head weights (`indexer.proj`).
+    CompKv,
+    CompGate,
+    Ape,
+    CompNorm,
+    IdxQB,
+    IdxProj,
+    /// A hyper-connection site's function, bases and scales (`hc_*_fn`, `_base`, `_scale`).
+    HcFn,
+    HcBase,
+    HcScale,
+    /// `ffn_gate_tid2eid`: the experts of each token id (I32), in the first layers.
+    TokenTable,
 }
 
 #[derive(Clone, Debug)]
@@ -145,6 +167,7 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
                 push(n("ssm_norm.weight"), &[h.head_dim as u64], Role::SsmNorm, l);
                 push(n("ssm_out.weight"), &[vd, e], Role::SsmOut, l);
             }
+            _ if p.v4.is_some() => v4_attention(p, i, &mut push),
             _ if p.latent.is_some() => {
                 let m = p.latent.expect("matched");
                 let (lora, nope, rope, vd) = (m.kv_lora as u64, m.nope as u64, m.rope as u64, m.v_dim as u64);
@@ -187,7 +210,13 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
                         push(n("attn_k_norm.weight"), &[p.head_dim as u64], Role::KNorm, l);
                     }
                     // Llama 4's q/k norms have no weight.
-                    Arch::Qwen2Moe | Arch::Llama | Arch::GptOss | Arch::DeepSeek2 | Arch::Glm4Moe | Arch::Llama4 => {}
+                    Arch::Qwen2Moe
+                    | Arch::Llama
+                    | Arch::GptOss
+                    | Arch::DeepSeek2
+                    | Arch::Glm4Moe
+                    | Arch::Llama4
+                    | Arch::DeepSeek4 => {}
                 }
             }
         }
@@ -209,8 +238,18 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
             continue;
         }
         push(n("ffn_gate_inp.weight"), &[e, nx], Role::Router, l);
-        if matches!(p.arch, Arch::Glm4Moe | Arch::MiniMaxM2) {
+        // DeepSeek-V4's first layers choose by the token instead of the biased scores.
+        let hashed = p.v4.is_some_and(|v| i < v.hash_layers);
+        if matches!(p.arch, Arch::Glm4Moe | Arch::MiniMaxM2) || p.v4.is_some() && !hashed {
             push(n("exp_probs_b.bias"), &[nx], Role::ChoiceBias, l);
+        }
+        if hashed {
+            push(
+                n("ffn_gate_tid2eid.weight"),
+                &[p.n_expert_used as u64, v],
+                Role::TokenTable,
+                l,
+            );
         }
         push(weight_name(i, Part::Gate), &[e, ff, nx], Role::GateExps, l);
         push(weight_name(i, Part::Up), &[e, ff, nx], Role::UpExps, l);
@@ -230,7 +269,7 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
             } else {
                 &[e]
             };
-            if !matches!(p.arch, Arch::DeepSeek2 | Arch::Glm4Moe | Arch::Llama4) {
+            if !matches!(p.arch, Arch::DeepSeek2 | Arch::Glm4Moe | Arch::Llama4 | Arch::DeepSeek4) {
                 push(n("ffn_gate_inp_shexp.weight"), gate_dims, Role::ShexpGate, l);
             }
             push(n("ffn_gate_shexp.weight"), &[e, sf], Role::GateShexp, l);
@@ -244,9 +283,58 @@ pub(crate) fn plan(p: &Preset, ft: FileType) -> Vec<TensorPlan> {
             push(n("nextn.shared_head_norm.weight"), &[e], Role::NextnNorm, l);
         }
     }
+    if let Some(s) = p.v4 {
+        let hc = s.hc as u64;
+        push("output_hc_fn.weight".into(), &[hc * e, hc], Role::HcFn, None);
+        push("output_hc_base.weight".into(), &[hc], Role::HcBase, None);
+        push("output_hc_scale.weight".into(), &[1], Role::HcScale, None);
+    }
     push("output_norm.weight".into(), &[e], Role::OutputNorm, None);
     push("output.weight".into(), &[e, v], Role::Output, None);
     out
+}
+
+/// How the planner adds a tensor: name, dims, role, layer.
+type Push<'a> = dyn FnMut(String, &[u64], Role, Option<usize>) + 'a;
+
+/// Block `i`'s DeepSeek-V4 attention and its two hyper-connection sites, as the converter names them.
+fn v4_attention(p: &Preset, i: usize, push: &mut Push<'_>) {
+    let s = p.v4.expect("a DeepSeek-V4 preset");
+    let n = |x: &str| format!("blk.{i}.{x}");
+    let l = Some(i);
+    let (e, q, d, h) = (p.n_embd as u64, p.q_dim() as u64, p.head_dim as u64, p.n_head as u64);
+    let (lora, groups, rank) = (s.q_lora as u64, s.out_groups as u64, s.out_rank as u64);
+    push(n("attn_q_a.weight"), &[e, lora], Role::QA, l);
+    push(n("attn_q_a_norm.weight"), &[lora], Role::QANorm, l);
+    push(n("attn_q_b.weight"), &[lora, q], Role::QB, l);
+    push(n("attn_kv.weight"), &[e, d], Role::V4Kv, l);
+    push(n("attn_kv_a_norm.weight"), &[d], Role::KvNorm, l);
+    push(n("attn_sinks.weight"), &[h], Role::Sinks, l);
+    push(n("attn_output_a.weight"), &[q / groups, groups * rank], Role::WoA, l);
+    push(n("attn_output_b.weight"), &[groups * rank, e], Role::WoB, l);
+    let ratio = s.ratio(i);
+    let mut compressor = |prefix: &str, dim: u64| {
+        let width = crate::preset::V4::width(ratio, dim as usize) as u64;
+        push(n(&format!("{prefix}_kv.weight")), &[e, width], Role::CompKv, l);
+        push(n(&format!("{prefix}_gate.weight")), &[e, width], Role::CompGate, l);
+        push(n(&format!("{prefix}_ape.weight")), &[width, ratio as u64], Role::Ape, l);
+        push(n(&format!("{prefix}_norm.weight")), &[dim], Role::CompNorm, l);
+    };
+    if ratio > 0 {
+        compressor("attn_compressor", d);
+    }
+    if ratio == 4 {
+        let (ih, id) = (s.idx_heads as u64, s.idx_dim as u64);
+        compressor("indexer_compressor", id);
+        push(n("indexer.attn_q_b.weight"), &[lora, ih * id], Role::IdxQB, l);
+        push(n("indexer.proj.weight"), &[e, ih], Role::IdxProj, l);
+    }
+    let (hc, mix) = (s.hc as u64, ((2 + s.hc) * s.hc) as u64);
+    for site in ["hc_attn", "hc_ffn"] {
+        push(n(&format!("{site}_fn.weight")), &[hc * e, mix], Role::HcFn, l);
+        push(n(&format!("{site}_base.weight")), &[mix], Role::HcBase, l);
+        push(n(&format!("{site}_scale.weight")), &[3], Role::HcScale, l);
+    }
 }
 
 /// llama.cpp's `use_more_bits`: the first and last eighth of the layers and every third one between.
@@ -261,9 +349,20 @@ fn tensor_type(p: &Preset, ft: FileType, role: Role, dims: &[u64], layer: Option
     use GgmlType::*;
     // The converter keeps vectors, the router, the shared expert's gate, the convolution and the experts'
     // biases in F32, and llama-quantize leaves them (and every `_norm`, and any `.bias`) alone.
+    if role == Role::TokenTable {
+        return I32;
+    }
+    // (and DeepSeek-V4's hyper-connection functions and compressor offsets, which TITAN decodes to f32)
     let f32_roles = matches!(
         role,
-        Role::Router | Role::ShexpGate | Role::Conv | Role::GateExpsBias | Role::UpExpsBias | Role::DownExpsBias
+        Role::Router
+            | Role::ShexpGate
+            | Role::Conv
+            | Role::GateExpsBias
+            | Role::UpExpsBias
+            | Role::DownExpsBias
+            | Role::HcFn
+            | Role::Ape
     );
     if dims.len() == 1 || f32_roles {
         return F32;

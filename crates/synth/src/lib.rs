@@ -29,7 +29,7 @@ use rayon::prelude::*;
 use titan_gguf::{GgufWriter, Value, ValueType};
 
 pub use calibration::Calibration;
-pub use preset::{preset, presets, Arch, FileType, Glm, Hybrid, Latent, Llama4, Preset, VocabKind, Yarn};
+pub use preset::{preset, presets, Arch, FileType, Glm, Hybrid, Latent, Llama4, Preset, VocabKind, Yarn, V4};
 pub use routing::{routing_report, LayerRouting, RoutingReport};
 
 use blocks::Rng;
@@ -98,7 +98,11 @@ pub fn synth(opts: &SynthOptions, out: &Path, progress: &mut dyn FnMut(u64, u64)
     let p = opts.effective_preset();
     validate(&p)?;
     let plan = layout::plan(&p, opts.ty);
-    if let Some(t) = plan.iter().find(|t| !blocks::supported(t.ty)) {
+    // (the token table is integers, written by its own rule)
+    if let Some(t) = plan
+        .iter()
+        .find(|t| t.role != Role::TokenTable && !blocks::supported(t.ty))
+    {
         return Err(SynthError::Invalid(format!(
             "tensor {} would need type {}, which synth cannot write",
             t.name, t.ty
@@ -241,6 +245,25 @@ fn validate(p: &Preset) -> Result<(), SynthError> {
     if p.arch == Arch::Llama4 && !p.llama4.is_some_and(|l| l.moe_every > 0 && p.shared_ff == p.expert_ff) {
         return bad("llama4 needs its interleaving step and a shared expert of the routed experts' size".into());
     }
+    if p.arch == Arch::DeepSeek4 {
+        let Some(v) = &p.v4 else {
+            return bad("deepseek4 needs its streams, compressed attention and routing (`v4`)".into());
+        };
+        let group = p.q_dim() / v.out_groups.max(1);
+        let whole = [v.q_lora, v.out_rank, v.idx_dim, group]
+            .iter()
+            .all(|d| d.is_multiple_of(32));
+        let rope = p.rope_dims.is_some_and(|r| r <= v.idx_dim);
+        if v.ratios.len() < p.n_layer || v.ratios.iter().any(|r| ![0, 4, 128].contains(r)) {
+            return bad("deepseek4 needs a compression ratio of 0, 4 or 128 for every layer".into());
+        }
+        if v.hc != 4 || p.n_head_kv != 1 || !whole || !rope || p.sliding_window == 0 || v.idx_heads == 0 {
+            return bad("deepseek4 needs 4 streams, one KV head, sizes of whole 32-blocks, RoPE that fits the indexer's heads and a sliding window".into());
+        }
+        if p.shared_ff == 0 || !p.shared_ff.is_multiple_of(p.expert_ff) || v.hash_layers > p.n_layer {
+            return bad("deepseek4 needs a whole number of shared experts and no more hash layers than layers".into());
+        }
+    }
     if let Some(h) = &p.hybrid {
         if h.full_attention_interval == 0
             || h.conv_kernel == 0
@@ -357,6 +380,8 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
         set(format!("{a}.expert_gating_func"), u(2));
         set(format!("{a}.expert_weights_norm"), Value::Bool(true));
         set(format!("{a}.nextn_predict_layers"), u(g.nextn_layers));
+    } else if let Some(v) = &p.v4 {
+        v4_metadata(p, v, &mut set);
     } else if p.arch == Arch::MiniMaxM2 {
         // Its scoring_func, sigmoid (gating 2); no key says renormalise, which llama.cpp always does.
         set(format!("{a}.expert_gating_func"), u(2));
@@ -411,6 +436,38 @@ fn metadata(p: &Preset, opts: &SynthOptions) -> Vec<(String, Value)> {
         Value::String(format!("{:?}", opts.calibration)),
     );
     kv
+}
+
+/// DeepSeek-V4's keys, as the converter writes them (docs/deepseek4.md).
+fn v4_metadata(p: &Preset, v: &preset::V4, set: &mut dyn FnMut(String, Value)) {
+    let a = p.arch.gguf_name();
+    let u = |x: usize| Value::U32(x as u32);
+    let per_layer = |x: Value| Value::Array(x.value_type(), vec![x; p.n_layer]);
+    set(format!("{a}.expert_shared_count"), u(p.shared_ff / p.expert_ff));
+    set(format!("{a}.expert_gating_func"), u(4));
+    set(format!("{a}.expert_weights_norm"), Value::Bool(true));
+    set(format!("{a}.swiglu_clamp_exp"), per_layer(Value::F32(v.clamp)));
+    set(format!("{a}.swiglu_clamp_shexp"), per_layer(Value::F32(v.clamp)));
+    set(format!("{a}.attention.q_lora_rank"), u(v.q_lora));
+    set(format!("{a}.attention.indexer.head_count"), u(v.idx_heads));
+    set(format!("{a}.attention.indexer.key_length"), u(v.idx_dim));
+    set(format!("{a}.attention.indexer.top_k"), u(v.idx_top_k));
+    set(format!("{a}.attention.output_group_count"), u(v.out_groups));
+    set(format!("{a}.attention.output_lora_rank"), u(v.out_rank));
+    let ratios = (0..p.n_layer).map(|i| Value::I32(v.ratio(i) as i32)).collect();
+    set(
+        format!("{a}.attention.compress_ratios"),
+        Value::Array(ValueType::I32, ratios),
+    );
+    set(
+        format!("{a}.attention.compress_rope_freq_base"),
+        Value::F32(v.compress_base),
+    );
+    set(format!("{a}.hyper_connection.count"), u(v.hc));
+    set(format!("{a}.hyper_connection.sinkhorn_iterations"), u(v.sinkhorn_iters));
+    set(format!("{a}.hyper_connection.epsilon"), Value::F32(1e-6));
+    set(format!("{a}.hash_layer_count"), u(v.hash_layers));
+    set(format!("{a}.embedding_length_out"), u(v.hc * p.n_embd));
 }
 
 /// Topic centres shared by token_embd and output (see `calibration`).
@@ -471,6 +528,22 @@ impl TensorData<'_> {
                         *v = s.sigma * (a * cv + b * rng.normal());
                     }
                     blocks::encode(t.ty, s.sigma, &x, row);
+                }
+            }
+            // k distinct experts per token, each drawn uniformly
+            Role::TokenTable => {
+                let (k, n) = (t.cols(), self.p.n_expert);
+                for row in out.chunks_exact_mut(4 * k) {
+                    let mut ids: Vec<u32> = Vec::with_capacity(k);
+                    while ids.len() < k {
+                        let e = (rng.next_u64() % n as u64) as u32;
+                        if !ids.contains(&e) {
+                            ids.push(e);
+                        }
+                    }
+                    for (b, e) in row.chunks_exact_mut(4).zip(ids) {
+                        b.copy_from_slice(&(e as i32).to_le_bytes());
+                    }
                 }
             }
             _ if t.dims.len() == 1 => {

@@ -35,6 +35,9 @@ pub enum Arch {
     /// `llama4` (Llama 4 Scout / Maverick, the text model): MoE layers every `moe_every`-th with a shared
     /// expert, weightless q/k norms, RoPE frequency scaling as a `rope_freqs` tensor (see [`Llama4`]).
     Llama4,
+    /// `deepseek4` (DeepSeek-V4): hyper-connection streams, q-LoRA attention with one key-value head,
+    /// compressed entries with the lightning indexer, sqrt-softplus routing (see [`V4`]).
+    DeepSeek4,
 }
 
 impl Arch {
@@ -50,6 +53,7 @@ impl Arch {
             Arch::Glm4Moe => "glm4moe",
             Arch::MiniMaxM2 => "minimax-m2",
             Arch::Llama4 => "llama4",
+            Arch::DeepSeek4 => "deepseek4",
         }
     }
 }
@@ -159,6 +163,57 @@ impl Llama4 {
     }
 }
 
+/// What DeepSeek-V4 adds (`deepseek4`, docs/deepseek4.md), as the converter writes it from the config.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct V4 {
+    pub q_lora: usize,
+    /// Hyper-connection streams and Sinkhorn iterations (`hc_mult`, `hc_sinkhorn_iters`).
+    pub hc: usize,
+    pub sinkhorn_iters: usize,
+    /// `o_groups`, `o_lora_rank`.
+    pub out_groups: usize,
+    pub out_rank: usize,
+    /// The lightning indexer: heads, head size, entries kept.
+    pub idx_heads: usize,
+    pub idx_dim: usize,
+    pub idx_top_k: usize,
+    /// The first layers route by the token-to-expert table (`num_hash_layers`).
+    pub hash_layers: usize,
+    /// The compressed layers' RoPE base (`compress_rope_theta`).
+    pub compress_base: f32,
+    /// `swiglu_limit`, for the experts and the shared expert.
+    pub clamp: f32,
+    /// Each layer's compression ratio (0, 4 or 128; `compress_ratios`), at least one per layer.
+    pub ratios: &'static [usize],
+}
+
+/// transformers' default schedule for DeepseekV4Config's 43 layers: two of 128, then 128 and 4 alternating.
+const V4_FLASH_RATIOS: [usize; 43] = {
+    let mut r = [128; 43];
+    let mut i = 3;
+    while i < 43 {
+        r[i] = 4;
+        i += 2;
+    }
+    r
+};
+
+impl V4 {
+    /// Layer `i`'s compression ratio.
+    pub fn ratio(&self, i: usize) -> usize {
+        self.ratios[i]
+    }
+
+    /// Width of a compressor's inputs for entries of `dim` at ratio `ratio` (twice at 4: overlapping windows).
+    pub fn width(ratio: usize, dim: usize) -> usize {
+        if ratio == 4 {
+            2 * dim
+        } else {
+            dim
+        }
+    }
+}
+
 /// The linear-attention side of a Gated DeltaNet hybrid (`qwen35moe`), as the converter writes it from
 /// the config: `ssm.*`, the layer pattern, and the full-attention layers' partial, multi-section RoPE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,6 +305,8 @@ pub struct Preset {
     pub glm: Option<Glm>,
     /// Llama 4's interleaving and RoPE scaling; `None` for the other architectures.
     pub llama4: Option<Llama4>,
+    /// DeepSeek-V4's streams, compressed attention and routing; `None` for the other architectures.
+    pub v4: Option<V4>,
 }
 
 impl Preset {
@@ -311,7 +368,7 @@ impl fmt::Display for Preset {
     }
 }
 
-static PRESETS: [Preset; 11] = [
+static PRESETS: [Preset; 12] = [
     Preset {
         name: "olmoe-1b-7b",
         source: "allenai/OLMoE-1B-7B-0924",
@@ -341,6 +398,7 @@ static PRESETS: [Preset; 11] = [
         rope_dims: None,
         glm: None,
         llama4: None,
+        v4: None,
         latent: None,
     },
     Preset {
@@ -372,6 +430,7 @@ static PRESETS: [Preset; 11] = [
         rope_dims: None,
         glm: None,
         llama4: None,
+        v4: None,
         latent: None,
     },
     Preset {
@@ -403,6 +462,7 @@ static PRESETS: [Preset; 11] = [
         rope_dims: None,
         glm: None,
         llama4: None,
+        v4: None,
         latent: None,
     },
     Preset {
@@ -434,6 +494,7 @@ static PRESETS: [Preset; 11] = [
         rope_dims: None,
         glm: None,
         llama4: None,
+        v4: None,
         latent: None,
     },
     // Qwen3.6-35B-A3B has Qwen3.5-35B-A3B's text architecture (`qwen3_5_moe_text`), so one shape serves
@@ -479,6 +540,7 @@ static PRESETS: [Preset; 11] = [
         rope_dims: None,
         glm: None,
         llama4: None,
+        v4: None,
         latent: None,
     },
     // The same architecture, wider: 48 layers, hidden 3072, 32 heads / 2 KV of 256, Gated DeltaNet
@@ -520,6 +582,7 @@ static PRESETS: [Preset; 11] = [
         rope_dims: None,
         glm: None,
         llama4: None,
+        v4: None,
         latent: None,
     },
     // gpt-oss-20b, from its config: 24 layers, hidden 2880, 64 query / 8 KV heads of 64 (so the query is
@@ -559,6 +622,7 @@ static PRESETS: [Preset; 11] = [
         rope_dims: None,
         glm: None,
         llama4: None,
+        v4: None,
         latent: None,
     },
     // DeepSeek-V2-Lite, from its config: 27 layers, hidden 2048, 16 heads, no q-LoRA, kv_lora_rank 512,
@@ -599,6 +663,7 @@ static PRESETS: [Preset; 11] = [
         rope_dims: None,
         glm: None,
         llama4: None,
+        v4: None,
         latent: Some(Latent {
             kv_lora: 512,
             nope: 128,
@@ -643,6 +708,7 @@ static PRESETS: [Preset; 11] = [
             nextn_layers: 1,
         }),
         llama4: None,
+        v4: None,
         latent: None,
     },
     // Llama-4-Scout-17B-16E, from its text config: 48 layers, hidden 5120, 40 query / 8 KV heads of 128,
@@ -686,6 +752,7 @@ static PRESETS: [Preset; 11] = [
             high_freq_factor: 1.0,
             rope_orig_ctx: 8192,
         }),
+        v4: None,
         latent: None,
     },
     // MiniMax-M2, from its config: 62 layers, hidden 3072, 48 query / 8 KV heads of 128 (the query 6144
@@ -724,6 +791,65 @@ static PRESETS: [Preset; 11] = [
         rope_dims: Some(64),
         glm: None,
         llama4: None,
+        v4: None,
+        latent: None,
+    },
+    // DeepSeek-V4-Flash, from transformers 5.12's DeepseekV4Config defaults (its checkpoint): 43 layers, hidden
+    // 4096, 64 query heads of 512 and one key-value head (RoPE on the last 64 dims), q-LoRA 1024, 8 output
+    // groups of rank 1024, a sliding window of 128, compressed layers by the class's default schedule (two of
+    // 128, then 4 and 128 alternating; the checkpoint's own list may differ) with YaRN (factor 16, original
+    // context 65536, compress base 160000), the lightning indexer of 64 heads of 128 keeping 512 entries; 4
+    // hyper-connection streams, 20 Sinkhorn iterations; 256 routed experts top-6 of 2048 (sqrt-softplus scores
+    // with the choosing bias, renormalised, routed scale 1.5; the first 3 layers by the token table) and one
+    // shared expert of 2048, SwiGLU clamp 10; vocabulary 129280 (written with DeepSeek-V2's vocabulary layout);
+    // context 1048576. Its MTP layer is left out, as the converter leaves it out.
+    Preset {
+        name: "deepseek-v4-flash",
+        source: "deepseek-ai/DeepSeek-V4-Flash-Base",
+        arch: Arch::DeepSeek4,
+        vocab: VocabKind::DeepSeek,
+        n_vocab: 129280,
+        n_ctx: 1_048_576,
+        n_embd: 4096,
+        n_layer: 43,
+        n_head: 64,
+        n_head_kv: 1,
+        head_dim: 512,
+        write_head_dim: true,
+        n_ff: 0,
+        expert_ff: 2048,
+        write_expert_ff: true,
+        shared_ff: 2048,
+        n_expert: 256,
+        n_expert_used: 6,
+        rope_base: 10000.0,
+        rms_eps: 1e-6,
+        hybrid: None,
+        dense_lead: 0,
+        expert_weights_scale: Some(1.5),
+        yarn: Some(Yarn {
+            factor: 16.0,
+            orig_ctx: 65536,
+            mscale_all_dim: None,
+        }),
+        sliding_window: 128,
+        rope_dims: Some(64),
+        glm: None,
+        llama4: None,
+        v4: Some(V4 {
+            q_lora: 1024,
+            hc: 4,
+            sinkhorn_iters: 20,
+            out_groups: 8,
+            out_rank: 1024,
+            idx_heads: 64,
+            idx_dim: 128,
+            idx_top_k: 512,
+            hash_layers: 3,
+            compress_base: 160000.0,
+            clamp: 10.0,
+            ratios: &V4_FLASH_RATIOS,
+        }),
         latent: None,
     },
 ];

@@ -8,7 +8,7 @@ use titan_engine::config::Mixer;
 use titan_engine::{Model, Outputs};
 use titan_gguf::GgufFile;
 use titan_kernels::GgmlType;
-use titan_synth::{preset, routing_report, synth, FileType, Hybrid, Latent, Preset, SynthOptions};
+use titan_synth::{preset, routing_report, synth, FileType, Hybrid, Latent, Preset, SynthOptions, V4};
 
 /// A preset of the real architecture with small dimensions (tests only). A hybrid keeps its layer
 /// pattern: 4 layers, the last full attention. Latent attention keeps one KV head and its proportions
@@ -55,6 +55,23 @@ fn tiny(name: &str) -> Preset {
         // Llama 4's shared expert is a routed expert's size
         p.shared_ff = p.expert_ff;
     }
+    if let Some(v) = &mut p.v4 {
+        // one KV head; every ratio in the first 4 layers (the routing test takes 6)
+        *v = V4 {
+            ratios: &[128, 0, 4, 128, 4, 0],
+            q_lora: 64,
+            out_groups: 2,
+            out_rank: 64,
+            idx_heads: 4,
+            idx_dim: 64,
+            idx_top_k: 4,
+            hash_layers: 1,
+            ..*v
+        };
+        p.n_head_kv = 1;
+        p.n_layer = 4;
+        p.sliding_window = 8;
+    }
     p
 }
 
@@ -84,6 +101,7 @@ fn every_architecture_loads_and_runs_in_titan() {
         "glm-4.5-air",
         "minimax-m2",
         "llama-4-scout",
+        "deepseek-v4-flash",
     ];
     for name in names {
         for ty in [
@@ -115,11 +133,28 @@ fn every_architecture_loads_and_runs_in_titan() {
                 p.latent.map(|m| (0, m.kv_lora, m.nope, m.rope, m.v_dim)),
                 "{name}"
             );
+            // (DeepSeek-V4's YaRN is its compressed layers' alone)
+            let yarn = model.config.v4.as_ref().map_or(model.config.yarn, |v| v.compress_yarn);
             assert_eq!(
-                model.config.yarn.map(|y| (y.factor, y.orig_ctx)),
+                yarn.map(|y| (y.factor, y.orig_ctx)),
                 p.yarn.map(|y| (y.factor, y.orig_ctx)),
                 "{name}"
             );
+            if let Some(v) = &p.v4 {
+                let c = model.config.v4.as_ref().expect("DeepSeek-V4's shape");
+                let ratios: Vec<usize> = (0..p.n_layer).map(|i| v.ratio(i)).collect();
+                assert_eq!(
+                    (&c.ratios, c.hash_layers, c.hc),
+                    (&ratios, v.hash_layers, v.hc),
+                    "{name}"
+                );
+                assert!(ratios.contains(&4) && ratios.contains(&128), "{name}: {ratios:?}");
+                assert_eq!(
+                    model.config.scores,
+                    titan_engine::config::Scores::SqrtSoftplus,
+                    "{name}"
+                );
+            }
             assert_eq!(model.config.sliding_window, p.sliding_window, "{name}");
             if let Some(r) = p.rope_dims {
                 assert_eq!(model.config.rope_dims, r, "{name}");
@@ -129,7 +164,10 @@ fn every_architecture_loads_and_runs_in_titan() {
                 assert_eq!(model.config.n_nextn, g.nextn_layers);
             }
             if p.glm.is_some() || p.arch == titan_synth::Arch::MiniMaxM2 {
-                assert!(model.config.sigmoid_scores && model.config.norm_topk, "{name}");
+                assert!(
+                    model.config.scores == titan_engine::config::Scores::Sigmoid && model.config.norm_topk,
+                    "{name}"
+                );
             }
             if let Some(l) = &p.llama4 {
                 // every fourth layer without RoPE, the others chunked; the file's rope_freqs loaded
@@ -412,6 +450,7 @@ fn the_newer_families_route_realistically() {
         "glm-4.5-air",
         "minimax-m2",
         "llama-4-scout",
+        "deepseek-v4-flash",
     ] {
         let mut p = tiny(name);
         p.n_embd = 512;
@@ -502,5 +541,46 @@ fn gpt_oss_deepseek_glm_and_minimax_match_the_converters_files() {
             t
         };
         assert_eq!(tensors(&ours), tensors(&real), "{name}: tensor names, ranks and types");
+    }
+}
+
+/// The keys and tensors llama.cpp's converter writes for DeepSeek-V4, read from the `deepseek4` fixture (3 layers
+/// of ratios 0, 4 and 128, the first hash-routed, 8 experts top-2): a synthetic file of that shape has the same
+/// architecture keys and the same tensor names and ranks. (The types differ: the fixture's source is f32, so
+/// its converter kept every tensor but the experts in F32, where a real checkpoint's are written F16 or
+/// quantised.)
+#[test]
+fn deepseek4_matches_the_converters_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek4/mxfp4_moe.gguf");
+    let real = GgufFile::open(fixture).unwrap();
+    let mut p = tiny("deepseek-v4-flash");
+    p.n_layer = 3;
+    p.n_expert = 8;
+    p.n_expert_used = 2;
+    if let Some(v) = &mut p.v4 {
+        v.ratios = &[0, 4, 128];
+    }
+    let ours = GgufFile::open(write(&p, FileType::Mxfp4_Moe, 2, dir.path(), "deepseek4.gguf")).unwrap();
+    let keys = |f: &GgufFile| {
+        let mut k: Vec<String> = f
+            .metadata
+            .iter()
+            .map(|(k, _)| k.clone())
+            .filter(|k| k.starts_with("deepseek4."))
+            .collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&ours), keys(&real), "architecture keys");
+    let tensors = |f: &GgufFile| {
+        let mut t: Vec<(String, usize)> = f.tensors.iter().map(|t| (t.name.clone(), t.dims.len())).collect();
+        t.sort();
+        t
+    };
+    assert_eq!(tensors(&ours), tensors(&real), "tensor names and ranks");
+    let ty = |f: &GgufFile, name: &str| f.tensor(name).map(|t| t.ty);
+    for name in ["blk.0.ffn_gate_tid2eid.weight", "blk.2.ffn_down_exps.weight"] {
+        assert_eq!(ty(&ours, name), ty(&real, name), "{name}");
     }
 }

@@ -9,7 +9,7 @@ use crate::output::{human, progress_bar};
 #[derive(clap::Args)]
 pub struct Args {
     /// Which model's dimensions: olmoe-1b-7b, qwen3-30b-a3b, qwen1.5-moe-a2.7b, mixtral-8x7b, qwen3.6-35b-a3b,
-    /// qwen3.5-122b-a10b, gpt-oss-20b, deepseek-v2-lite, glm-4.5-air, minimax-m2, llama-4-scout.
+    /// qwen3.5-122b-a10b, gpt-oss-20b, deepseek-v2-lite, glm-4.5-air, minimax-m2, llama-4-scout, deepseek-v4-flash.
     #[arg(long)]
     preset: String,
     /// Tensor type of the file: q4_0, q8_0, q4_k_m, q6_k, f16, mxfp4 (experts MXFP4, the rest F16, as the

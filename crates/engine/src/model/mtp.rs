@@ -63,7 +63,7 @@ impl Model {
         let mut attends = vec![false; c.n_layer + 1];
         attends[c.n_layer] = true;
         Ok(MtpState {
-            mem: Memory::new(KvCache::new(&attends, n_ctx, c.kv_dim(), true), Vec::new()),
+            mem: Memory::new(KvCache::new(&attends, n_ctx, c.kv_dim(), true), Vec::new(), Vec::new()),
             scratch: Scratch::default(),
             states: Vec::new(),
             joined: Vec::new(),

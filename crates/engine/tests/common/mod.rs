@@ -25,6 +25,7 @@ pub const ONE_PER_ARCHITECTURE: &[&str] = &[
     "glm4moe/q4_0.gguf",
     "minimax-m2/q8_0.gguf",
     "llama4/q4_0.gguf",
+    "deepseek4/mxfp4_moe.gguf",
 ];
 
 pub fn fixtures() -> PathBuf {

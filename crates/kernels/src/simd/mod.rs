@@ -475,6 +475,7 @@ fn scalar_dot_rows(ty: GgmlType) -> DotFn {
         GgmlType::Q6_K => rows!(q6_k),
         GgmlType::Q8_K => rows!(q8_k),
         GgmlType::MXFP4 => rows!(mxfp4),
+        GgmlType::I32 => unreachable!("an I32 table is never multiplied: no activation has its type"),
     }
 }
 
