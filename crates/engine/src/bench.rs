@@ -72,10 +72,13 @@ pub fn bench(model: &Model, o: &BenchOptions) -> Result<BenchReport> {
     let vocab = model.config.n_vocab;
     let tokens = prompt(o.prompt_tokens.max(1), vocab);
     // Warm-up, as llama-bench's: the whole prompt once and one decode step, which starts the thread pool
-    // and sizes (and faults in) every working buffer for the batches measured below. Resident weights are
-    // also read ahead (streamed experts are not: reading the whole file is exactly what the store avoids).
+    // and sizes (and faults in) every working buffer for the batches measured below. Resident weights used
+    // in place are read in first, as llama.cpp's loader reads its mapping (streamed experts are not: reading
+    // the whole file is exactly what the store avoids): a file used in place, MXFP4 experts for one, would
+    // otherwise fault its pages in from disk during the passes measured (a 14 GiB DeepSeek-V4 file after
+    // another process had taken the page cache: 2.6-6 tok/s, then 9-11 once in memory).
     if model.weights.residency() == Residency::All {
-        model.weights.file.advise_willneed();
+        model.weights.populate_in_place();
     }
     // One sequence for the whole bench, each repetition restarting it at position 0, as llama-bench keeps
     // one context and clears its memory: a fresh sequence per repetition made the first one fault in its

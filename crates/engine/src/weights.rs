@@ -483,6 +483,20 @@ impl Weights {
         self.residency = residency;
     }
 
+    /// Bring the tensors computed from the mapping itself (those not copied out, in the blocks the model
+    /// runs) into memory now, before timing runs: a copied tensor's pages were released and stay so.
+    pub fn populate_in_place(&self) {
+        let blocks = self.layers.len();
+        for t in &self.file.tensors {
+            let start = (self.file.data_offset + t.offset) as usize;
+            let len = self.file.tensor_data(t).len();
+            let runs = split_block(&t.name).is_none_or(|(b, _)| b < blocks);
+            if runs && self.copies.get(start, len).is_none() {
+                self.file.populate(start, len);
+            }
+        }
+    }
+
     /// The widest row of any tensor of the model, in elements: no product's input can be wider.
     pub fn max_cols(&self) -> usize {
         self.file

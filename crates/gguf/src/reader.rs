@@ -225,9 +225,15 @@ impl GgufFile {
         };
     }
 
-    /// Advise the kernel that the whole mapping will be needed (used before timing runs).
-    pub fn advise_willneed(&self) {
-        let _ = self.map.advise(memmap2::Advice::WillNeed);
+    /// Bring bytes `start..start + len` of the mapping into memory now, as llama.cpp's loader does with
+    /// its whole mapping (MAP_POPULATE): returns once every page is in (MADV_POPULATE_READ), or, on a kernel
+    /// without that advice (before Linux 5.14) or another system, asks for them to be read ahead.
+    pub fn populate(&self, start: usize, len: usize) {
+        #[cfg(target_os = "linux")]
+        if self.map.advise_range(memmap2::Advice::PopulateRead, start, len).is_ok() {
+            return;
+        }
+        let _ = self.map.advise_range(memmap2::Advice::WillNeed, start, len);
     }
 
     fn err(&self, key: &str, what: impl Into<String>) -> GgufError {
