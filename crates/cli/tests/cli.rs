@@ -130,6 +130,16 @@ fn inspect_describes_the_model() {
     for want in ["qwen3moe", "experts:", "Q8_0", "dense", "experts ("] {
         assert!(s.contains(want), "missing {want:?} in\n{s}");
     }
+    // DeepSeek-V4's attention and streams, from the fixture's metadata (window 8, ratios 0 / 4 / 128, the
+    // indexer's 8 heads of 64 keeping 4, one layer routed by token).
+    let o = titan(&["inspect", fixture("deepseek4/mxfp4_moe.gguf").to_str().unwrap()]);
+    let s = String::from_utf8(o.stdout).unwrap();
+    for want in [
+        "a window of 8 on every layer; compressed entries of 4 (indexer: 8 heads of 64, top 4) on 1, of 128 on 1, of 3 layers",
+        "4 hyper-connection streams; experts chosen by the token in the first 1 layer(s)",
+    ] {
+        assert!(s.contains(want), "missing {want:?} in\n{s}");
+    }
 }
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {

@@ -77,6 +77,23 @@ pub fn run(a: Args) -> Result<()> {
             count(&c.nope)
         );
     }
+    if let Some(v) = &c.v4 {
+        let on = |r: usize| v.ratios.iter().filter(|&&x| x == r).count();
+        println!(
+            "attention:     a window of {} on every layer; compressed entries of 4 (indexer: {} heads of {}, top {}) on {}, of 128 on {}, of {} layers",
+            v.window,
+            v.idx_heads,
+            v.idx_dim,
+            v.idx_top_k,
+            on(4),
+            on(128),
+            c.n_layer
+        );
+        println!(
+            "streams:       {} hyper-connection streams; experts chosen by the token in the first {} layer(s)",
+            v.hc, v.hash_layers
+        );
+    }
     if c.shared_ff > 0 {
         println!("shared expert: FFN {}", c.shared_ff);
     }
