@@ -58,7 +58,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 for model in qwen3moe/q8_0 olmoe/q4_0 qwen3moe-k/q4_k_m qwen3moe-k/q6_k mixtral/q8_0 qwen2moe/q5_0 \
     qwen35moe/q4_0 qwen3next/q8_0 qwen35/q8_0 qwen35moe-k/mxfp4_moe deepseek3/q8_0 gpt-oss/mxfp4_moe \
-    glm4moe/q8_0 minimax-m2/q4_0 llama4/q8_0; do
+    glm4moe/q8_0 minimax-m2/q4_0 llama4/q8_0 deepseek4/mxfp4_moe; do
     args=(trace -m "tests/fixtures/$model.gguf" -p "The quick brown fox" -n 6 --temp 0 --threads 2)
     qemu-aarch64 -L "$SYSROOT" "$ARM_TITAN" "${args[@]}" -o "$work/arm.trace" 2>/dev/null
     "$NATIVE_TITAN" "${args[@]}" -o "$work/native.trace" 2>/dev/null
