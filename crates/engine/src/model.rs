@@ -449,18 +449,13 @@ impl Model {
     /// How layer `il` chooses and weighs its experts.
     pub fn route_rule(&self, il: usize) -> RouteRule<'_> {
         let c = &self.config;
+        let moe = self.weights.layers[il].moe.as_ref();
         RouteRule {
             n_expert: c.n_expert,
             k: c.n_expert_used,
             scores: c.scores,
-            table: self.weights.layers[il]
-                .moe
-                .as_ref()
-                .and_then(|m| m.token_table.as_deref()),
-            bias: self.weights.layers[il]
-                .moe
-                .as_ref()
-                .and_then(|m| m.choice_bias.as_deref()),
+            table: moe.and_then(|m| m.token_table.as_deref()),
+            bias: moe.and_then(|m| m.choice_bias.as_deref()),
             groups: c.expert_groups,
             groups_used: c.expert_groups_used,
             norm: c.norm_topk,

@@ -151,6 +151,8 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
     let mut slots: Vec<Slot<'_>> = Vec::new();
     let mut free = PromptCache::new(opts.prompt_cache);
     let mut batch = Batch::default();
+    // The final states of the rows an MTP drafter is shown, kept from step to step.
+    let mut states = Vec::new();
     loop {
         // Admit: block for work when idle; otherwise take what is waiting, up to the free slots.
         while slots.len() < opts.parallel {
@@ -228,7 +230,7 @@ pub fn run(model: &Model, opts: &SchedulerOptions, mut queue: mpsc::Receiver<Job
         if slots.is_empty() {
             continue;
         }
-        step(model, opts, &mut slots, &mut free, &mut batch, metrics);
+        step(model, opts, &mut slots, &mut free, &mut batch, &mut states, metrics);
         // Those the step finished are gone now, not at the next step, which may be a long wait away.
         metrics.active.store(slots.len() as u64, Ordering::Relaxed);
     }
@@ -249,6 +251,7 @@ fn step<'m>(
     slots: &mut Vec<Slot<'m>>,
     free: &mut PromptCache<'m>,
     batch: &mut Batch,
+    states: &mut Vec<f32>,
     metrics: &Metrics,
 ) {
     // Decode rows first (latency matters): each decoding sequence's next token and its drafts. Then prompt
@@ -343,7 +346,6 @@ fn step<'m>(
     let seconds = started.elapsed().as_secs_f64();
     let mut finished = Vec::new();
     let (mut row, mut first_row) = (0, 0);
-    let mut states = Vec::new();
     for &i in &members {
         let s = &mut slots[i];
         let was_reading = s.reading_prompt();
@@ -357,7 +359,7 @@ fn step<'m>(
         let step_rows = first_row..first_row + take[i];
         first_row += take[i];
         if s.reading_prompt() {
-            follow(model, batch, s, pos0, step_rows, &mut states);
+            follow(model, batch, s, pos0, step_rows, states);
             continue;
         }
         if was_reading && opts.prompt_cache {
@@ -376,7 +378,7 @@ fn step<'m>(
             }
             accepted += 1;
         }
-        follow(model, batch, s, pos0, step_rows, &mut states);
+        follow(model, batch, s, pos0, step_rows, states);
         if let Some(m) = s.cache.mtp.as_mut().filter(|_| was_reading && opts.prompt_cache) {
             // Where the sequence's checkpoint is: a later request that shares the prompt continues there.
             m.mark();
