@@ -307,7 +307,7 @@ pub struct ShardExperts {
     pub config: Config,
     /// The shard's own tensors: `n_expert` is the count it holds, its first expert being `spec`'s first.
     layout: ExpertLayout,
-    /// Q4_0/Q8_0 tensors regrouped for the SIMD kernels (as a resident model's are), by file offset; their
+    /// Q4_0, Q8_0 and MXFP4 tensors regrouped for the SIMD kernels (as a resident model's are), by file offset; their
     /// mapped pages are released, so the node holds each expert once.
     regrouped: std::collections::HashMap<u64, Vec<u8>>,
     /// Every expert's digest as the shard's header gives it, layer-major (checked against the bytes when
@@ -414,7 +414,7 @@ impl ShardExperts {
         Ok(shard)
     }
 
-    /// Copies each Q4_0/Q8_0 tensor into the regrouped layout the SIMD kernels read fastest (the same
+    /// Copies each Q4_0, Q8_0 and MXFP4 tensor into the regrouped layout the SIMD kernels read fastest (the same
     /// bits), one tensor at a time, releasing its mapped pages as it goes.
     fn regroup(&mut self) {
         let n = self.layout.n_expert as u64;

@@ -54,7 +54,7 @@ pub enum Outputs {
 }
 
 impl Model {
-    /// Loads the model at `path` with every weight resident: read in place from the mapping, Q4_0/Q8_0
+    /// Loads the model at `path` with every weight resident: read in place from the mapping, Q4_0/Q8_0/MXFP4
     /// matrices regrouped for the kernels.
     pub fn load(path: impl AsRef<Path>) -> Result<Model> {
         let (file, config, tokenizer) = Self::open(path)?;

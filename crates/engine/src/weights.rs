@@ -1,7 +1,7 @@
 //! The model's weights as typed views into the GGUF mapping, with every shape checked at load.
 //!
 //! Matrices stay in their GGUF encoding: read in place from the mapping, or copied out of it at load —
-//! Q4_0/Q8_0 matrices regrouped for the SIMD kernels, and the dense matrices when experts stream.
+//! Q4_0, Q8_0 and MXFP4 matrices regrouped for the SIMD kernels, and the dense matrices when experts stream.
 //! Only the small vectors (norms, biases) are decoded to f32 once.
 
 use titan_gguf::{GgufFile, TensorInfo};
@@ -435,7 +435,7 @@ impl Weights {
 
     /// Copies tensors out of the mapping, once, after loading:
     ///
-    /// - every Q4_0/Q8_0 matrix the SIMD kernels take regrouped (`titan_kernels::regroup_weights`:
+    /// - every Q4_0, Q8_0 and MXFP4 matrix the SIMD kernels take regrouped (`titan_kernels::regroup_weights`:
     ///   scales first and quants pre-transposed, so each kernel call skips that work — the same bits),
     ///   except the token embedding, which is read row by row;
     /// - with [`Residency::Dense`] (experts streamed from a store), every other dense tensor as it is:

@@ -21,7 +21,7 @@
 //! accumulators as they are. The bytes hold exactly the information of the plain Q8_0 row, so the
 //! kernels reading them produce the plain scalar twin's bits.
 
-use crate::formats::{q4_0, q8_0};
+use crate::formats::{mxfp4, q4_0, q8_0};
 use crate::GgmlType;
 
 /// Blocks per group: the eight lanes of a 256-bit register of i32.
@@ -55,18 +55,28 @@ pub(crate) fn regroup(plain: &[u8], dst: &mut [u8]) {
     }
 }
 
-/// Q4_0 or Q8_0 weights laid out for the SIMD kernels, once at load: each row's groups of eight
-/// blocks become the eight f16 scales (16 bytes), then the quants in the registers the kernels
-/// would otherwise build by transposing (`4 · 32` bytes for Q4_0: register `m` holds byte quad `m` of
-/// block `k` in lane `k`; `8 · 32` for Q8_0: register `2m + h` holds quants `16h + 4m ..` of block
-/// `k` in lane `k`, as the activations). A group keeps its size, so a row does too. The blocks after
-/// a row's last whole group (fewer than eight: DeepSeek-V2-Lite's and Qwen2-MoE's 1408-wide expert
-/// rows end in four) stay plain, and the kernels pad them as they pad a plain row's.
-pub(crate) const WEIGHT_SCALES_BYTES: usize = 16;
+/// Q4_0, Q8_0 or MXFP4 weights laid out for the SIMD kernels, once at load: each row's groups of
+/// eight blocks become the eight blocks' scales (f16, 16 bytes; MXFP4's E8M0 exponents, 8 bytes),
+/// then the quants in the registers the kernels would otherwise build by transposing (`4 · 32` bytes
+/// for Q4_0 and MXFP4: register `m` holds byte quad `m` of block `k` in lane `k`; `8 · 32` for Q8_0:
+/// register `2m + h` holds quants `16h + 4m ..` of block `k` in lane `k`, as the activations). A group
+/// keeps its size, so a row does too. A row's last `t < 8` blocks (DeepSeek-V2-Lite's and Qwen2-MoE's
+/// 1408-wide expert rows end in four, gpt-oss's 2880-wide rows in two) are laid out the same way with
+/// `t` lanes: their `t` scales, then each register's `t` lanes (`4t` bytes), which the kernels load
+/// with a lane mask — the zero lanes a padded group would have, without building one per row.
+///
+/// This is the bytes of one block's scale in that layout: an f16, or MXFP4's one exponent byte.
+fn scale_bytes(ty: GgmlType) -> usize {
+    if ty == GgmlType::MXFP4 {
+        1
+    } else {
+        2
+    }
+}
 
-/// Whether `ty` rows of `cols` elements can be regrouped: Q4_0 or Q8_0 rows of at least one group.
+/// Whether `ty` rows of `cols` elements can be regrouped: Q4_0, Q8_0 or MXFP4 rows of at least one group.
 pub fn weights_regroupable(ty: GgmlType, cols: usize) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q8_0)
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::MXFP4)
         && cols.is_multiple_of(q8_0::BLOCK_LEN)
         && cols >= GROUP_BLOCKS * q8_0::BLOCK_LEN
 }
@@ -85,58 +95,61 @@ pub(crate) fn regroup_weights_in_place(ty: GgmlType, row_bytes: usize, data: &mu
 /// `dst` regrouped from `src`, or from its own bytes when `src` is `None`.
 fn regroup_rows(ty: GgmlType, row_bytes: usize, src: Option<&[u8]>, dst: &mut [u8]) {
     match ty {
-        GgmlType::Q4_0 => regroup_groups::<{ q4_0::BLOCK_BYTES }, false>(row_bytes, src, dst),
-        GgmlType::Q8_0 => regroup_groups::<{ q8_0::BLOCK_BYTES }, true>(row_bytes, src, dst),
+        GgmlType::Q4_0 => regroup_groups::<{ q4_0::BLOCK_BYTES }, 2, false>(row_bytes, src, dst),
+        GgmlType::Q8_0 => regroup_groups::<{ q8_0::BLOCK_BYTES }, 2, true>(row_bytes, src, dst),
+        GgmlType::MXFP4 => regroup_groups::<{ mxfp4::BLOCK_BYTES }, 1, false>(row_bytes, src, dst),
         _ => unreachable!("{} weights are not regrouped (weights_regroupable)", ty.name()),
     }
 }
 
-/// [`regroup_rows`] for blocks of `BB` bytes (`Q8`: Q8_0's register order), each group copied to the
-/// stack first (which is also what lets it work in place): with the sizes and offsets known to the
-/// compiler the copies need no bounds checks, which made a 2.65 MB Qwen3-30B-A3B Q4_0 expert regroup in
-/// 0.5 ms instead of 1.5 (the store's `record_cpu` example) — time its I/O thread takes from the two
-/// cores of a small machine for every record streamed.
-fn regroup_groups<const BB: usize, const Q8: bool>(row_bytes: usize, src: Option<&[u8]>, dst: &mut [u8]) {
+/// [`regroup_rows`] for blocks of `BB` bytes whose scale takes the first `S` (`Q8`: Q8_0's register
+/// order), each run of up to eight blocks copied to the stack first (which is also what lets it work
+/// in place): with the sizes and offsets known to the compiler the copies need no bounds checks, which
+/// made a 2.65 MB Qwen3-30B-A3B Q4_0 expert regroup in 0.5 ms instead of 1.5 (the store's `record_cpu`
+/// example) — time its I/O thread takes from the two cores of a small machine for every record
+/// streamed.
+fn regroup_groups<const BB: usize, const S: usize, const Q8: bool>(
+    row_bytes: usize,
+    src: Option<&[u8]>,
+    dst: &mut [u8],
+) {
     let mut group = [0u8; GROUP_BLOCKS * q8_0::BLOCK_BYTES];
     let group = &mut group[..GROUP_BLOCKS * BB];
-    for (r, row) in dst.chunks_exact_mut(row_bytes).enumerate() {
+    for (r, row) in dst.chunks_mut(row_bytes).enumerate() {
         let src_row = src.map(|src| &src[r * row_bytes..(r + 1) * row_bytes]);
-        let mut groups = row.chunks_exact_mut(GROUP_BLOCKS * BB);
-        for (i, g_dst) in groups.by_ref().enumerate() {
+        for (i, g_dst) in row.chunks_mut(GROUP_BLOCKS * BB).enumerate() {
+            let group = &mut group[..g_dst.len()];
             match src_row {
-                Some(s) => group.copy_from_slice(&s[i * group.len()..(i + 1) * group.len()]),
+                Some(s) => group.copy_from_slice(&s[i * GROUP_BLOCKS * BB..][..g_dst.len()]),
                 None => group.copy_from_slice(g_dst),
             }
-            for k in 0..GROUP_BLOCKS {
-                let block = &group[BB * k..BB * (k + 1)];
-                g_dst[2 * k..2 * k + 2].copy_from_slice(&block[..2]);
-                for quad in 0..(BB - 2) / 4 {
-                    let at = WEIGHT_SCALES_BYTES + 32 * quad_register(Q8, quad) + 4 * k;
-                    g_dst[at..at + 4].copy_from_slice(&block[2 + 4 * quad..6 + 4 * quad]);
+            let lanes = g_dst.len() / BB;
+            for (k, block) in group.chunks_exact(BB).enumerate() {
+                g_dst[S * k..S * k + S].copy_from_slice(&block[..S]);
+                for quad in 0..(BB - S) / 4 {
+                    let at = lanes * (S + 4 * quad_register(Q8, quad)) + 4 * k;
+                    g_dst[at..at + 4].copy_from_slice(&block[S + 4 * quad..S + 4 + 4 * quad]);
                 }
             }
         }
-        // The plain tail, copied (in place it is already there).
-        let tail = groups.into_remainder();
-        if let Some(s) = src_row {
-            tail.copy_from_slice(&s[row_bytes - tail.len()..]);
-        }
     }
 }
 
-/// The plain blocks of one regrouped group (`GROUP_BLOCKS` blocks of `ty`) into `dst`.
+/// The plain blocks of one regrouped run of blocks (a group, or a row's last `t < 8` blocks) into `dst`
+/// (as long).
 pub(crate) fn ungroup_weights(ty: GgmlType, group: &[u8], dst: &mut [u8]) {
-    let bb = ty.block_bytes();
+    let (bb, s) = (ty.block_bytes(), scale_bytes(ty));
+    let lanes = group.len() / bb;
     for (k, block) in dst.chunks_exact_mut(bb).enumerate() {
-        block[..2].copy_from_slice(&group[2 * k..2 * k + 2]);
-        for quad in 0..(bb - 2) / 4 {
-            let at = WEIGHT_SCALES_BYTES + 32 * quad_register(ty == GgmlType::Q8_0, quad) + 4 * k;
-            block[2 + 4 * quad..2 + 4 * quad + 4].copy_from_slice(&group[at..at + 4]);
+        block[..s].copy_from_slice(&group[s * k..s * k + s]);
+        for quad in 0..(bb - s) / 4 {
+            let at = lanes * (s + 4 * quad_register(ty == GgmlType::Q8_0, quad)) + 4 * k;
+            block[s + 4 * quad..s + 4 * quad + 4].copy_from_slice(&group[at..at + 4]);
         }
     }
 }
 
-/// The register that holds byte quad `quad` of a block's quants: Q4_0's four quads in order (each
+/// The register that holds byte quad `quad` of a block's quants: Q4_0's and MXFP4's four quads in order (each
 /// holds elements `4m ..` and `16 + 4m ..`); Q8_0's (`q8`) eight in the activations' order.
 fn quad_register(q8: bool, quad: usize) -> usize {
     if q8 {

@@ -57,7 +57,7 @@
 //! The SIMD Q4_0, Q5_0, Q8_0 and MXFP4 kernels read Q8_0 activations in a grouped layout
 //! (`grouped.rs`: eight blocks side by side, block `k` in lane `k`), which [`Activations`] keeps
 //! beside the plain rows. Their weights are plain GGUF rows, transposed into that arrangement in
-//! registers, or (Q4_0 and Q8_0) — where [`regrouped_weights_pay`] — regrouped once at load by
+//! registers, or (Q4_0, Q8_0 and MXFP4) — where [`regrouped_weights_pay`] — regrouped once at load by
 //! [`regroup_weights`] ([`WeightLayout`]), which the scalar twin undoes block by block. Layouts move
 //! bytes only: every layout gives the same bits.
 //!

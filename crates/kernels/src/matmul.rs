@@ -30,12 +30,12 @@ pub struct WeightView<'a> {
 pub enum WeightLayout {
     /// As in the GGUF file.
     Plain,
-    /// Q4_0 / Q8_0 regrouped for the SIMD kernels by [`regroup_weights`]: the same bytes per row,
+    /// Q4_0, Q8_0 or MXFP4 regrouped for the SIMD kernels by [`regroup_weights`]: the same bytes per row,
     /// each group of eight blocks' scales first and quants transposed.
     Regrouped,
 }
 
-/// `src` (`rows` × `cols` of `ty`, plain) regrouped into `dst` for the SIMD Q4_0/Q8_0 kernels, rows in
+/// `src` (`rows` × `cols` of `ty`, plain) regrouped into `dst` for the SIMD Q4_0, Q8_0 and MXFP4 kernels, rows in
 /// parallel; `false` (and `dst` untouched) when the type or row length cannot be regrouped. Results
 /// are the same bits as with the plain rows.
 pub fn regroup_weights(ty: GgmlType, cols: usize, src: &[u8], dst: &mut [u8]) -> bool {

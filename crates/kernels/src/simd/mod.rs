@@ -397,10 +397,10 @@ pub(crate) fn float_kernel(isa: Isa) -> FloatKernel {
 
 /// The scalar twin of the regrouped-weight kernels: each group is restored to its plain blocks, and
 /// each block's term (a one-block `vec_dot`) goes to lane `block % 8`, as the plain `vec_dot` does.
-/// Only Q4_0 and Q8_0 are ever regrouped (`grouped::weights_regroupable`).
+/// Only Q4_0, Q8_0 and MXFP4 are ever regrouped (`grouped::weights_regroupable`).
 fn scalar_regrouped_rows(ty: GgmlType) -> DotFn {
     use crate::accum::Lanes8;
-    use crate::formats::{q4_0, q8_0};
+    use crate::formats::{mxfp4, q4_0, q8_0};
     use crate::grouped::{ungroup_weights, GROUP_BLOCKS};
     macro_rules! rows {
         ($m:ident, $ty:expr) => {{
@@ -414,17 +414,13 @@ fn scalar_regrouped_rows(ty: GgmlType) -> DotFn {
                             l.add(b, $m::vec_dot(block, &a[b * ab..(b + 1) * ab]));
                         }
                     };
-                    let mut groups = w.chunks_exact(plain.len());
-                    for (g, group) in groups.by_ref().enumerate() {
-                        ungroup_weights($ty, group, &mut plain);
+                    // Groups of eight blocks, and a row's last `t < 8` blocks in `t` lanes.
+                    for (g, group) in w.chunks(plain.len()).enumerate() {
+                        let plain = &mut plain[..group.len()];
+                        ungroup_weights($ty, group, plain);
                         for (k, block) in plain.chunks_exact(bb).enumerate() {
                             dot(g * GROUP_BLOCKS + k, block);
                         }
-                    }
-                    // The blocks after the last whole group are plain.
-                    let whole = (w.len() / plain.len()) * GROUP_BLOCKS;
-                    for (k, block) in groups.remainder().chunks_exact(bb).enumerate() {
-                        dot(whole + k, block);
                     }
                     for (o, l) in out.iter_mut().zip(lanes) {
                         *o = l.sum();
@@ -437,6 +433,7 @@ fn scalar_regrouped_rows(ty: GgmlType) -> DotFn {
     match ty {
         GgmlType::Q4_0 => rows!(q4_0, GgmlType::Q4_0),
         GgmlType::Q8_0 => rows!(q8_0, GgmlType::Q8_0),
+        GgmlType::MXFP4 => rows!(mxfp4, GgmlType::MXFP4),
         other => unreachable!("{other} weights are never regrouped"),
     }
 }

@@ -246,7 +246,7 @@ fn regrouped_weights_give_the_plain_scalar_bits_on_every_isa() {
     // Scalar included: its regrouped twin restores the blocks. Three weight rows per call.
     const W_ROWS: usize = 3;
     for isa in available_isas() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::MXFP4] {
             let mut rng = Rng::new(u64::from(ty.id()) * 77 + isa as u64);
             // Whole groups, and rows that end in plain blocks (1408 = 5 groups and 4 blocks).
             for n in [256, 512, 1280, 288, 480, 1408] {
@@ -285,8 +285,8 @@ fn regrouped_weights_give_the_plain_scalar_bits_on_every_isa() {
 #[test]
 fn matmul_of_regrouped_weights_equals_plain_on_every_isa() {
     for isa in available_isas() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
-            for (rows, cols) in [(70, 512), (21, 1408)] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::MXFP4] {
+            for (rows, cols) in [(70, 512), (21, 1408), (9, 2880)] {
                 let (data, acts) = problem(ty, rows, cols, 11, 5);
                 let plain = WeightView::new(ty, rows, cols, &data).unwrap();
                 let mut regrouped = vec![0u8; data.len()];

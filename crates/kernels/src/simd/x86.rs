@@ -59,6 +59,8 @@ pub(super) fn dot_kernel(isa: Isa, ty: GgmlType, layout: WeightLayout) -> Option
             (Isa::Avx2, GgmlType::Q8_0) => avx2::q8_0g,
             (Isa::Avx512, GgmlType::Q4_0) => avx512::q4_0g,
             (Isa::Avx512, GgmlType::Q8_0) => avx512::q8_0g,
+            (Isa::Avx2, GgmlType::MXFP4) => avx2::mxfp4g,
+            (Isa::Avx512, GgmlType::MXFP4) => avx512::mxfp4g,
             _ => return None,
         };
         return Some(DotKernel {
@@ -261,6 +263,7 @@ mod avx2 {
     entry!("avx2,f16c", Avx2Dot: mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q4_0g, q4_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c", Avx2Dot: mxfp4g, mxfp4g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c", Avx2Dot: q4_1, q4_1_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q5_1, q5_1_rows, 1 2 3 4);
     entry!("avx2,f16c", Avx2Dot: q2_k, q2_k_rows, 1 2 3 4);
@@ -283,6 +286,7 @@ mod avx512 {
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: mxfp4, mxfp4_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_0g, q4_0g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q8_0g, q8_0g_rows, 1 2 3 4 5 6 7 8);
+    entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: mxfp4g, mxfp4g_rows, 1 2 3 4 5 6 7 8);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q4_1, q4_1_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q5_1, q5_1_rows, 1 2 3 4);
     entry!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", VnniDot: q2_k, q2_k_rows, 1 2 3 4);
@@ -402,20 +406,69 @@ unsafe fn lanes_sum(v: __m256) -> f32 {
 /// # Safety
 ///
 /// Every method needs the AVX2 context, and `D`'s features where it takes a `D`. `prep` and `scales` read
-/// the eight blocks at `w` (`8 · BYTES` bytes: plain blocks, or for `prep::<_, true>` a regrouped group of
-/// the same size), and `sums` the whole activation group at `a` ([`grouped::GROUP_BYTES`] bytes): those
-/// bytes must be readable.
+/// the eight blocks at `w` (`8 · BYTES` bytes: plain blocks, or for `prep::<_, true>` a regrouped run of
+/// `lanes` blocks, `lanes · BYTES` bytes; `regrouped_scales` the same run), and `sums` the whole activation
+/// group at `a` ([`grouped::GROUP_BYTES`] bytes): those bytes must be readable.
 trait Grouped {
     const BYTES: usize;
     /// What every activation row reuses of eight weight blocks.
     type Prep;
     /// The eight blocks at `w`, quants in the grouped register layout: transposed here from plain
-    /// blocks, or (`REGROUPED`) loaded as `grouped::regroup_weights` stored them.
-    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8) -> Self::Prep;
+    /// blocks, or (`REGROUPED`) loaded as `grouped::regroup_weights` stored them — a group (`lanes` = 8)
+    /// or a row's last `lanes < 8` blocks, the other lanes zero (plain blocks ignore `lanes`).
+    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8, lanes: usize) -> Self::Prep;
     /// Lane `k`: the scale of plain block `k` at `w`, as the scalar twin widens it to f32.
     unsafe fn scales(w: *const u8) -> __m256;
+    /// [`Grouped::scales`] of a regrouped run of `lanes` blocks at `w`: its f16 scales first (lanes past
+    /// `lanes` zero).
+    #[inline(always)]
+    unsafe fn regrouped_scales(w: *const u8, lanes: usize) -> __m256 {
+        // SAFETY: the first `2 · lanes` bytes of the regrouped run at `w`, readable by the caller's guarantee, in
+        // the AVX2 context (F16C) it provides (`Grouped`'s `# Safety`).
+        unsafe {
+            if lanes == grouped::GROUP_BLOCKS {
+                _mm256_cvtph_ps(_mm_loadu_si128(w as *const __m128i))
+            } else {
+                let word = |k: usize| {
+                    if k < lanes {
+                        u64::from((w.add(2 * k) as *const u16).read_unaligned())
+                    } else {
+                        0
+                    }
+                };
+                let quad = |k: usize| word(k) | word(k + 1) << 16 | word(k + 2) << 32 | word(k + 3) << 48;
+                _mm256_cvtph_ps(_mm_set_epi64x(quad(4) as i64, quad(0) as i64))
+            }
+        }
+    }
     /// Lane `k`: block `k`'s exact `Σ w·a` with the activation group at `a`.
     unsafe fn sums<D: IntDot>(p: &Self::Prep, a: *const u8) -> __m256i;
+}
+
+/// Register `j` of a regrouped run of `lanes` blocks at `w` whose scales take `scales` bytes: the 32 bytes
+/// of a group's register, or (a row's last `lanes < 8` blocks) its `lanes` 32-bit lanes, the rest zero —
+/// as the zero blocks that pad a plain row's tail would give.
+///
+/// # Safety
+///
+/// The `lanes · 4` bytes at `w + scales + 4 · lanes · j` must be readable (a masked load touches no
+/// other), in the AVX2 context.
+#[inline(always)]
+unsafe fn regrouped_register(w: *const u8, scales: usize, lanes: usize, j: usize) -> __m256i {
+    // SAFETY: a full group's 32 bytes, or the masked load's first `lanes` dwords (`vpmaskmovd` reads and faults
+    // on enabled lanes only), are the bytes the caller guarantees readable; AVX2 context is the caller's.
+    unsafe {
+        let p = w.add(scales + 4 * lanes * j);
+        if lanes == grouped::GROUP_BLOCKS {
+            load(p)
+        } else {
+            let mask = _mm256_cmpgt_epi32(
+                _mm256_set1_epi32(lanes as i32),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            );
+            _mm256_maskload_epi32(p as *const i32, mask)
+        }
+    }
 }
 
 /// Register `m` holds, in lane `k`, bytes `at + 4m .. at + 4m + 4` of block `k` (blocks `stride`
@@ -479,13 +532,13 @@ impl Grouped for Q4_0 {
     type Prep = [__m256i; 8];
 
     #[inline(always)]
-    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8) -> Self::Prep {
-        // SAFETY: regrouped, the loads read `w + 16 .. w + 16 + 4 · 32`, the 144 bytes of a regrouped group; plain,
-        // `transpose_quads(w, 18, 2)` reads up to `7 · 18 + 2 + 16 = 144`: both inside the `8 · BYTES` bytes the
-        // caller guarantees at `w` (`Grouped`'s `# Safety`), which also makes it provide the AVX2 context.
+    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8, lanes: usize) -> Self::Prep {
+        // SAFETY: regrouped, the loads read `w + 2 · lanes ..` up to `lanes · 18`, the regrouped run; plain,
+        // `transpose_quads(w, 18, 2)` reads up to `7 · 18 + 2 + 16 = 144`: both inside the bytes the caller
+        // guarantees at `w` (`Grouped`'s `# Safety`), which also makes it provide the AVX2 context.
         unsafe {
             let quads = if REGROUPED {
-                array::from_fn(|m| load(w.add(grouped::WEIGHT_SCALES_BYTES + 32 * m)))
+                array::from_fn(|m| regrouped_register(w, 2 * lanes, lanes, m))
             } else {
                 transpose_quads(w, Self::BYTES, 2)
             };
@@ -530,14 +583,14 @@ impl Grouped for Q8_0 {
     type Prep = [__m256i; 8];
 
     #[inline(always)]
-    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8) -> Self::Prep {
-        // SAFETY: regrouped, the loads read `w + 16 .. w + 16 + 8 · 32`, the 272 bytes of a regrouped group; plain,
+    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8, lanes: usize) -> Self::Prep {
+        // SAFETY: regrouped, the loads read `w + 2 · lanes ..` up to `lanes · 34`, the regrouped run; plain,
         // `transpose_quads` at offsets 2 and 18 reads up to `7 · 34 + 18 + 16 = 272`: both inside the `8 · BYTES`
         // bytes the caller guarantees at `w` (`Grouped`'s `# Safety`), which also makes it provide the AVX2
         // context.
         unsafe {
             let mut q: [__m256i; 8] = if REGROUPED {
-                array::from_fn(|j| load(w.add(grouped::WEIGHT_SCALES_BYTES + 32 * j)))
+                array::from_fn(|j| regrouped_register(w, 2 * lanes, lanes, j))
             } else {
                 let halves = [transpose_quads(w, Self::BYTES, 2), transpose_quads(w, Self::BYTES, 18)];
                 array::from_fn(|j| halves[j % 2][j / 2])
@@ -591,7 +644,7 @@ impl Grouped for Q5_0 {
     type Prep = [__m256i; 8];
 
     #[inline(always)]
-    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8) -> Self::Prep {
+    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8, _lanes: usize) -> Self::Prep {
         // SAFETY: `transpose_quads(w, 22, 6)` reads up to `7 · 22 + 6 + 16 = 176`, and `qh_of(k)` the 4 bytes at
         // `w + 22k + 2`, `k < 8`: inside the `8 · BYTES` bytes the caller guarantees at `w` (`Grouped`'s
         // `# Safety`), which also makes it provide the AVX2 context.
@@ -673,13 +726,17 @@ impl Grouped for Mxfp4 {
     type Prep = [__m256i; 8];
 
     #[inline(always)]
-    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8) -> Self::Prep {
-        // SAFETY: `transpose_quads(w, 17, 1)` reads up to `7 · 17 + 1 + 16 = 136`, inside the `8 · BYTES` bytes the
+    unsafe fn prep<D: IntDot, const REGROUPED: bool>(w: *const u8, lanes: usize) -> Self::Prep {
+        // SAFETY: regrouped, the loads read `w + lanes ..` up to `lanes · 17`, the regrouped run; plain,
+        // `transpose_quads(w, 17, 1)` reads up to `7 · 17 + 1 + 16 = 136`: both inside the `8 · BYTES` bytes the
         // caller guarantees at `w` (`Grouped`'s `# Safety`); the table load reads the 16 bytes of `MXFP4_UNSIGNED`;
         // the AVX2 context is the caller's.
         unsafe {
-            // Always plain blocks: MXFP4 rows are never regrouped (`grouped::weights_regroupable`).
-            let quads = transpose_quads(w, Self::BYTES, 1);
+            let quads = if REGROUPED {
+                array::from_fn(|m| regrouped_register(w, lanes, lanes, m))
+            } else {
+                transpose_quads(w, Self::BYTES, 1)
+            };
             let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(MXFP4_UNSIGNED.as_ptr() as *const __m128i));
             let m4 = _mm256_set1_epi8(0x0F);
             array::from_fn(|j| {
@@ -699,14 +756,22 @@ impl Grouped for Mxfp4 {
         // SAFETY: each `*w.add(17k)`, `k < 8`, reads a block's exponent byte, inside the eight blocks the caller
         // guarantees at `w` (`Grouped`'s `# Safety`), which also makes it provide the AVX2 context.
         unsafe {
-            // The exponent bytes, 17 apart, packed by scalar loads as in `f16x8`, then `mxfp4::scale`
-            // on each lane: `(e - 1) << 23`, or `0x0020_0000 << e` for the subnormals e < 2.
+            // The exponent bytes, 17 apart, packed by scalar loads as in `f16x8`.
             let e = (0..8).fold(0u64, |acc, k| acc | u64::from(*w.add(k * Self::BYTES)) << (8 * k));
-            let e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e as i64));
-            let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
-            let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
-            let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
-            _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, small))
+            e8m0_scales(e)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn regrouped_scales(w: *const u8, lanes: usize) -> __m256 {
+        // SAFETY: the first `lanes` bytes of the regrouped run at `w` (its exponents), readable by the caller's
+        // guarantee, in the AVX2 context it provides (`Grouped`'s `# Safety`).
+        unsafe {
+            if lanes == grouped::GROUP_BLOCKS {
+                e8m0_scales((w as *const u64).read_unaligned())
+            } else {
+                e8m0_scales((0..lanes).fold(0u64, |acc, k| acc | u64::from(*w.add(k)) << (8 * k)))
+            }
         }
     }
 
@@ -718,6 +783,24 @@ impl Grouped for Mxfp4 {
             // Values <= 28: four registers' pairs add up to at most 4 · 2 · 28 · 128.
             offset_dot::<D, 4, 4>(p, a)
         }
+    }
+}
+
+/// Lane `k`: `mxfp4::scale` of exponent byte `k` of `e`: `(e - 1) << 23`, or `0x0020_0000 << e` for the
+/// subnormals e < 2.
+///
+/// # Safety
+///
+/// The AVX2 context.
+#[inline(always)]
+unsafe fn e8m0_scales(e: u64) -> __m256 {
+    // SAFETY: register operations only (AVX2), in the context the caller provides (`# Safety`).
+    unsafe {
+        let e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e as i64));
+        let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+        let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+        let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+        _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, small))
     }
 }
 
@@ -746,7 +829,8 @@ macro_rules! unrolled_rows {
 ///
 /// # Safety
 ///
-/// `w` must point at eight readable weight blocks (`8 · K::BYTES` bytes; a regrouped group when `REGROUPED`), and
+/// `w` must point at eight readable weight blocks (`8 · K::BYTES` bytes; when `REGROUPED`, a regrouped run of
+/// `lanes` blocks, `lanes · K::BYTES` bytes), and
 /// each `a[r]` at a whole readable activation group ([`grouped::GROUP_BYTES`]), in the AVX2 context with `D`'s
 /// features.
 #[inline(always)]
@@ -754,14 +838,15 @@ unsafe fn grouped_step<D: IntDot, K: Grouped, const R: usize, const REGROUPED: b
     w: *const u8,
     a: [*const u8; R],
     acc: &mut [__m256; R],
+    lanes: usize,
 ) {
     // SAFETY: `K::prep` and `K::scales` read the eight blocks at `w` (the regrouped scale load its first 16 bytes),
     // `K::sums` and the scale load `a[r] .. a[r] + 32` the activation group at `a[r]`: all within what the caller
     // guarantees, as are the AVX2 context and `D`'s features.
     unsafe {
-        let p = K::prep::<D, REGROUPED>(w);
+        let p = K::prep::<D, REGROUPED>(w, lanes);
         let d_w = if REGROUPED {
-            _mm256_cvtph_ps(_mm_loadu_si128(w as *const __m128i))
+            K::regrouped_scales(w, lanes)
         } else {
             K::scales(w)
         };
@@ -806,19 +891,24 @@ unsafe fn grouped_rows<D: IntDot, K: Grouped, const R: usize, const REGROUPED: b
             let wg = w.as_ptr().add(g * 8 * K::BYTES);
             prefetch_ahead(wg, 8 * K::BYTES);
             let a = array::from_fn(|r| acts[r].as_ptr().add(g * GB));
-            grouped_step::<D, K, R, REGROUPED>(wg, a, &mut acc);
+            grouped_step::<D, K, R, REGROUPED>(wg, a, &mut acc, grouped::GROUP_BLOCKS);
         }
         let tail = nb % 8;
         if tail > 0 {
-            // The blocks after the last whole group are plain in a regrouped row too. Pad the weights to a
-            // whole group with zero blocks, as the activations already are: the activation scales are 0
-            // (and a zero weight block's scale finite: 0, or MXFP4's 2^-128), so their terms are ±0.0,
-            // and adding ±0.0 leaves a lane unchanged (lanes start at +0.0 and so are never -0.0).
+            // The blocks after the last whole group: in a regrouped row a run of `tail` lanes, loaded masked;
+            // in a plain row padded to a whole group with zero blocks, as the activations already are. Either
+            // way the lanes past the tail see zero weights against zero activation blocks (scale 0), so their
+            // terms are ±0.0, and adding ±0.0 leaves a lane unchanged (lanes start at +0.0 and so are never
+            // -0.0; a zero weight block's scale is finite: 0, or MXFP4's 2^-128).
             let w0 = full * 8 * K::BYTES;
-            let mut w_pad = [0u8; 8 * q8_0::BLOCK_BYTES];
-            w_pad[..tail * K::BYTES].copy_from_slice(&w[w0..w0 + tail * K::BYTES]);
             let a = array::from_fn(|r| acts[r].as_ptr().add(full * GB));
-            grouped_step::<D, K, R, false>(w_pad.as_ptr(), a, &mut acc);
+            if REGROUPED {
+                grouped_step::<D, K, R, true>(w.as_ptr().add(w0), a, &mut acc, tail);
+            } else {
+                let mut w_pad = [0u8; 8 * q8_0::BLOCK_BYTES];
+                w_pad[..tail * K::BYTES].copy_from_slice(&w[w0..w0 + tail * K::BYTES]);
+                grouped_step::<D, K, R, false>(w_pad.as_ptr(), a, &mut acc, grouped::GROUP_BLOCKS);
+            }
         }
         for (o, acc) in out.iter_mut().zip(acc) {
             *o = lanes_sum(acc);
@@ -890,6 +980,17 @@ unsafe fn q4_0g_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out:
 unsafe fn q8_0g_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
     // SAFETY: the caller provides what `grouped_rows` needs (`# Safety`).
     unsafe { grouped_rows::<D, Q8_0, R, true>(w, acts, out) }
+}
+
+/// Regrouped MXFP4 weights times grouped Q8_0 activations.
+///
+/// # Safety
+///
+/// As for [`grouped_rows`]: the AVX2 context, with `D`'s features.
+#[inline(always)]
+unsafe fn mxfp4g_rows<D: IntDot, const R: usize>(w: &[u8], acts: [&[u8]; R], out: &mut [f32]) {
+    // SAFETY: the caller provides what `grouped_rows` needs (`# Safety`).
+    unsafe { grouped_rows::<D, Mxfp4, R, true>(w, acts, out) }
 }
 
 // ---------------------------------------------------------------------------------------------
