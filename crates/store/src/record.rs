@@ -84,7 +84,7 @@ impl ExpertRecord {
         self.part(self.shape.down)
     }
 
-    /// Lay the record's Q4_0, Q8_0 and MXFP4 matrices out as the SIMD kernels take them (`regroup_weights`: the
+    /// Lay the record's Q4_0 and Q8_0 matrices out as the SIMD kernels take them (`regroup_weights`: the
     /// same bytes moved within each row, the same bits out of the kernels), as the resident weights are at
     /// load. A streamed expert then decodes as fast as a resident one: on the 2-core AMD EPYC (AVX2), a Q4_0
     /// matvec of one row runs at 60 GFLOP/s per CPU second regrouped against 41 transposing in registers.
