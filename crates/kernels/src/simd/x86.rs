@@ -338,17 +338,45 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 /// The 2 bytes at `p + k · stride` must be readable for each `k < 8`, in the AVX2 context (F16C).
 #[inline(always)]
 unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
-    // SAFETY: each `read_unaligned` reads the 2 bytes at `p + k · stride`, `k < 8`, which the caller guarantees
-    // readable (so each `add` stays inside that allocation); `vcvtph2ps` needs F16C, part of the AVX2 context the
-    // caller provides (`# Safety`).
+    // SAFETY: what `f16_lanes` needs for 8 lanes, which the caller guarantees (`# Safety`).
+    unsafe { f16_lanes(p, stride, 8) }
+}
+
+/// [`f16x8`] of the first `lanes` f16s only, the other lanes zero.
+///
+/// # Safety
+///
+/// The 2 bytes at `p + k · stride` must be readable for each `k < lanes`, in the AVX2 context (F16C).
+#[inline(always)]
+unsafe fn f16_lanes(p: *const u8, stride: usize, lanes: usize) -> __m256 {
+    // SAFETY: each `read_unaligned` reads the 2 bytes at `p + k · stride`, `k < lanes`, which the caller
+    // guarantees readable (so each `add` stays inside that allocation); `vcvtph2ps` needs F16C, part of the AVX2
+    // context the caller provides (`# Safety`).
     unsafe {
         // Packed into two 64-bit integers by scalar loads and shifts, which run beside the vector work:
         // `vpgatherdd` (several times slower under the gather-data-sampling mitigation) and a 512-bit
         // word permute (which idles half the 256-bit vector units) both measured slower.
-        let word = |k: usize| u64::from((p.add(k * stride) as *const u16).read_unaligned());
+        let word = |k: usize| {
+            if k < lanes {
+                u64::from((p.add(k * stride) as *const u16).read_unaligned())
+            } else {
+                0
+            }
+        };
         let quad = |k: usize| word(k) | word(k + 1) << 16 | word(k + 2) << 32 | word(k + 3) << 48;
         _mm256_cvtph_ps(_mm_set_epi64x(quad(4) as i64, quad(0) as i64))
     }
+}
+
+/// The bytes at `p + k · stride` for `k < lanes` packed into a u64, byte `k` at bits `8k`, the rest zero.
+///
+/// # Safety
+///
+/// The byte at `p + k · stride` must be readable for each `k < lanes` (at most 8).
+#[inline(always)]
+unsafe fn bytes_u64(p: *const u8, stride: usize, lanes: usize) -> u64 {
+    // SAFETY: each read is of a byte the caller guarantees readable (`# Safety`).
+    (0..lanes).fold(0u64, |acc, k| acc | u64::from(unsafe { *p.add(k * stride) }) << (8 * k))
 }
 
 /// Asks for the weights `PREFETCH_DISTANCE` bytes past `[p, p + len)` to be brought into L2. Decode
@@ -429,15 +457,7 @@ trait Grouped {
             if lanes == grouped::GROUP_BLOCKS {
                 _mm256_cvtph_ps(_mm_loadu_si128(w as *const __m128i))
             } else {
-                let word = |k: usize| {
-                    if k < lanes {
-                        u64::from((w.add(2 * k) as *const u16).read_unaligned())
-                    } else {
-                        0
-                    }
-                };
-                let quad = |k: usize| word(k) | word(k + 1) << 16 | word(k + 2) << 32 | word(k + 3) << 48;
-                _mm256_cvtph_ps(_mm_set_epi64x(quad(4) as i64, quad(0) as i64))
+                f16_lanes(w, 2, lanes)
             }
         }
     }
@@ -757,8 +777,7 @@ impl Grouped for Mxfp4 {
         // guarantees at `w` (`Grouped`'s `# Safety`), which also makes it provide the AVX2 context.
         unsafe {
             // The exponent bytes, 17 apart, packed by scalar loads as in `f16x8`.
-            let e = (0..8).fold(0u64, |acc, k| acc | u64::from(*w.add(k * Self::BYTES)) << (8 * k));
-            e8m0_scales(e)
+            e8m0_scales(bytes_u64(w, Self::BYTES, 8))
         }
     }
 
@@ -770,7 +789,7 @@ impl Grouped for Mxfp4 {
             if lanes == grouped::GROUP_BLOCKS {
                 e8m0_scales((w as *const u64).read_unaligned())
             } else {
-                e8m0_scales((0..lanes).fold(0u64, |acc, k| acc | u64::from(*w.add(k)) << (8 * k)))
+                e8m0_scales(bytes_u64(w, 1, lanes))
             }
         }
     }
